@@ -1,0 +1,10 @@
+# LOADSTONE_TORCH=AUTO builds the LibTorch adapter when LibTorch is found; ON requires it.
+set(LOADSTONE_HAVE_TORCH OFF)
+if(NOT LOADSTONE_TORCH STREQUAL "OFF")
+  find_package(Torch QUIET)
+  if(Torch_FOUND)
+    set(LOADSTONE_HAVE_TORCH ON)
+  elseif(LOADSTONE_TORCH STREQUAL "ON")
+    message(FATAL_ERROR "LOADSTONE_TORCH=ON but LibTorch was not found")
+  endif()
+endif()

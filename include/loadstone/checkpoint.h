@@ -1,0 +1,93 @@
+// Checkpoint: the catalog of every tensor of a model, built from headers only.
+//
+//   auto ckpt = loadstone::Checkpoint::Open("models/llama");   // a file, a folder or an index
+//   if (!ckpt.ok()) { std::cerr << ckpt.status() << "\n"; return 1; }
+//   for (const loadstone::TensorInfo& t : ckpt->tensors()) ...
+//
+// Open reads and validates headers (and the shard index) and never a data byte. Shards stay
+// separate files: nothing is merged or copied.
+//
+// Thread safety: a Checkpoint is immutable after Open; copies are cheap (shared state) and may
+// be used from any number of threads.
+#ifndef LOADSTONE_CHECKPOINT_H_
+#define LOADSTONE_CHECKPOINT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loadstone/dtype.h"
+#include "loadstone/status.h"
+
+namespace loadstone {
+
+enum class CheckpointFormat { kSafetensors };
+
+// "safetensors".
+std::string_view CheckpointFormatName(CheckpointFormat format);
+
+struct CheckpointFile {
+  std::string path;    // as opened (absolute if the caller gave an absolute path)
+  uint64_t bytes = 0;  // file size when the header was read
+};
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;  // empty for a scalar
+  uint32_t file = 0;            // index into Checkpoint::files()
+  uint64_t offset = 0;          // absolute byte offset of the first data byte in that file
+  uint64_t nbytes = 0;
+
+  uint64_t numel() const;  // 1 for a scalar, 0 when any dimension is 0
+};
+
+struct OpenOptions {
+  // Weight variant, as in Hugging Face `variant=`: "fp16" selects model.fp16.safetensors,
+  // model.safetensors.index.fp16.json, ... Empty: the plain names.
+  std::string variant;
+  // A folder inside the model folder (diffusers: "unet", "vae", "text_encoder").
+  std::string subfolder;
+};
+
+class Checkpoint {
+ public:
+  // Opens `path`: a .safetensors file; an index file (*.index.json); or a folder holding
+  // model.safetensors, model.safetensors.index.json + shards, diffusion_pytorch_model*, with
+  // `options.variant` and `options.subfolder` applied as Hugging Face applies them. Where a
+  // folder holds several candidates the preference is: single file before index, model.* before
+  // diffusion_pytorch_model.*; the choice is reported in resolution(). Two candidates of the
+  // same rank are an InvalidArgument error naming both.
+  //
+  // Errors: NotFound (no such path, no checkpoint in the folder, a shard missing), Corruption
+  // (a header or index that breaks the rules; the message names the reference error, file,
+  // tensor and offset), IOError, Unsupported (a format not handled yet).
+  static Result<Checkpoint> Open(const std::string& path, const OpenOptions& options = {});
+
+  CheckpointFormat format() const;
+  const std::vector<CheckpointFile>& files() const;
+  // Every tensor of every file, in file order, then offset order within a file.
+  const std::vector<TensorInfo>& tensors() const;
+  // nullptr when there is no tensor of that name.
+  const TensorInfo* Find(std::string_view name) const;
+  // The files' "__metadata__" entries (a key given by several shards keeps the first value).
+  const std::map<std::string, std::string>& metadata() const;
+  // The index file used, or empty.
+  const std::string& index_path() const;
+  // How the path was resolved, e.g. "folder: picked model.safetensors.index.json (3 shards)".
+  const std::string& resolution() const;
+  uint64_t total_bytes() const;  // sum of tensor nbytes
+
+  struct Impl;
+  explicit Checkpoint(std::shared_ptr<const Impl> impl);
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace loadstone
+
+#endif  // LOADSTONE_CHECKPOINT_H_

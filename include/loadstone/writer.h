@@ -1,0 +1,55 @@
+// Writes safetensors files laid out like the reference writer: tensors sorted by dtype
+// (descending, in the reference's dtype order) then name, header JSON compact with
+// "__metadata__" first, padded with spaces so that the data starts 8-byte aligned. Used by the
+// tests, the demo model generator, offload and convert.
+#ifndef LOADSTONE_WRITER_H_
+#define LOADSTONE_WRITER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loadstone/dtype.h"
+#include "loadstone/status.h"
+
+namespace loadstone {
+
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<uint64_t> shape;
+  // The bytes: either `data` (exactly the tensor's size), or `fill`, called with consecutive
+  // chunks (offset within the tensor, buffer to fill) so that large tensors need not be held in
+  // memory at once.
+  std::span<const std::byte> data;
+  std::function<void(uint64_t offset, std::span<std::byte> chunk)> fill;
+
+  uint64_t nbytes() const;  // from dtype and shape
+};
+
+// Writes one file. Errors: InvalidArgument (duplicate name, data size ≠ shape × dtype, a size
+// that is not whole bytes), IOError.
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata = {});
+
+struct ShardedWriteOptions {
+  std::string prefix = "model";  // model-00001-of-00002.safetensors, model.safetensors.index.json
+  uint64_t max_shard_size = 5'000'000'000;  // bytes of tensor data per shard (HF's rule)
+  std::map<std::string, std::string> metadata;  // each shard's __metadata__
+};
+
+// Writes shards and the index into `folder` (created if missing), splitting in the given tensor
+// order as Hugging Face does: a tensor that would push a non-empty shard past max_shard_size
+// starts the next shard. One shard only → `prefix.safetensors`, no index. Returns the paths
+// written (shards, then the index).
+Result<std::vector<std::string>> WriteShardedSafetensors(const std::string& folder,
+                                                         const std::vector<TensorToWrite>& tensors,
+                                                         const ShardedWriteOptions& options = {});
+
+}  // namespace loadstone
+
+#endif  // LOADSTONE_WRITER_H_

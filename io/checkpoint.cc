@@ -1,0 +1,152 @@
+#include "loadstone/checkpoint.h"
+
+#include <filesystem>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "io/file.h"
+#include "io/formats/hf_index.h"
+#include "io/formats/hf_layout.h"
+#include "io/formats/safetensors.h"
+
+namespace loadstone {
+
+struct Checkpoint::Impl {
+  CheckpointFormat format = CheckpointFormat::kSafetensors;
+  std::vector<CheckpointFile> files;
+  std::vector<TensorInfo> tensors;
+  std::unordered_map<std::string_view, size_t> by_name;  // views into tensors[i].name
+  std::map<std::string, std::string> metadata;
+  std::string index_path;
+  std::string resolution;
+  uint64_t total_bytes = 0;
+};
+
+namespace {
+
+using io::ResolvedCheckpoint;
+
+// Appends one file's header to `impl`; the file's index is impl->files.size().
+Status AddSafetensorsFile(const std::string& path, Checkpoint::Impl* impl) {
+  LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(path));
+  LOADSTONE_ASSIGN_OR_RETURN(io::SafetensorsHeader header, io::ReadSafetensorsHeader(file));
+  const auto file_index = static_cast<uint32_t>(impl->files.size());
+  impl->files.push_back({path, file.size()});
+  for (auto& [key, value] : header.metadata) impl->metadata.emplace(key, value);
+  for (TensorInfo& t : header.tensors) {
+    t.file = file_index;
+    impl->total_bytes += t.nbytes;
+    impl->tensors.push_back(std::move(t));
+  }
+  return Status::OK();
+}
+
+// Every mapped tensor is in its shard, every shard tensor is mapped to that shard, no tensor
+// is in two shards.
+Status CheckIndexAgainstShards(const io::ShardIndex& index, const Checkpoint::Impl& impl) {
+  std::unordered_map<std::string_view, std::string_view> mapped;  // tensor → shard name
+  for (const auto& [tensor, shard] : index.weight_map) mapped.emplace(tensor, shard);
+  std::unordered_map<std::string_view, uint32_t> where;  // tensor → file index
+  for (const TensorInfo& t : impl.tensors) {
+    const std::string_view shard = index.shards[t.file];
+    auto [it, inserted] = where.emplace(t.name, t.file);
+    if (!inserted) {
+      return Status::Corruption(fmt::format(
+          "tensor '{}' is in two shards, '{}' and '{}' (index '{}')", t.name,
+          impl.files[it->second].path, impl.files[t.file].path, index.path));
+    }
+    auto m = mapped.find(t.name);
+    if (m == mapped.end()) {
+      return Status::Corruption(fmt::format(
+          "shard '{}' holds tensor '{}' (offset {}), which index '{}' does not list",
+          impl.files[t.file].path, t.name, t.offset, index.path));
+    }
+    if (m->second != shard) {
+      return Status::Corruption(fmt::format(
+          "index '{}' maps tensor '{}' to '{}', but it is in shard '{}'", index.path, t.name,
+          m->second, impl.files[t.file].path));
+    }
+  }
+  for (const auto& [tensor, shard] : index.weight_map) {
+    if (!where.count(tensor)) {
+      return Status::Corruption(fmt::format(
+          "index '{}' maps tensor '{}' to shard '{}', which does not hold it", index.path,
+          tensor, shard));
+    }
+  }
+  return Status::OK();
+}
+
+Status OpenIndex(const std::string& index_path, Checkpoint::Impl* impl) {
+  LOADSTONE_ASSIGN_OR_RETURN(io::ShardIndex index, io::ReadShardIndex(index_path));
+  const std::filesystem::path dir = std::filesystem::path(index_path).parent_path();
+  for (const std::string& shard : index.shards) {
+    const std::string shard_path = (dir / shard).string();
+    std::error_code ec;
+    if (!std::filesystem::exists(shard_path, ec)) {
+      return Status::NotFound(fmt::format("shard '{}' named by index '{}' does not exist",
+                                          shard_path, index_path));
+    }
+    LOADSTONE_RETURN_IF_ERROR(AddSafetensorsFile(shard_path, impl));
+  }
+  LOADSTONE_RETURN_IF_ERROR(CheckIndexAgainstShards(index, *impl));
+  impl->index_path = index_path;
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string_view CheckpointFormatName(CheckpointFormat format) {
+  switch (format) {
+    case CheckpointFormat::kSafetensors: return "safetensors";
+  }
+  return "unknown";
+}
+
+uint64_t TensorInfo::numel() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return n;
+}
+
+Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
+  LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint resolved,
+                             io::ResolveCheckpointPath(path, options));
+  auto impl = std::make_shared<Impl>();
+  if (resolved.kind == ResolvedCheckpoint::Kind::kSafetensorsIndex) {
+    LOADSTONE_RETURN_IF_ERROR(OpenIndex(resolved.path, impl.get()));
+  } else {
+    LOADSTONE_RETURN_IF_ERROR(AddSafetensorsFile(resolved.path, impl.get()));
+  }
+  impl->by_name.reserve(impl->tensors.size());
+  for (size_t i = 0; i < impl->tensors.size(); ++i) {
+    auto [it, inserted] = impl->by_name.emplace(impl->tensors[i].name, i);
+    if (!inserted) {  // only reachable without an index: one file never repeats a key
+      return Status::Corruption(fmt::format("tensor '{}' appears twice", impl->tensors[i].name));
+    }
+  }
+  impl->resolution = resolved.note.empty()
+                         ? fmt::format("{} file(s), {} tensors", impl->files.size(),
+                                       impl->tensors.size())
+                         : fmt::format("{}: {} file(s), {} tensors", resolved.note,
+                                       impl->files.size(), impl->tensors.size());
+  return Checkpoint(std::move(impl));
+}
+
+CheckpointFormat Checkpoint::format() const { return impl_->format; }
+const std::vector<CheckpointFile>& Checkpoint::files() const { return impl_->files; }
+const std::vector<TensorInfo>& Checkpoint::tensors() const { return impl_->tensors; }
+const std::map<std::string, std::string>& Checkpoint::metadata() const { return impl_->metadata; }
+const std::string& Checkpoint::index_path() const { return impl_->index_path; }
+const std::string& Checkpoint::resolution() const { return impl_->resolution; }
+uint64_t Checkpoint::total_bytes() const { return impl_->total_bytes; }
+
+const TensorInfo* Checkpoint::Find(std::string_view name) const {
+  auto it = impl_->by_name.find(name);
+  return it == impl_->by_name.end() ? nullptr : &impl_->tensors[it->second];
+}
+
+}  // namespace loadstone

@@ -1,0 +1,68 @@
+#include "io/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "io/posix_error.h"
+
+namespace loadstone::io {
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+File::File(File&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), size_(other.size_), path_(std::move(other.path_)) {}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    size_ = other.size_;
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+Result<File> File::OpenForRead(const std::string& path, int extra_flags) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | extra_flags);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
+  File file(fd, 0, path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "cannot stat", path);
+  if (S_ISDIR(st.st_mode)) return ErrnoStatus(EISDIR, "cannot read", path);
+  file.size_ = static_cast<uint64_t>(st.st_size);
+  return file;
+}
+
+Status File::ReadExact(uint64_t offset, std::span<std::byte> dst) const {
+  size_t done = 0;
+  while (done < dst.size()) {
+    ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done,
+                        static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, fmt::format("read {} bytes at offset {} of", dst.size() - done,
+                                            offset + done),
+                         path_);
+    }
+    if (n == 0) {
+      return Status::Corruption(fmt::format(
+          "'{}' is truncated: wanted {} bytes at offset {}, the file ends at {}", path_,
+          dst.size(), offset, offset + done));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+}  // namespace loadstone::io

@@ -1,0 +1,45 @@
+// File: an owned file descriptor with exact positional reads.
+#ifndef LOADSTONE_IO_FILE_H_
+#define LOADSTONE_IO_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "loadstone/status.h"
+
+namespace loadstone::io {
+
+class File {
+ public:
+  File() = default;
+  ~File();
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  // Opens `path` read-only (O_CLOEXEC, plus `extra_flags` such as O_DIRECT) and records its
+  // size. A folder is refused.
+  static Result<File> OpenForRead(const std::string& path, int extra_flags = 0);
+
+  // Reads exactly dst.size() bytes at `offset`, retrying EINTR and short reads. Reaching the
+  // end of the file first is a Corruption error naming the path and offset ("truncated").
+  Status ReadExact(uint64_t offset, std::span<std::byte> dst) const;
+
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  File(int fd, uint64_t size, std::string path) : fd_(fd), size_(size), path_(std::move(path)) {}
+
+  int fd_ = -1;
+  uint64_t size_ = 0;
+  std::string path_;
+};
+
+}  // namespace loadstone::io
+
+#endif  // LOADSTONE_IO_FILE_H_

@@ -1,0 +1,28 @@
+// Hugging Face shard index: `{"metadata": {...}, "weight_map": {tensor: shard file}}`, or a
+// flat `{tensor: shard file}` map.
+#ifndef LOADSTONE_IO_FORMATS_HF_INDEX_H_
+#define LOADSTONE_IO_FORMATS_HF_INDEX_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loadstone/status.h"
+
+namespace loadstone::io {
+
+struct ShardIndex {
+  std::string path;
+  // tensor name → shard file name (relative to the index's folder), in the index's order.
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  // Distinct shard names, sorted (model-00001-of-00003 first).
+  std::vector<std::string> shards;
+};
+
+// Errors: Corruption for invalid JSON, a duplicate key, a non-string shard name, or a shard
+// name that leaves the folder (absolute, or with a ".." component).
+Result<ShardIndex> ReadShardIndex(const std::string& path);
+
+}  // namespace loadstone::io
+
+#endif  // LOADSTONE_IO_FORMATS_HF_INDEX_H_

@@ -1,0 +1,350 @@
+#include "io/formats/safetensors.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "io/formats/utf8.h"
+
+namespace loadstone::io {
+namespace {
+
+// serde_json's recursion limit, as the reference hits it: 127 nested arrays/objects pass.
+constexpr int kMaxDepth = 127;
+
+Status Fail(SafetensorsError error, std::string_view path, std::string_view detail) {
+  return Status::Corruption(
+      fmt::format("{}: {} in '{}'", SafetensorsErrorName(error), detail, path));
+}
+
+// Builds the tensor table straight from SAX events, enforcing the reference's schema:
+//   {"__metadata__": null | {str: str}, name: {"dtype": str, "shape": [u64], "data_offsets":
+//   [u64, u64], other fields ignored}}
+// and rejecting duplicate keys at every level that has a schema.
+class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  using json = nlohmann::json;
+  explicit HeaderSax(std::string_view path) : path_(path) {}
+
+  std::vector<TensorInfo> tensors;
+  std::vector<std::array<uint64_t, 2>> offsets;  // parallel to tensors (relative)
+  std::map<std::string, std::string> metadata;
+  Status error;
+
+  bool null() override { return Scalar(Kind::kNull); }
+  bool boolean(bool) override { return Scalar(Kind::kOther); }
+  bool number_integer(number_integer_t) override { return Scalar(Kind::kOther); }  // < 0
+  bool number_unsigned(number_unsigned_t v) override {
+    if (skip_ > 0) return true;
+    if (state_ == State::kShape) {
+      tensors.back().shape.push_back(v);
+      return true;
+    }
+    if (state_ == State::kOffsets) {
+      if (offset_count_ >= 2) return Schema("invalid length, data_offsets expects 2 elements");
+      offsets.back()[offset_count_++] = v;
+      return true;
+    }
+    return Scalar(Kind::kOther);
+  }
+  bool number_float(number_float_t, const string_t&) override { return Scalar(Kind::kOther); }
+  bool binary(binary_t&) override { return Scalar(Kind::kOther); }
+
+  bool string(string_t& s) override {
+    if (skip_ > 0) return true;
+    if (state_ == State::kMetadata) {
+      metadata.emplace(key_, s);
+      return true;
+    }
+    if (state_ == State::kTensor && field_ == Field::kDtype) {
+      auto dtype = DTypeFromSafetensorsName(s);
+      if (!dtype) return Schema(fmt::format("unknown dtype '{}'", s));
+      tensors.back().dtype = *dtype;
+      return true;
+    }
+    return Scalar(Kind::kOther);
+  }
+
+  bool start_object(std::size_t) override {
+    if (++depth_ > kMaxDepth) return Schema("recursion limit exceeded");
+    if (skip_ > 0) return ++skip_, true;
+    switch (state_) {
+      case State::kStart: state_ = State::kTop; return true;
+      case State::kTop:
+        if (key_ == "__metadata__") {
+          state_ = State::kMetadata;
+          return true;
+        }
+        state_ = State::kTensor;
+        tensors.emplace_back().name = key_;
+        offsets.push_back({0, 0});
+        seen_ = {};
+        return true;
+      case State::kTensor:
+        if (field_ == Field::kOther) return ++skip_, true;
+        return Schema(fmt::format("invalid type: map for field '{}'", FieldName()));
+      default: return Schema("invalid type: map, expected a string or an integer");
+    }
+  }
+
+  bool end_object() override {
+    --depth_;
+    if (skip_ > 0) return --skip_, true;
+    if (state_ == State::kMetadata) {
+      state_ = State::kTop;
+      return true;
+    }
+    if (state_ == State::kTensor) {
+      for (int f = 0; f < 3; ++f) {
+        if (!seen_[f]) {
+          field_ = static_cast<Field>(f);
+          return Schema(fmt::format("missing field '{}'", FieldName()));
+        }
+      }
+      state_ = State::kTop;
+      return true;
+    }
+    state_ = State::kDone;
+    return true;
+  }
+
+  bool start_array(std::size_t) override {
+    if (++depth_ > kMaxDepth) return Schema("recursion limit exceeded");
+    if (skip_ > 0) return ++skip_, true;
+    if (state_ == State::kTensor) {
+      switch (field_) {
+        case Field::kShape: state_ = State::kShape; return true;
+        case Field::kOffsets: state_ = State::kOffsets; offset_count_ = 0; return true;
+        case Field::kOther: return ++skip_, true;
+        case Field::kDtype: break;
+      }
+    }
+    return Schema(state_ == State::kStart ? "invalid type: sequence, expected a map"
+                                          : "invalid type: sequence");
+  }
+
+  bool end_array() override {
+    --depth_;
+    if (skip_ > 0) return --skip_, true;
+    if (state_ == State::kOffsets && offset_count_ != 2) {
+      return Schema("invalid length, data_offsets expects 2 elements");
+    }
+    state_ = State::kTensor;
+    return true;
+  }
+
+  bool key(string_t& k) override {
+    if (skip_ > 0) return true;
+    if (state_ == State::kTop) {
+      if (!top_keys_.insert(k).second) return Duplicate(k);
+      key_ = k;
+      return true;
+    }
+    if (state_ == State::kMetadata) {
+      if (metadata.count(k)) return Duplicate(fmt::format("__metadata__.{}", k));
+      key_ = k;
+      return true;
+    }
+    // kTensor
+    field_ = k == "dtype" ? Field::kDtype
+             : k == "shape" ? Field::kShape
+             : k == "data_offsets" ? Field::kOffsets
+                                   : Field::kOther;
+    if (field_ != Field::kOther) {
+      auto& seen = seen_[static_cast<int>(field_)];
+      if (seen) return Schema(fmt::format("duplicate field '{}'", k));
+      seen = true;
+    }
+    return true;
+  }
+
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& ex) override {
+    if (error.ok()) {
+      error = Fail(SafetensorsError::kInvalidHeaderDeserialization, path_,
+                   fmt::format("invalid JSON at header byte {}: {}", position, ex.what()));
+    }
+    return false;
+  }
+
+ private:
+  enum class State { kStart, kTop, kMetadata, kTensor, kShape, kOffsets, kDone };
+  enum class Field { kDtype = 0, kShape = 1, kOffsets = 2, kOther = 3 };
+  enum class Kind { kNull, kOther };
+
+  std::string_view FieldName() const {
+    static constexpr std::string_view kNames[] = {"dtype", "shape", "data_offsets", "?"};
+    return kNames[static_cast<int>(field_)];
+  }
+
+  bool Scalar(Kind kind) {
+    if (skip_ > 0) return true;
+    if (state_ == State::kTop && key_ == "__metadata__" && kind == Kind::kNull) return true;
+    if (state_ == State::kTensor && field_ == Field::kOther) return true;
+    if (state_ == State::kStart) return Schema("invalid type, expected a map");
+    return Schema("invalid type (expected a string, an unsigned integer or an object)");
+  }
+
+  bool Schema(std::string detail) {
+    if (error.ok()) {
+      std::string where =
+          (state_ == State::kTensor || state_ == State::kShape || state_ == State::kOffsets)
+              ? fmt::format("tensor '{}': ", tensors.back().name)
+              : std::string();
+      error = Fail(SafetensorsError::kInvalidHeaderDeserialization, path_, where + detail);
+    }
+    return false;
+  }
+
+  bool Duplicate(std::string_view key) {
+    error = Fail(SafetensorsError::kDuplicateKey, path_,
+                 fmt::format("key '{}' appears twice in the header (the reference implementation "
+                             "would silently keep the last one; loadstone refuses the file)",
+                             key));
+    return false;
+  }
+
+  std::string_view path_;
+  State state_ = State::kStart;
+  Field field_ = Field::kOther;
+  std::array<bool, 3> seen_{};
+  int offset_count_ = 0;
+  int depth_ = 0;
+  int skip_ = 0;  // > 0 while inside an ignored value
+  std::string key_;
+  std::unordered_set<std::string> top_keys_;
+};
+
+// Checks offsets, sizes and coverage in the reference's order; fills offset and nbytes.
+Status Validate(HeaderSax& sax, uint64_t header_len, uint64_t file_size, std::string_view path,
+                SafetensorsHeader* out) {
+  const uint64_t data_start = 8 + header_len;
+  std::vector<size_t> order(sax.tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (sax.offsets[a] != sax.offsets[b]) return sax.offsets[a] < sax.offsets[b];
+    return sax.tensors[a].name < sax.tensors[b].name;
+  });
+  uint64_t end_so_far = 0;
+  out->tensors.reserve(order.size());
+  for (size_t i : order) {
+    TensorInfo& t = sax.tensors[i];
+    const auto [begin, end] = sax.offsets[i];
+    if (begin != end_so_far || end < begin) {
+      return Fail(SafetensorsError::kInvalidOffset, path,
+                  fmt::format("tensor '{}' data_offsets [{}, {}]: expected it to begin at {} "
+                              "(tensors must tile the data section without gaps or overlaps)",
+                              t.name, begin, end, end_so_far));
+    }
+    end_so_far = end;
+    uint64_t numel = 1;
+    for (uint64_t d : t.shape) {
+      if (__builtin_mul_overflow(numel, d, &numel)) {
+        return Fail(SafetensorsError::kValidationOverflow, path,
+                    fmt::format("tensor '{}': the element count of its shape overflows", t.name));
+      }
+    }
+    uint64_t bits;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(DTypeBits(t.dtype)), &bits)) {
+      return Fail(SafetensorsError::kValidationOverflow, path,
+                  fmt::format("tensor '{}': its size in bits overflows", t.name));
+    }
+    if (bits % 8 != 0) {
+      return Fail(SafetensorsError::kMisalignedSlice, path,
+                  fmt::format("tensor '{}' ({} x {}) does not end on a byte boundary", t.name,
+                              numel, SafetensorsName(t.dtype)));
+    }
+    if (end - begin != bits / 8) {
+      return Fail(SafetensorsError::kTensorInvalidInfo, path,
+                  fmt::format("tensor '{}' {} with {} elements needs {} bytes, data_offsets "
+                              "[{}, {}] give {}",
+                              t.name, SafetensorsName(t.dtype), numel, bits / 8, begin, end,
+                              end - begin));
+    }
+    t.offset = data_start + begin;
+    t.nbytes = end - begin;
+    out->tensors.push_back(std::move(t));
+  }
+  uint64_t covered;
+  if (__builtin_add_overflow(end_so_far, data_start, &covered) || covered != file_size) {
+    return Fail(SafetensorsError::kMetadataIncompleteBuffer, path,
+                fmt::format("header + tensors cover {} + {} bytes, the file has {} (truncated "
+                            "file, or bytes after the last tensor)",
+                            data_start, end_so_far, file_size));
+  }
+  out->data_start = data_start;
+  out->metadata = std::move(sax.metadata);
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string_view SafetensorsErrorName(SafetensorsError error) {
+  switch (error) {
+    case SafetensorsError::kHeaderTooSmall: return "HeaderTooSmall";
+    case SafetensorsError::kHeaderTooLarge: return "HeaderTooLarge";
+    case SafetensorsError::kInvalidHeaderLength: return "InvalidHeaderLength";
+    case SafetensorsError::kInvalidHeader: return "InvalidHeader";
+    case SafetensorsError::kInvalidHeaderDeserialization: return "InvalidHeaderDeserialization";
+    case SafetensorsError::kInvalidOffset: return "InvalidOffset";
+    case SafetensorsError::kValidationOverflow: return "ValidationOverflow";
+    case SafetensorsError::kMisalignedSlice: return "MisalignedSlice";
+    case SafetensorsError::kTensorInvalidInfo: return "TensorInvalidInfo";
+    case SafetensorsError::kMetadataIncompleteBuffer: return "MetadataIncompleteBuffer";
+    case SafetensorsError::kDuplicateKey: return "DuplicateKey";
+  }
+  return "Unknown";
+}
+
+Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json, uint64_t file_size,
+                                                 std::string_view path) {
+  if (size_t bad = FindInvalidUtf8(json); bad != std::string_view::npos) {
+    return Fail(SafetensorsError::kInvalidHeader, path,
+                fmt::format("the header is not valid UTF-8 (byte {} of the header)", bad));
+  }
+  HeaderSax sax(path);
+  bool parsed = nlohmann::json::sax_parse(json.begin(), json.end(), &sax,
+                                          nlohmann::json::input_format_t::json, true);
+  if (!sax.error.ok()) return sax.error;
+  if (!parsed) {
+    return Fail(SafetensorsError::kInvalidHeaderDeserialization, path, "invalid JSON");
+  }
+  SafetensorsHeader header;
+  LOADSTONE_RETURN_IF_ERROR(Validate(sax, json.size(), file_size, path, &header));
+  return header;
+}
+
+Result<SafetensorsHeader> ReadSafetensorsHeader(const File& file) {
+  const std::string& path = file.path();
+  if (file.size() < 8) {
+    return Fail(SafetensorsError::kHeaderTooSmall, path,
+                fmt::format("the file has {} bytes, fewer than the 8-byte length prefix",
+                            file.size()));
+  }
+  std::array<std::byte, 8> prefix;
+  LOADSTONE_RETURN_IF_ERROR(file.ReadExact(0, prefix));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(prefix[i]);
+  if (n > kSafetensorsMaxHeader) {
+    return Fail(SafetensorsError::kHeaderTooLarge, path,
+                fmt::format("the length prefix says {} header bytes, more than the limit of {}",
+                            n, kSafetensorsMaxHeader));
+  }
+  if (8 + n > file.size()) {
+    return Fail(SafetensorsError::kInvalidHeaderLength, path,
+                fmt::format("the length prefix says {} header bytes but the file has only {} "
+                            "bytes after the prefix",
+                            n, file.size() - 8));
+  }
+  std::string json(n, '\0');
+  LOADSTONE_RETURN_IF_ERROR(
+      file.ReadExact(8, std::as_writable_bytes(std::span<char>(json.data(), json.size()))));
+  return ParseSafetensorsHeader(json, file.size(), path);
+}
+
+}  // namespace loadstone::io

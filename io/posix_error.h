@@ -1,0 +1,18 @@
+// errno → Status, in one place.
+#ifndef LOADSTONE_IO_POSIX_ERROR_H_
+#define LOADSTONE_IO_POSIX_ERROR_H_
+
+#include <string_view>
+
+#include "loadstone/status.h"
+
+namespace loadstone::io {
+
+// `what` says what failed ("open", "read 4096 bytes at offset 8"), `path` which file. The code
+// follows errno (ENOENT → NotFound, ENOMEM → OutOfMemory, ECANCELED → Cancelled, otherwise
+// IOError) and the message ends with the fix where one is known (EACCES, EMFILE, ENOSPC, ...).
+Status ErrnoStatus(int err, std::string_view what, std::string_view path);
+
+}  // namespace loadstone::io
+
+#endif  // LOADSTONE_IO_POSIX_ERROR_H_

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what loadstone needs to build and test on Debian 12. Idempotent; needs root (or sudo).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git python3 python3-venv
+  libasio-dev liburing-dev libfmt-dev catch2 nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libtorch-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

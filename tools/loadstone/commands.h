@@ -1,0 +1,15 @@
+// The `loadstone` subcommands. Each registers its options on the CLI11 app and returns the
+// exit code through `*exit_code` when it runs.
+#ifndef LOADSTONE_TOOLS_COMMANDS_H_
+#define LOADSTONE_TOOLS_COMMANDS_H_
+
+#include <CLI/CLI.hpp>
+
+namespace loadstone::cli {
+
+void AddInspectCommand(CLI::App& app, int* exit_code);
+void AddDemoCommand(CLI::App& app, int* exit_code);
+
+}  // namespace loadstone::cli
+
+#endif  // LOADSTONE_TOOLS_COMMANDS_H_

@@ -1,0 +1,59 @@
+// loadstone demo: the main job on the built-in default model.
+#include <chrono>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "loadstone/checkpoint.h"
+#include "tools/loadstone/commands.h"
+#include "tools/loadstone/demo_model.h"
+#include "tools/loadstone/format.h"
+
+namespace loadstone::cli {
+namespace {
+
+struct DemoArgs {
+  std::string dir;
+  DemoModelShape shape;
+};
+
+int RunDemo(const DemoArgs& args) {
+  const std::string folder =
+      args.dir.empty() ? DefaultCacheDir() + fmt::format("/demo-llama-{}l", args.shape.layers)
+                       : args.dir;
+  std::cout << fmt::format("demo: synthetic Llama-shaped bf16 checkpoint, {} layers, {} in {}\n",
+                           args.shape.layers, HumanBytes(DemoModelBytes(args.shape)), folder);
+  const auto start = std::chrono::steady_clock::now();
+  auto made = EnsureDemoModel(folder, args.shape);
+  if (!made.ok()) return ReportError(made.status());
+  std::cout << fmt::format("demo: model ready in {:.1f} s\n",
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const auto open_start = std::chrono::steady_clock::now();
+  auto ckpt = Checkpoint::Open(folder);
+  if (!ckpt.ok()) return ReportError(ckpt.status());
+  const double open_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - open_start).count();
+  std::cout << fmt::format("demo: catalog of {} tensors in {} shards ({}) read in {:.2f} ms, "
+                           "headers only\n",
+                           ckpt->tensors().size(), ckpt->files().size(),
+                           HumanBytes(ckpt->total_bytes()), open_ms);
+  for (size_t i = 0; i < ckpt->files().size(); ++i) {
+    std::cout << fmt::format("  shard {}: {} ({})\n", i, ckpt->files()[i].path,
+                             HumanBytes(ckpt->files()[i].bytes));
+  }
+  std::cout << "demo: " << ckpt->resolution() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void AddDemoCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<DemoArgs>();
+  CLI::App* cmd = app.add_subcommand("demo", "Make (once) and open the built-in default model");
+  cmd->add_option("--dir", args->dir, "Where the model lives (default: the cache folder)");
+  cmd->add_option("--layers", args->shape.layers, "Decoder layers (16: about 1.7 GB)")
+      ->check(CLI::Range(1, 256));
+  cmd->callback([args, exit_code] { *exit_code = RunDemo(*args); });
+}
+
+}  // namespace loadstone::cli
