@@ -1,0 +1,100 @@
+// Reader: asynchronous positional reads from a fixed set of files.
+//
+// A Reader is opened on a list of files (one load's shards). Callers submit batches of
+// ReadRequests and collect completions by polling: completion_fd() is an eventfd that becomes
+// readable when completions are waiting (the pipeline's Asio loop watches it), and Reap()
+// drains them without blocking.
+//
+// Every request completes exactly once, with OK only when all `length` bytes are in `dst`:
+// short reads are continued, EINTR/EAGAIN retried, and an end of file before `length` bytes is
+// a Corruption error naming the path, offset and length. Errors carry the path and offset.
+//
+// Backends: UringReader (io_uring), PreadReader (a thread pool), FaultInjectingReader (a
+// wrapper for tests). OpenReader() picks one by probing; the choice is logged.
+//
+// Thread safety: Submit, Reap and Cancel may be called from any thread, concurrently.
+// Lifetime: `dst` buffers must stay valid until their request completes (or until the Reader
+// is destroyed; the destructor cancels and waits for in-flight I/O).
+#ifndef LOADSTONE_IO_READER_H_
+#define LOADSTONE_IO_READER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loadstone/status.h"
+
+namespace loadstone::io {
+
+struct ReadRequest {
+  uint32_t file = 0;       // index into the paths the Reader was opened with
+  uint64_t offset = 0;     // byte offset in the file
+  uint64_t length = 0;     // bytes to read
+  std::byte* dst = nullptr;
+  uint64_t tag = 0;        // the caller's cookie, returned with the completion
+};
+
+struct ReadCompletion {
+  uint64_t tag = 0;
+  Status status;
+};
+
+struct ReaderStats {
+  uint64_t requests = 0;
+  uint64_t bytes = 0;
+  uint64_t direct_bytes = 0;    // read with O_DIRECT (no page cache copy)
+  uint64_t buffered_bytes = 0;  // read through the page cache
+  uint64_t resubmits = 0;       // short reads, EAGAIN, EINTR continued
+};
+
+class Reader {
+ public:
+  virtual ~Reader() = default;
+
+  // "io_uring" or "pread" (plus what the backend does, e.g. "io_uring (O_DIRECT, 64 deep)").
+  virtual std::string Describe() const = 0;
+
+  // Queues the requests. Never blocks on I/O; requests beyond the queue depth wait in order.
+  // After Cancel(), new requests complete with Cancelled.
+  virtual void Submit(std::span<const ReadRequest> requests) = 0;
+
+  // Appends waiting completions to `out` (without blocking) and returns how many.
+  virtual size_t Reap(std::vector<ReadCompletion>* out) = 0;
+
+  // An eventfd, readable while completions are waiting. Reap() resets it.
+  virtual int completion_fd() const = 0;
+
+  // Requests not yet completed.
+  virtual size_t pending() const = 0;
+
+  // Queued requests complete with Cancelled; in-flight ones finish or are cancelled. Idempotent.
+  virtual void Cancel() = 0;
+
+  virtual ReaderStats stats() const = 0;
+};
+
+enum class ReaderBackend { kAuto, kUring, kPread };
+
+struct ReaderOptions {
+  ReaderBackend backend = ReaderBackend::kAuto;
+  int queue_depth = 64;              // reads in flight
+  uint64_t max_chunk = 16ULL << 20;  // a request longer than this is split into chunks
+  bool direct = true;                // try O_DIRECT where the file system and alignment allow
+  int threads = 8;                   // PreadReader's pool size
+};
+
+// Opens every path and returns the backend `options` asks for. kAuto: io_uring when a ring can
+// actually be created, else pread; `*log` (if given) receives one line saying which and why.
+// Errors: NotFound / IOError naming the path that could not be opened; InvalidArgument when
+// kUring is asked for and io_uring is unavailable (the message says why).
+Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths,
+                                           const ReaderOptions& options,
+                                           std::string* log = nullptr);
+
+}  // namespace loadstone::io
+
+#endif  // LOADSTONE_IO_READER_H_
