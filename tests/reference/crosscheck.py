@@ -169,6 +169,9 @@ def shared_offsets(header):
     return len(offsets) != len(set(offsets))
 
 
+REPEATED = {"files": 0, "accepted by the reference": 0}
+
+
 def check_file(case, ours):
     """None when loadstone agrees with the reference on `case`, else what differs."""
     if ours.get("problem"):
@@ -177,6 +180,9 @@ def check_file(case, ours):
     size = os.path.getsize(case.path)
     header = ref.read_header(case.path)[1] if size >= 8 else b""
     duplicate = ref.has_duplicate_keys(header) if header else False
+    if duplicate:
+        REPEATED["files"] += 1
+        REPEATED["accepted by the reference"] += verdict == "ok"
     want_names = None
     if verdict == "ok" and not duplicate:
         if ours["rc"] != 0:
@@ -315,6 +321,9 @@ def main():
         print(f"  loadstone: {describe(ours)}")
     for ident, problem in writer_failures:
         print(f"\nFAIL writer {ident}: {problem}")
+    print(f"crosscheck: {REPEATED['files']} files repeat a key; the reference accepted "
+          f"{REPEATED['accepted by the reference']} of them keeping the last, loadstone must "
+          "refuse them all with DuplicateKey (a deliberate difference)")
     total = len(files) + len(folder_cases) + written
     failed = len(failures) + len(writer_failures)
     print(f"\ncrosscheck: seed {seed}: {len(files)} files ({accepted} accepted by loadstone), "
