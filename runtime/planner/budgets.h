@@ -1,0 +1,56 @@
+// Budgets per device: accelerate's get_max_memory and get_balanced_memory.
+#ifndef LOADSTONE_RUNTIME_PLANNER_BUDGETS_H_
+#define LOADSTONE_RUNTIME_PLANNER_BUDGETS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loadstone/device_map.h"
+#include "runtime/planner/module_sizes.h"
+#include "runtime/planner/no_split.h"
+#include "runtime/planner/py_number.h"
+
+namespace loadstone::planner {
+
+struct Budget {
+  Device device;
+  PyNum bytes;
+};
+
+// In accelerate's device order: GPUs by ordinal, mps, cpu, disk.
+using Budgets = std::vector<Budget>;
+
+// nullptr when the device has no budget.
+const Budget* FindBudget(const Budgets& budgets, Device device);
+Budget* FindBudget(Budgets& budgets, Device device);
+
+// A max_memory key: "N" or "cuda:N", "mps", "cpu", "disk".
+// Errors: InvalidArgument with accelerate's "Device X is not recognized" message.
+Result<Device> ParseBudgetKey(const std::string& key);
+
+// get_max_memory. Unset: each GPU's free bytes (the probe), then cpu = available RAM.
+// Warns (into *warnings) about GPU ordinals the probe does not know, when a probe is installed.
+Result<Budgets> GetMaxMemory(const std::optional<MaxMemory>& max_memory,
+                             std::vector<std::string>* warnings);
+
+struct BalanceInput {
+  const ModuleTree::Impl* tree;
+  const ModuleSizes* sizes;
+  const NoSplit* no_split;
+};
+
+// get_balanced_memory (low_zero for "balanced_low_0").
+Result<Budgets> GetBalancedMemory(const BalanceInput& input,
+                                  const std::optional<MaxMemory>& max_memory, bool low_zero,
+                                  std::vector<std::string>* warnings);
+
+// MemAvailable from /proc/meminfo (what psutil reports as available). Errors: IOError.
+Result<uint64_t> AvailableRam();
+
+// The installed GPU probe's answer; nullopt when none is installed.
+std::optional<std::vector<uint64_t>> ProbeGpus();
+
+}  // namespace loadstone::planner
+
+#endif  // LOADSTONE_RUNTIME_PLANNER_BUDGETS_H_

@@ -1,0 +1,109 @@
+#include "runtime/planner/no_split.h"
+
+#include <algorithm>
+
+namespace loadstone::planner {
+namespace {
+
+std::string_view LocalName(std::string_view name) {
+  size_t dot = name.rfind('.');
+  return dot == std::string_view::npos ? name : name.substr(dot + 1);
+}
+
+bool IsNumber(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Matches "[...]" at pattern[0]; *consumed is the class length, or 0 when malformed.
+bool ClassMatch(std::string_view pattern, char c, size_t* consumed) {
+  size_t i = 1;
+  bool negate = i < pattern.size() && (pattern[i] == '!' || pattern[i] == '^');
+  if (negate) ++i;
+  bool matched = false;
+  bool first = true;
+  while (i < pattern.size() && (first || pattern[i] != ']')) {
+    first = false;
+    if (i + 2 < pattern.size() && pattern[i + 1] == '-' && pattern[i + 2] != ']') {
+      matched = matched || (pattern[i] <= c && c <= pattern[i + 2]);
+      i += 3;
+    } else {
+      matched = matched || pattern[i] == c;
+      ++i;
+    }
+  }
+  if (i >= pattern.size()) {
+    *consumed = 0;
+    return false;
+  }
+  *consumed = i + 1;
+  return matched != negate;
+}
+
+}  // namespace
+
+bool GlobMatch(std::string_view pattern, std::string_view name) {
+  if (pattern.empty()) return name.empty();
+  if (pattern[0] == '*') {
+    for (size_t k = 0;; ++k) {  // '*' takes k characters, none of them a '.'
+      if (GlobMatch(pattern.substr(1), name.substr(k))) return true;
+      if (k >= name.size() || name[k] == '.') return false;
+    }
+  }
+  if (name.empty()) return false;
+  if (pattern[0] == '?') return name[0] != '.' && GlobMatch(pattern.substr(1), name.substr(1));
+  if (pattern[0] == '[') {
+    size_t consumed = 0;
+    bool matched = ClassMatch(pattern, name[0], &consumed);
+    if (consumed > 0) {
+      return matched && name[0] != '.' && GlobMatch(pattern.substr(consumed), name.substr(1));
+    }
+  }
+  return pattern[0] == name[0] && GlobMatch(pattern.substr(1), name.substr(1));
+}
+
+bool IsNameGlob(std::string_view entry) {
+  return entry.find_first_of(".*?[") != std::string_view::npos;
+}
+
+NoSplit::NoSplit(const ModuleTree::Impl& tree, std::vector<std::string> entries)
+    : tree_(&tree), entries_(std::move(entries)), member_(tree.nodes.size(), false) {
+  for (size_t n = 1; n < tree.nodes.size(); ++n) {
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (EntryMatches(i, static_cast<int32_t>(n))) {
+        member_[n] = true;
+        break;
+      }
+    }
+  }
+}
+
+bool NoSplit::EntryMatches(size_t i, int32_t node) const {
+  const TreeNode& tn = tree_->nodes[static_cast<size_t>(node)];
+  const std::string& entry = entries_[i];
+  if (node == 0) return !tn.class_name.empty() && tn.class_name == entry;
+  if (IsNameGlob(entry)) return GlobMatch(entry, tn.name);
+  if (!tn.class_name.empty() && tn.class_name == entry) return true;
+  return !tree_->has_classes && tn.name == entry;
+}
+
+std::vector<std::string> DefaultNoSplit(const ModuleTree::Impl& tree) {
+  std::vector<std::string> globs;
+  std::vector<int32_t> stack = {0};
+  while (!stack.empty()) {
+    const TreeNode& node = tree.nodes[static_cast<size_t>(stack.back())];
+    stack.pop_back();
+    size_t numbered = 0;
+    for (int32_t c : node.children) {
+      if (IsNumber(LocalName(tree.nodes[static_cast<size_t>(c)].name))) ++numbered;
+    }
+    bool blocks = numbered >= 2;
+    if (blocks) globs.push_back(node.name.empty() ? "*" : node.name + ".*");
+    for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) {
+      bool is_block = blocks && IsNumber(LocalName(tree.nodes[static_cast<size_t>(*it)].name));
+      if (!is_block) stack.push_back(*it);
+    }
+  }
+  return globs;
+}
+
+}  // namespace loadstone::planner
