@@ -22,9 +22,11 @@ Status Fail(SafetensorsError error, std::string_view path, std::string_view deta
       fmt::format("{}: {} in '{}'", SafetensorsErrorName(error), detail, path));
 }
 
-// Builds the tensor table straight from SAX events, enforcing the reference's schema:
-//   {"__metadata__": null | {str: str}, name: {"dtype": str, "shape": [u64], "data_offsets":
-//   [u64, u64], other fields ignored}}
+// Builds the tensor table straight from SAX events, enforcing the reference's serde schema:
+//   {"__metadata__": null | {str: str},
+//    name: {"dtype": D, "shape": [u64], "data_offsets": [u64, u64], other fields ignored}
+//        | [D, [u64], [u64, u64]]}                        (serde also takes a struct as a sequence)
+//   D = "F32" | {"F32": null}                              (serde's two forms of a unit variant)
 // and rejecting duplicate keys at every level that has a schema.
 class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
  public:
@@ -36,9 +38,16 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   std::map<std::string, std::string> metadata;
   Status error;
 
-  bool null() override { return Scalar(Kind::kNull); }
+  bool null() override {
+    if (skip_ > 0) return true;
+    if (state_ == State::kDtypeMap && dtype_map_value_pending_) {
+      dtype_map_value_pending_ = false;
+      return true;
+    }
+    return Scalar(Kind::kNull);
+  }
   bool boolean(bool) override { return Scalar(Kind::kOther); }
-  bool number_integer(number_integer_t) override { return Scalar(Kind::kOther); }  // < 0
+  bool number_integer(number_integer_t) override { return Scalar(Kind::kOther); }  // < 0, -0
   bool number_unsigned(number_unsigned_t v) override {
     if (skip_ > 0) return true;
     if (state_ == State::kShape) {
@@ -61,18 +70,15 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
       metadata.emplace(key_, s);
       return true;
     }
-    if (state_ == State::kTensor && field_ == Field::kDtype) {
-      auto dtype = DTypeFromSafetensorsName(s);
-      if (!dtype) return Schema(fmt::format("unknown dtype '{}'", s));
-      tensors.back().dtype = *dtype;
-      return true;
-    }
+    if (!NextSeqField()) return false;
+    if (InTensor() && field_ == Field::kDtype) return SetDtype(s);
     return Scalar(Kind::kOther);
   }
 
   bool start_object(std::size_t) override {
     if (++depth_ > kMaxDepth) return Schema("recursion limit exceeded");
     if (skip_ > 0) return ++skip_, true;
+    if (!NextSeqField()) return false;
     switch (state_) {
       case State::kStart: state_ = State::kTop; return true;
       case State::kTop:
@@ -80,13 +86,16 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
           state_ = State::kMetadata;
           return true;
         }
-        state_ = State::kTensor;
-        tensors.emplace_back().name = key_;
-        offsets.push_back({0, 0});
-        seen_ = {};
+        BeginTensor(State::kTensor);
         return true;
       case State::kTensor:
+      case State::kTensorSeq:
         if (field_ == Field::kOther) return ++skip_, true;
+        if (field_ == Field::kDtype) {
+          state_ = State::kDtypeMap;
+          dtype_map_keys_ = 0;
+          return true;
+        }
         return Schema(fmt::format("invalid type: map for field '{}'", FieldName()));
       default: return Schema("invalid type: map, expected a string or an integer");
     }
@@ -95,28 +104,36 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   bool end_object() override {
     --depth_;
     if (skip_ > 0) return --skip_, true;
-    if (state_ == State::kMetadata) {
-      state_ = State::kTop;
-      return true;
-    }
-    if (state_ == State::kTensor) {
-      for (int f = 0; f < 3; ++f) {
-        if (!seen_[f]) {
-          field_ = static_cast<Field>(f);
-          return Schema(fmt::format("missing field '{}'", FieldName()));
+    switch (state_) {
+      case State::kMetadata: state_ = State::kTop; return true;
+      case State::kDtypeMap:
+        if (dtype_map_keys_ != 1 || dtype_map_value_pending_) {
+          return Schema("dtype: expected a single-key map {\"DTYPE\": null}");
         }
-      }
-      state_ = State::kTop;
-      return true;
+        state_ = tensor_state_;
+        return true;
+      case State::kTensor:
+        for (int f = 0; f < 3; ++f) {
+          if (!seen_[f]) {
+            field_ = static_cast<Field>(f);
+            return Schema(fmt::format("missing field '{}'", FieldName()));
+          }
+        }
+        state_ = State::kTop;
+        return true;
+      default: state_ = State::kDone; return true;
     }
-    state_ = State::kDone;
-    return true;
   }
 
   bool start_array(std::size_t) override {
     if (++depth_ > kMaxDepth) return Schema("recursion limit exceeded");
     if (skip_ > 0) return ++skip_, true;
-    if (state_ == State::kTensor) {
+    if (!NextSeqField()) return false;
+    if (state_ == State::kTop && key_ != "__metadata__") {
+      BeginTensor(State::kTensorSeq);
+      return true;
+    }
+    if (InTensor()) {
       switch (field_) {
         case Field::kShape: state_ = State::kShape; return true;
         case Field::kOffsets: state_ = State::kOffsets; offset_count_ = 0; return true;
@@ -131,10 +148,15 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   bool end_array() override {
     --depth_;
     if (skip_ > 0) return --skip_, true;
+    if (state_ == State::kTensorSeq) {
+      if (seq_pos_ != 3) return Schema("invalid length, expected a sequence of 3 elements");
+      state_ = State::kTop;
+      return true;
+    }
     if (state_ == State::kOffsets && offset_count_ != 2) {
       return Schema("invalid length, data_offsets expects 2 elements");
     }
-    state_ = State::kTensor;
+    state_ = tensor_state_;
     return true;
   }
 
@@ -149,6 +171,11 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
       if (metadata.count(k)) return Duplicate(fmt::format("__metadata__.{}", k));
       key_ = k;
       return true;
+    }
+    if (state_ == State::kDtypeMap) {
+      if (++dtype_map_keys_ > 1) return Schema("dtype: expected a single-key map");
+      dtype_map_value_pending_ = true;
+      return SetDtype(k);
     }
     // kTensor
     field_ = k == "dtype" ? Field::kDtype
@@ -173,9 +200,35 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   }
 
  private:
-  enum class State { kStart, kTop, kMetadata, kTensor, kShape, kOffsets, kDone };
+  enum class State { kStart, kTop, kMetadata, kTensor, kTensorSeq, kDtypeMap, kShape, kOffsets, kDone };
   enum class Field { kDtype = 0, kShape = 1, kOffsets = 2, kOther = 3 };
   enum class Kind { kNull, kOther };
+
+  bool InTensor() const { return state_ == State::kTensor || state_ == State::kTensorSeq; }
+
+  void BeginTensor(State form) {
+    state_ = tensor_state_ = form;
+    tensors.emplace_back().name = key_;
+    offsets.push_back({0, 0});
+    seen_ = {};
+    seq_pos_ = 0;
+    field_ = Field::kOther;
+  }
+
+  // In the sequence form, each value takes the next field: dtype, shape, data_offsets.
+  bool NextSeqField() {
+    if (state_ != State::kTensorSeq) return true;
+    if (seq_pos_ >= 3) return Schema("invalid length, expected a sequence of 3 elements");
+    field_ = static_cast<Field>(seq_pos_++);
+    return true;
+  }
+
+  bool SetDtype(std::string_view name) {
+    auto dtype = DTypeFromSafetensorsName(name);
+    if (!dtype) return Schema(fmt::format("unknown dtype '{}'", name));
+    tensors.back().dtype = *dtype;
+    return true;
+  }
 
   std::string_view FieldName() const {
     static constexpr std::string_view kNames[] = {"dtype", "shape", "data_offsets", "?"};
@@ -184,6 +237,7 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
 
   bool Scalar(Kind kind) {
     if (skip_ > 0) return true;
+    if (!NextSeqField()) return false;
     if (state_ == State::kTop && key_ == "__metadata__" && kind == Kind::kNull) return true;
     if (state_ == State::kTensor && field_ == Field::kOther) return true;
     if (state_ == State::kStart) return Schema("invalid type, expected a map");
@@ -192,10 +246,11 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
 
   bool Schema(std::string detail) {
     if (error.ok()) {
+      const bool in_tensor = state_ == State::kTensor || state_ == State::kTensorSeq ||
+                             state_ == State::kDtypeMap || state_ == State::kShape ||
+                             state_ == State::kOffsets;
       std::string where =
-          (state_ == State::kTensor || state_ == State::kShape || state_ == State::kOffsets)
-              ? fmt::format("tensor '{}': ", tensors.back().name)
-              : std::string();
+          in_tensor ? fmt::format("tensor '{}': ", tensors.back().name) : std::string();
       error = Fail(SafetensorsError::kInvalidHeaderDeserialization, path_, where + detail);
     }
     return false;
@@ -211,9 +266,13 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
 
   std::string_view path_;
   State state_ = State::kStart;
+  State tensor_state_ = State::kTensor;  // the form of the tensor being read
   Field field_ = Field::kOther;
   std::array<bool, 3> seen_{};
+  int seq_pos_ = 0;
   int offset_count_ = 0;
+  int dtype_map_keys_ = 0;
+  bool dtype_map_value_pending_ = false;
   int depth_ = 0;
   int skip_ = 0;  // > 0 while inside an ignored value
   std::string key_;
@@ -306,6 +365,15 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json, uint64_t
   if (size_t bad = FindInvalidUtf8(json); bad != std::string_view::npos) {
     return Fail(SafetensorsError::kInvalidHeader, path,
                 fmt::format("the header is not valid UTF-8 (byte {} of the header)", bad));
+  }
+  // nlohmann stops at a NUL byte and skips a leading byte-order mark; serde_json rejects both.
+  if (size_t nul = json.find('\0'); nul != std::string_view::npos) {
+    return Fail(SafetensorsError::kInvalidHeaderDeserialization, path,
+                fmt::format("invalid JSON: a NUL byte at header byte {}", nul));
+  }
+  if (json.substr(0, 3) == "\xEF\xBB\xBF") {
+    return Fail(SafetensorsError::kInvalidHeaderDeserialization, path,
+                "invalid JSON: the header starts with a byte-order mark");
   }
   HeaderSax sax(path);
   bool parsed = nlohmann::json::sax_parse(json.begin(), json.end(), &sax,

@@ -8,7 +8,18 @@
 namespace loadstone::cli {
 
 int ReportError(const Status& status) {
-  std::cerr << "error: " << status.ToString() << "\n";
+  // One line whatever the message holds (tensor names may contain control characters).
+  std::string line;
+  for (unsigned char c : status.ToString()) {
+    if (c == '\n') {
+      line += "\\n";
+    } else if (c < 0x20 || c == 0x7F) {
+      line += fmt::format("\\x{:02x}", c);
+    } else {
+      line += static_cast<char>(c);
+    }
+  }
+  std::cerr << "error: " << line << "\n";
   return 1;
 }
 
