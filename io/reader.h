@@ -14,7 +14,16 @@
 //
 // Thread safety: Submit, Reap and Cancel may be called from any thread, concurrently.
 // Lifetime: `dst` buffers must stay valid until their request completes (or until the Reader
-// is destroyed; the destructor cancels and waits for in-flight I/O).
+// is destroyed; the destructor cancels and waits for in-flight I/O). Once a request's
+// completion has been handed out, and once the destructor has returned, the Reader never
+// writes into its `dst` again.
+//
+// O_DIRECT (UringReader): the part of a request whose file offset, length and `dst` address
+// are all multiples of the file's direct-I/O alignment (statx STATX_DIOALIGN, else 4096) is
+// read with O_DIRECT straight into `dst`; so callers who want that path allocate `dst` with
+// `dst % 4096 == offset % 4096`. Other requests are read with O_DIRECT into an aligned bounce
+// buffer and copied (ReaderOptions::bounce_bytes), and tiny heads and tails through the page
+// cache. On file systems without O_DIRECT (tmpfs) every read goes through the page cache.
 #ifndef LOADSTONE_IO_READER_H_
 #define LOADSTONE_IO_READER_H_
 
@@ -46,9 +55,13 @@ struct ReadCompletion {
 struct ReaderStats {
   uint64_t requests = 0;
   uint64_t bytes = 0;
-  uint64_t direct_bytes = 0;    // read with O_DIRECT (no page cache copy)
+  uint64_t direct_bytes = 0;    // read from the device with O_DIRECT (no page cache)
   uint64_t buffered_bytes = 0;  // read through the page cache
+  uint64_t bounced_bytes = 0;   // of the requested bytes, those copied out of a bounce buffer
   uint64_t resubmits = 0;       // short reads, EAGAIN, EINTR continued
+  // `bytes` counts the requested bytes of requests that completed OK; direct_bytes +
+  // buffered_bytes count what the OS transferred, which includes the aligned superset around
+  // bounced ranges and bytes of requests that later failed.
 };
 
 class Reader {
@@ -65,7 +78,8 @@ class Reader {
   // Appends waiting completions to `out` (without blocking) and returns how many.
   virtual size_t Reap(std::vector<ReadCompletion>* out) = 0;
 
-  // An eventfd, readable while completions are waiting. Reap() resets it.
+  // An eventfd, readable while completions are waiting. Reap() resets it. It may rarely be
+  // readable with nothing to reap (Reap() then returns 0); callers simply wait again.
   virtual int completion_fd() const = 0;
 
   // Requests not yet completed.
@@ -81,10 +95,16 @@ enum class ReaderBackend { kAuto, kUring, kPread };
 
 struct ReaderOptions {
   ReaderBackend backend = ReaderBackend::kAuto;
-  int queue_depth = 64;              // reads in flight
-  uint64_t max_chunk = 16ULL << 20;  // a request longer than this is split into chunks
+  int queue_depth = 64;              // reads in flight (1..4096)
+  uint64_t max_chunk = 16ULL << 20;  // a request longer than this is split (4 KiB..1 GiB)
   bool direct = true;                // try O_DIRECT where the file system and alignment allow
-  int threads = 8;                   // PreadReader's pool size
+  // O_DIRECT bounce buffers (aligned, registered with the ring when possible) for requests
+  // whose `dst` is not aligned like their offset; 0 reads those through the page cache.
+  uint64_t bounce_bytes = 32ULL << 20;
+  int threads = 8;                   // PreadReader's pool size (1..256)
+  // Testing only: each read asks the OS for at most this many bytes (0 = no cap), so every
+  // chunk is continued exactly as after a short read.
+  uint64_t max_read_call = 0;
 };
 
 // Opens every path and returns the backend `options` asks for. kAuto: io_uring when a ring can

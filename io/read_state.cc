@@ -1,0 +1,97 @@
+#include "io/read_state.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace loadstone::io {
+
+PieceCut CutPiece(uint64_t offset, const std::byte* dst, uint64_t remaining,
+                  const CutPolicy& policy) {
+  const uint64_t chunk = std::min(remaining, policy.max_chunk);
+  const uint64_t a = policy.align;
+  if (a == 0) return {PieceKind::kBuffered, chunk};
+  const uint64_t address = reinterpret_cast<uintptr_t>(dst);
+  if (offset % a == address % a) {
+    // In phase: the aligned middle goes straight to dst; the head and tail (< a bytes each)
+    // through the page cache.
+    if (offset % a != 0) return {PieceKind::kBuffered, std::min(remaining, a - offset % a)};
+    if (remaining < a) return {PieceKind::kBuffered, remaining};
+    const uint64_t max_aligned = std::max(a, policy.max_chunk / a * a);
+    return {PieceKind::kDirect, std::min(remaining / a * a, max_aligned)};
+  }
+  if (policy.bounce_slot >= 2 * a && remaining >= policy.min_bounce) {
+    // The superset [offset rounded down, end rounded up] must fit in one slot.
+    return {PieceKind::kBounce, std::min(remaining, policy.bounce_slot - offset % a)};
+  }
+  return {PieceKind::kBuffered, chunk};
+}
+
+ReaderStats StatCounters::Snapshot() const {
+  auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
+  ReaderStats s;
+  s.requests = get(requests);
+  s.bytes = get(bytes);
+  s.direct_bytes = get(direct_bytes);
+  s.buffered_bytes = get(buffered_bytes);
+  s.bounced_bytes = get(bounced_bytes);
+  s.resubmits = get(resubmits);
+  return s;
+}
+
+Status CheckOptions(const ReaderOptions& o) {
+  if (o.queue_depth < 1 || o.queue_depth > 4096) {
+    return Status::InvalidArgument(
+        fmt::format("queue_depth {} is out of range (1..4096)", o.queue_depth));
+  }
+  if (o.max_chunk < (4 << 10) || o.max_chunk > (1ULL << 30)) {
+    return Status::InvalidArgument(
+        fmt::format("max_chunk {} is out of range (4 KiB..1 GiB)", o.max_chunk));
+  }
+  if (o.threads < 1 || o.threads > 256) {
+    return Status::InvalidArgument(fmt::format("threads {} is out of range (1..256)", o.threads));
+  }
+  if (o.bounce_bytes > (4ULL << 30)) {
+    return Status::InvalidArgument(
+        fmt::format("bounce_bytes {} is out of range (0..4 GiB)", o.bounce_bytes));
+  }
+  return Status::OK();
+}
+
+Status CheckRequest(const ReadRequest& r, size_t num_files) {
+  if (r.file >= num_files) {
+    return Status::InvalidArgument(
+        fmt::format("read request for file #{}, but the reader has {} files", r.file, num_files));
+  }
+  if (r.length > std::numeric_limits<uint64_t>::max() - r.offset) {
+    return Status::InvalidArgument(fmt::format(
+        "read request of {} bytes at offset {} overflows a 64-bit offset", r.length, r.offset));
+  }
+  if (r.length > 0 && r.dst == nullptr) {
+    return Status::InvalidArgument(fmt::format(
+        "read request of {} bytes at offset {} has no destination", r.length, r.offset));
+  }
+  return Status::OK();
+}
+
+Status TruncatedError(const std::string& path, const ReadRequest& r, uint64_t file_end) {
+  return Status::Corruption(
+      fmt::format("'{}' is truncated: wanted {} bytes at offset {}, the file ends at {}", path,
+                  r.length, r.offset, file_end));
+}
+
+Status TruncatedError(const File& file, const ReadRequest& r, uint64_t at) {
+  struct stat st;
+  uint64_t end = at;
+  if (::fstat(file.fd(), &st) == 0 && static_cast<uint64_t>(st.st_size) < at) end = st.st_size;
+  return TruncatedError(file.path(), r, end);
+}
+
+Status CancelledError(const std::string& path, const ReadRequest& r) {
+  return Status::Cancelled(
+      fmt::format("read of {} bytes at offset {} of '{}' cancelled", r.length, r.offset, path));
+}
+
+}  // namespace loadstone::io

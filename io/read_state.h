@@ -1,0 +1,103 @@
+// Bookkeeping shared by the Reader backends: one request's progress across the pieces it is
+// cut into, how the next piece is cut, and the errors every backend reports the same way.
+#ifndef LOADSTONE_IO_READ_STATE_H_
+#define LOADSTONE_IO_READ_STATE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "io/file.h"
+#include "io/reader.h"
+#include "loadstone/status.h"
+
+namespace loadstone::io {
+
+// A request being served. Pieces are cut from the front (`scheduled` grows); the request is
+// finished once no piece is in flight and either every byte was scheduled or it was stopped
+// (failed or cancelled; the first error wins).
+// Not thread-safe: each backend guards it with its own lock or keeps it on one thread.
+struct PendingRead {
+  explicit PendingRead(const ReadRequest& r) : request(r) {}
+
+  uint64_t remaining() const { return request.length - scheduled; }
+  bool stopped() const { return !status.ok(); }
+  bool fully_scheduled() const { return scheduled == request.length || stopped(); }
+  bool finished() const { return in_flight == 0 && fully_scheduled(); }
+  void Fail(Status s) {
+    if (status.ok()) status = std::move(s);
+  }
+  // True exactly once: the first time it is asked after the request finished.
+  bool TakeCompletion() {
+    if (completed || !finished()) return false;
+    completed = true;
+    return true;
+  }
+
+  const ReadRequest request;
+  uint64_t scheduled = 0;  // bytes from the front handed to pieces
+  uint32_t in_flight = 0;  // pieces handed to the OS (or a worker) and not yet back
+  bool completed = false;
+  Status status;
+};
+
+// ReaderStats as relaxed atomics, updated by whichever thread does the work.
+struct StatCounters {
+  ReaderStats Snapshot() const;
+
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> direct_bytes{0};
+  std::atomic<uint64_t> buffered_bytes{0};
+  std::atomic<uint64_t> bounced_bytes{0};
+  std::atomic<uint64_t> resubmits{0};
+};
+
+inline void Add(std::atomic<uint64_t>& counter, uint64_t n) {
+  counter.fetch_add(n, std::memory_order_relaxed);
+}
+
+enum class PieceKind {
+  kBuffered,  // through the page cache, straight into dst
+  kDirect,    // O_DIRECT straight into dst: offset, length and address aligned
+  kBounce,    // O_DIRECT superset read into an aligned bounce buffer, then copied into dst
+};
+
+struct CutPolicy {
+  uint64_t max_chunk = 16ULL << 20;
+  uint64_t align = 0;              // direct-I/O alignment of the file; 0: no O_DIRECT for it
+  uint64_t bounce_slot = 0;        // bytes per bounce buffer; 0: no bounce buffers
+  uint64_t min_bounce = 64 << 10;  // smaller misaligned pieces go through the page cache
+};
+
+struct PieceCut {
+  PieceKind kind;
+  uint64_t length;  // bytes of the request this piece delivers (> 0)
+};
+
+// The next piece of a request whose unscheduled part starts at file `offset`, goes to `dst`
+// and is `remaining` bytes long. REQUIRES: remaining > 0.
+PieceCut CutPiece(uint64_t offset, const std::byte* dst, uint64_t remaining,
+                  const CutPolicy& policy);
+
+// queue_depth, max_chunk, threads and bounce_bytes within their documented ranges;
+// InvalidArgument naming the option otherwise.
+Status CheckOptions(const ReaderOptions& options);
+
+// The checks every backend makes before queueing: the file index exists, offset + length does
+// not overflow, dst is set when length > 0. InvalidArgument otherwise.
+Status CheckRequest(const ReadRequest& r, size_t num_files);
+
+// Corruption: `path` ended at `file_end` inside the request.
+Status TruncatedError(const std::string& path, const ReadRequest& r, uint64_t file_end);
+// The same, for a read of `file` that returned 0 bytes at `at`: the message gives the file's
+// size now (it may have been truncated after it was opened).
+Status TruncatedError(const File& file, const ReadRequest& r, uint64_t at);
+
+// Cancelled, naming what was not (completely) read.
+Status CancelledError(const std::string& path, const ReadRequest& r);
+
+}  // namespace loadstone::io
+
+#endif  // LOADSTONE_IO_READ_STATE_H_

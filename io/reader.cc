@@ -1,0 +1,67 @@
+// OpenReader: opens the files and picks the backend (io_uring, else pread).
+#include "io/reader.h"
+
+#include <fmt/format.h>
+
+#include "io/file.h"
+#include "io/pread_reader.h"
+#include "io/read_state.h"
+#include "io/uring_reader.h"
+
+namespace loadstone::io {
+namespace {
+
+Result<std::vector<File>> OpenAll(const std::vector<std::string>& paths) {
+  std::vector<File> files;
+  files.reserve(paths.size());
+  for (const std::string& path : paths) {
+    LOADSTONE_ASSIGN_OR_RETURN(File file, File::OpenForRead(path));
+    files.push_back(std::move(file));
+  }
+  return files;
+}
+
+Result<std::unique_ptr<Reader>> OpenPread(std::vector<File> files, const ReaderOptions& options,
+                                          std::string_view why, std::string* log) {
+  LOADSTONE_ASSIGN_OR_RETURN(std::unique_ptr<PreadReader> reader,
+                             PreadReader::Create(std::move(files), options));
+  if (log != nullptr) *log = fmt::format("reader: {}; {}", reader->Describe(), why);
+  return std::unique_ptr<Reader>(std::move(reader));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths,
+                                           const ReaderOptions& options, std::string* log) {
+  LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
+  LOADSTONE_ASSIGN_OR_RETURN(std::vector<File> files, OpenAll(paths));
+  if (options.backend == ReaderBackend::kPread) {
+    return OpenPread(std::move(files), options, "asked for (--backend pread)", log);
+  }
+  Status probe = UringReader::Probe();
+  if (probe.ok()) {
+    Result<std::unique_ptr<UringReader>> uring = UringReader::Create(std::move(files), options);
+    if (uring.ok()) {
+      if (log != nullptr) {
+        *log = fmt::format("reader: {}; {}", (*uring)->Describe(),
+                           options.backend == ReaderBackend::kUring ? "asked for (--backend uring)"
+                                                                    : "the probe created a ring");
+      }
+      return std::unique_ptr<Reader>(std::move(uring).value());
+    }
+    // A ring could be made but not this one (its depth, memory): the files are fine, so only
+    // an Unsupported setup error may fall back.
+    if (uring.status().code() != StatusCode::kUnsupported) return uring.status();
+    probe = uring.status();
+    LOADSTONE_ASSIGN_OR_RETURN(files, OpenAll(paths));  // Create() took the first ones
+  }
+  if (options.backend == ReaderBackend::kUring) {
+    return Status::InvalidArgument(fmt::format(
+        "--backend uring: io_uring is unavailable here: {}; use --backend auto or pread",
+        probe.message()));
+  }
+  return OpenPread(std::move(files), options,
+                   fmt::format("io_uring unavailable: {}", probe.message()), log);
+}
+
+}  // namespace loadstone::io

@@ -1,0 +1,34 @@
+// ReaderWrapper: a Reader that forwards every call to another one (LevelDB's EnvWrapper
+// pattern), so a test double overrides only what it changes.
+#ifndef LOADSTONE_IO_READER_WRAPPER_H_
+#define LOADSTONE_IO_READER_WRAPPER_H_
+
+#include <memory>
+#include <utility>
+
+#include "io/reader.h"
+
+namespace loadstone::io {
+
+class ReaderWrapper : public Reader {
+ public:
+  // REQUIRES: inner != nullptr.
+  explicit ReaderWrapper(std::unique_ptr<Reader> inner) : inner_(std::move(inner)) {}
+
+  Reader* inner() const { return inner_.get(); }
+
+  std::string Describe() const override { return inner_->Describe(); }
+  void Submit(std::span<const ReadRequest> requests) override { inner_->Submit(requests); }
+  size_t Reap(std::vector<ReadCompletion>* out) override { return inner_->Reap(out); }
+  int completion_fd() const override { return inner_->completion_fd(); }
+  size_t pending() const override { return inner_->pending(); }
+  void Cancel() override { inner_->Cancel(); }
+  ReaderStats stats() const override { return inner_->stats(); }
+
+ private:
+  std::unique_ptr<Reader> inner_;
+};
+
+}  // namespace loadstone::io
+
+#endif  // LOADSTONE_IO_READER_WRAPPER_H_

@@ -1,0 +1,536 @@
+#include "io/uring_reader.h"
+
+#include <fmt/format.h>
+#include <liburing.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "io/completion_queue.h"
+#include "io/direct_io.h"
+#include "io/posix_error.h"
+#include "io/read_state.h"
+
+namespace loadstone::io {
+namespace {
+
+constexpr uint64_t kBounceSlotMax = 4ULL << 20;
+constexpr unsigned kCqeBatch = 64;
+
+std::string RingError(int err) {
+  std::string_view hint;
+  switch (err) {
+    case ENOSYS:
+      hint = " (this kernel has no io_uring)";
+      break;
+    case EPERM:
+    case EACCES:
+      hint = " (io_uring is disabled: sysctl kernel.io_uring_disabled or seccomp)";
+      break;
+    case ENOMEM:
+      hint = " (not enough lockable memory: raise `ulimit -l`)";
+      break;
+    default:
+      break;
+  }
+  return fmt::format("cannot create an io_uring ring: {}{}", std::strerror(err), hint);
+}
+
+// An io_uring instance, torn down on destruction.
+class Ring {
+ public:
+  Ring() = default;
+  ~Ring() {
+    if (live_) io_uring_queue_exit(&ring_);
+  }
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+
+  // Returns 0 or -errno.
+  int Init(unsigned entries, unsigned flags) {
+    io_uring_params params;
+    std::memset(&params, 0, sizeof params);
+    params.flags = flags;
+    int r = io_uring_queue_init_params(entries, &ring_, &params);
+    live_ = r == 0;
+    return r;
+  }
+  io_uring* get() { return &ring_; }
+
+ private:
+  io_uring ring_;
+  bool live_ = false;
+};
+
+// An owned descriptor (the wake-up eventfd).
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd = -1) : fd_(fd) {}
+  ~UniqueFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_;
+};
+
+// One read in the kernel's hands: [start, start + want) of the file into base. Done once
+// `need` bytes arrived (less than `want` only for a bounce superset that runs past the end of
+// the file). A bounce piece then copies base[skip, skip + length) to dst.
+struct Piece {
+  std::shared_ptr<PendingRead> read;
+  PieceKind kind = PieceKind::kBuffered;
+  uint64_t start = 0;
+  std::byte* base = nullptr;
+  uint64_t want = 0;
+  uint64_t need = 0;
+  uint64_t got = 0;
+  bool direct_now = false;  // the submission in flight went to the O_DIRECT descriptor
+  uint64_t asked = 0;       // bytes the submission in flight asked for
+  int slot = -1;
+  uint64_t skip = 0;
+  std::byte* dst = nullptr;
+  uint64_t length = 0;
+};
+
+}  // namespace
+
+struct UringReader::Impl {
+  Status Init();  // on the ring thread
+  void Run();
+  bool TakeInbox();
+  void Fill();
+  std::unique_ptr<Piece> CutNext();
+  io_uring_sqe* GetSqe();
+  void Prep(io_uring_sqe* sqe, Piece& piece);
+  void ArmWake();
+  void Drain();
+  void Handle(Piece* raw, int res);
+  void Retire(std::unique_ptr<Piece> piece);
+  void Wake();
+
+  std::vector<File> files;
+  std::vector<DirectTwin> twins;
+  ReaderOptions options;
+  std::unique_ptr<CompletionQueue> completions;
+  StatCounters stats;
+  UniqueFd wake_fd;
+  std::promise<Status> ready;               // Init's result, for Create()
+  std::string description;                  // written by Init, read after `ready`
+  std::atomic<uint64_t> direct_refused{0};  // O_DIRECT reads the kernel refused (EINVAL)
+
+  std::mutex mu;
+  std::vector<std::shared_ptr<PendingRead>> inbox;  // guarded by mu
+  bool cancelled = false;                           // guarded by mu
+  bool stopping = false;                            // guarded by mu
+
+  // Ring thread only.
+  BouncePool pool;
+  bool files_registered = false;
+  bool buffers_registered = false;
+  std::deque<std::shared_ptr<PendingRead>> queue;  // not fully scheduled, in order
+  std::deque<std::unique_ptr<Piece>> retry;        // to resubmit (short read, EAGAIN, ...)
+  unsigned in_flight = 0;                          // pieces in the kernel
+  std::vector<ReadCompletion> done;
+  Ring ring;  // last: torn down first, before the bounce memory it may have registered
+
+  std::thread thread;
+};
+
+Status UringReader::Probe() {
+  Ring ring;
+  if (int r = ring.Init(4, 0); r < 0) return Status::Unsupported(RingError(-r));
+  std::unique_ptr<io_uring_probe, void (*)(io_uring_probe*)> probe(
+      io_uring_get_probe_ring(ring.get()), io_uring_free_probe);
+  if (!probe || !io_uring_opcode_supported(probe.get(), IORING_OP_READ)) {
+    return Status::Unsupported("this kernel's io_uring has no IORING_OP_READ (Linux 5.6+ needed)");
+  }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<UringReader>> UringReader::Create(std::vector<File> files,
+                                                         const ReaderOptions& options) {
+  LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
+  auto impl = std::make_unique<Impl>();
+  LOADSTONE_ASSIGN_OR_RETURN(impl->completions, CompletionQueue::Create());
+  impl->wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (impl->wake_fd.get() < 0) return ErrnoStatus(errno, "cannot create", "eventfd");
+  impl->options = options;
+  impl->files = std::move(files);
+  for (const File& f : impl->files) {
+    impl->twins.push_back(options.direct ? OpenDirectTwin(f) : DirectTwin{});
+  }
+  std::future<Status> started = impl->ready.get_future();
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->Run(); });
+  Status status = started.get();
+  if (!status.ok()) {
+    impl->thread.join();
+    return status;
+  }
+  return std::unique_ptr<UringReader>(new UringReader(std::move(impl)));
+}
+
+UringReader::UringReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+UringReader::~UringReader() {
+  Cancel();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->Wake();
+  impl_->thread.join();
+}
+
+Status UringReader::Impl::Init() {
+  const unsigned entries = static_cast<unsigned>(options.queue_depth) + 1;  // + the wake poll
+  const char* kind = "single-issuer ring";
+  int r = ring.Init(entries, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+  if (r == -EINVAL) {  // kernels before 6.1
+    kind = "plain ring";
+    r = ring.Init(entries, 0);
+  }
+  if (r < 0) return Status::Unsupported(RingError(-r));
+
+  std::vector<int> fds;
+  for (const File& f : files) fds.push_back(f.fd());
+  size_t direct_files = 0;
+  uint64_t align = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const bool direct = twins[i].align > 0;
+    fds.push_back(direct ? twins[i].file.fd() : files[i].fd());
+    direct_files += direct;
+    align = std::max(align, twins[i].align);
+  }
+  std::string file_note = "files registered";
+  if (!fds.empty()) {
+    r = io_uring_register_files(ring.get(), fds.data(), static_cast<unsigned>(fds.size()));
+    files_registered = r == 0;
+    if (r < 0) file_note = fmt::format("files not registered: {}", std::strerror(-r));
+  }
+
+  std::string direct_note;
+  if (!options.direct) {
+    direct_note = "page cache only (O_DIRECT off)";
+  } else if (direct_files == 0) {
+    direct_note =
+        fmt::format("page cache only ({})", twins.empty() ? "no files" : twins.front().why_not);
+  } else {
+    direct_note = fmt::format("O_DIRECT on {}/{} files", direct_files, files.size());
+    const uint64_t pool_align = std::max<uint64_t>(align, 4096);
+    const uint64_t slot =
+        std::max(pool_align, std::min(options.max_chunk, kBounceSlotMax) / pool_align * pool_align);
+    if (options.bounce_bytes >= slot)
+      pool = BouncePool(options.bounce_bytes / slot, slot, pool_align);
+    if (!pool.empty()) {
+      iovec iov{pool.data(), pool.total_bytes()};
+      r = io_uring_register_buffers(ring.get(), &iov, 1);
+      buffers_registered = r == 0;
+      direct_note += fmt::format(", bounce {} x {} KiB ({})", pool.count(), pool.slot_bytes() >> 10,
+                                 r == 0 ? std::string("registered")
+                                        : fmt::format("not registered: {}", std::strerror(-r)));
+    } else if (options.bounce_bytes > 0) {
+      direct_note += ", no bounce buffers (out of memory)";
+    }
+  }
+  description = fmt::format("io_uring ({} deep, {} MiB chunks, {}, {}, {})", options.queue_depth,
+                            options.max_chunk >> 20, direct_note, file_note, kind);
+  return Status::OK();
+}
+
+void UringReader::Impl::Run() {
+  Status status = Init();
+  const bool ok = status.ok();
+  ready.set_value(std::move(status));
+  if (!ok) return;
+  ArmWake();
+  for (;;) {
+    const bool stop = TakeInbox();
+    Fill();
+    completions->Push(&done);
+    if (stop && in_flight == 0 && retry.empty() && queue.empty()) break;
+    int r = io_uring_submit_and_wait(ring.get(), 1);
+    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+      // Not expected from a healthy ring; back off so in-flight pieces can still be reaped.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    Drain();
+  }
+}
+
+void UringReader::Impl::Wake() {
+  uint64_t one = 1;
+  ssize_t n;
+  do {
+    n = ::write(wake_fd.get(), &one, sizeof one);
+  } while (n < 0 && errno == EINTR);
+}
+
+void UringReader::Impl::ArmWake() {
+  io_uring_sqe* sqe = GetSqe();  // in_flight ≤ queue_depth leaves one entry for this
+  if (sqe == nullptr) return;
+  io_uring_prep_poll_add(sqe, wake_fd.get(), POLLIN);
+  io_uring_sqe_set_data(sqe, nullptr);
+}
+
+bool UringReader::Impl::TakeInbox() {
+  std::vector<std::shared_ptr<PendingRead>> incoming;
+  bool cancel, stop;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    incoming.swap(inbox);
+    cancel = cancelled;
+    stop = stopping;
+  }
+  for (std::shared_ptr<PendingRead>& read : incoming) queue.push_back(std::move(read));
+  if (cancel) {
+    for (const std::shared_ptr<PendingRead>& read : queue) {
+      read->Fail(CancelledError(files[read->request.file].path(), read->request));
+      if (read->TakeCompletion()) done.push_back({read->request.tag, read->status});
+    }
+    queue.clear();
+  }
+  return stop;
+}
+
+void UringReader::Impl::Fill() {
+  while (in_flight < static_cast<unsigned>(options.queue_depth)) {
+    std::unique_ptr<Piece> piece;
+    if (!retry.empty()) {
+      piece = std::move(retry.front());
+      retry.pop_front();
+      if (piece->read->stopped()) {
+        Retire(std::move(piece));
+        continue;
+      }
+    } else {
+      piece = CutNext();
+      if (!piece) break;
+    }
+    io_uring_sqe* sqe = GetSqe();
+    if (sqe == nullptr) {
+      retry.push_front(std::move(piece));
+      break;
+    }
+    Prep(sqe, *piece);
+    io_uring_sqe_set_data(sqe, piece.release());  // reclaimed in Handle()
+    ++in_flight;
+  }
+}
+
+std::unique_ptr<Piece> UringReader::Impl::CutNext() {
+  while (!queue.empty() && queue.front()->fully_scheduled()) queue.pop_front();
+  if (queue.empty()) return nullptr;
+  std::shared_ptr<PendingRead> read = queue.front();
+  const ReadRequest& r = read->request;
+  const uint64_t offset = r.offset + read->scheduled;
+  std::byte* dst = r.dst + read->scheduled;
+  const DirectTwin& twin = twins[r.file];
+  CutPolicy policy;
+  policy.max_chunk = options.max_chunk;
+  policy.align = twin.align;
+  policy.bounce_slot = pool.slot_bytes();
+  const PieceCut cut = CutPiece(offset, dst, read->remaining(), policy);
+
+  auto piece = std::make_unique<Piece>();
+  piece->kind = cut.kind;
+  if (cut.kind == PieceKind::kBounce) {
+    piece->slot = pool.Acquire();
+    if (piece->slot < 0) return nullptr;  // wait for a slot; order is kept
+    const uint64_t a = twin.align;
+    piece->start = offset / a * a;
+    piece->base = pool.slot(piece->slot);
+    piece->want = (offset + cut.length + a - 1) / a * a - piece->start;
+    piece->need = offset + cut.length - piece->start;
+    piece->skip = offset - piece->start;
+    piece->dst = dst;
+    piece->length = cut.length;
+  } else {
+    piece->start = offset;
+    piece->base = dst;
+    piece->want = piece->need = cut.length;
+  }
+  piece->read = read;
+  read->scheduled += cut.length;
+  ++read->in_flight;
+  if (read->fully_scheduled()) queue.pop_front();
+  return piece;
+}
+
+io_uring_sqe* UringReader::Impl::GetSqe() {
+  io_uring_sqe* sqe = io_uring_get_sqe(ring.get());
+  if (sqe != nullptr) return sqe;
+  io_uring_submit(ring.get());  // the SQ is full: flush it, then try once more
+  return io_uring_get_sqe(ring.get());
+}
+
+void UringReader::Impl::Prep(io_uring_sqe* sqe, Piece& piece) {
+  const uint32_t file = piece.read->request.file;
+  const uint64_t a = twins[file].align;
+  const uint64_t at = piece.start + piece.got;
+  std::byte* to = piece.base + piece.got;
+  uint64_t length = piece.want - piece.got;
+  const bool direct = piece.kind != PieceKind::kBuffered && a > 0 && at % a == 0 &&
+                      reinterpret_cast<uintptr_t>(to) % a == 0 && length % a == 0;
+  if (options.max_read_call > 0) {
+    const uint64_t cap =
+        direct ? std::max(a, options.max_read_call / a * a) : options.max_read_call;
+    length = std::min(length, cap);
+  }
+  const int index = static_cast<int>(direct ? files.size() + file : file);
+  const int fd = files_registered ? index : (direct ? twins[file].file.fd() : files[file].fd());
+  const auto len = static_cast<unsigned>(length);
+  if (piece.slot >= 0 && buffers_registered) {
+    io_uring_prep_read_fixed(sqe, fd, to, len, at, 0);
+  } else {
+    io_uring_prep_read(sqe, fd, to, len, at);
+  }
+  if (files_registered) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
+  piece.direct_now = direct;
+  piece.asked = length;
+}
+
+void UringReader::Impl::Drain() {
+  io_uring_cqe* cqes[kCqeBatch];
+  unsigned n;
+  while ((n = io_uring_peek_batch_cqe(ring.get(), cqes, kCqeBatch)) > 0) {
+    for (unsigned i = 0; i < n; ++i) {
+      Handle(static_cast<Piece*>(io_uring_cqe_get_data(cqes[i])), cqes[i]->res);
+    }
+    io_uring_cq_advance(ring.get(), n);
+  }
+}
+
+void UringReader::Impl::Handle(Piece* raw, int res) {
+  if (raw == nullptr) {  // the wake-up poll fired: reset the eventfd and watch it again
+    uint64_t count;
+    ssize_t n = ::read(wake_fd.get(), &count, sizeof count);
+    (void)n;  // EAGAIN when already reset; either way it is zero now
+    ArmWake();
+    return;
+  }
+  std::unique_ptr<Piece> piece(raw);
+  --in_flight;
+  PendingRead& read = *piece->read;
+  const uint32_t file = read.request.file;
+  if (res == -EAGAIN || res == -EINTR) {
+    Add(stats.resubmits, 1);
+    retry.push_back(std::move(piece));
+    return;
+  }
+  if (res == -EINVAL && piece->direct_now) {
+    // The file system refused this O_DIRECT read after all: go through the page cache.
+    twins[file].align = 0;
+    direct_refused.fetch_add(1, std::memory_order_relaxed);
+    Add(stats.resubmits, 1);
+    retry.push_back(std::move(piece));
+    return;
+  }
+  const uint64_t at = piece->start + piece->got;
+  if (res < 0) {
+    read.Fail(ErrnoStatus(-res, fmt::format("read {} bytes at offset {} of", piece->asked, at),
+                          files[file].path()));
+  } else if (res == 0) {
+    read.Fail(TruncatedError(files[file], read.request, at));
+  } else {
+    Add(piece->direct_now ? stats.direct_bytes : stats.buffered_bytes, static_cast<uint64_t>(res));
+    piece->got += static_cast<uint64_t>(res);
+    if (piece->got < piece->need) {  // a short read is never done: continue where it stopped
+      Add(stats.resubmits, 1);
+      retry.push_back(std::move(piece));
+      return;
+    }
+    if (piece->kind == PieceKind::kBounce && !read.stopped()) {
+      std::memcpy(piece->dst, piece->base + piece->skip, piece->length);
+      Add(stats.bounced_bytes, piece->length);
+    }
+  }
+  Retire(std::move(piece));
+}
+
+void UringReader::Impl::Retire(std::unique_ptr<Piece> piece) {
+  if (piece->slot >= 0) pool.Release(piece->slot);
+  PendingRead& read = *piece->read;
+  --read.in_flight;
+  if (read.TakeCompletion()) {
+    if (read.status.ok()) Add(stats.bytes, read.request.length);
+    done.push_back({read.request.tag, read.status});
+  }
+}
+
+std::string UringReader::Describe() const {
+  uint64_t refused = impl_->direct_refused.load(std::memory_order_relaxed);
+  if (refused == 0) return impl_->description;
+  return fmt::format("{} [{} O_DIRECT reads refused, redone buffered]", impl_->description,
+                     refused);
+}
+
+void UringReader::Submit(std::span<const ReadRequest> requests) {
+  Impl& d = *impl_;
+  d.completions->AddOutstanding(requests.size());
+  Add(d.stats.requests, requests.size());
+  std::vector<std::shared_ptr<PendingRead>> accepted;
+  accepted.reserve(requests.size());
+  for (const ReadRequest& r : requests) {
+    Status bad = CheckRequest(r, d.files.size());
+    if (!bad.ok()) {
+      d.completions->Push(r.tag, std::move(bad));
+    } else if (r.length == 0) {
+      d.completions->Push(r.tag, Status::OK());
+    } else {
+      accepted.push_back(std::make_shared<PendingRead>(r));
+    }
+  }
+  if (accepted.empty()) return;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.cancelled) {
+      for (const auto& read : accepted) {
+        d.completions->Push(read->request.tag,
+                            CancelledError(d.files[read->request.file].path(), read->request));
+      }
+      return;
+    }
+    wake = d.inbox.empty();  // otherwise a wake-up is already on its way
+    d.inbox.insert(d.inbox.end(), accepted.begin(), accepted.end());
+  }
+  if (wake) d.Wake();
+}
+
+size_t UringReader::Reap(std::vector<ReadCompletion>* out) { return impl_->completions->Reap(out); }
+
+int UringReader::completion_fd() const { return impl_->completions->fd(); }
+
+size_t UringReader::pending() const { return impl_->completions->outstanding(); }
+
+void UringReader::Cancel() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->cancelled) return;
+    impl_->cancelled = true;
+  }
+  impl_->Wake();
+}
+
+ReaderStats UringReader::stats() const { return impl_->stats.Snapshot(); }
+
+}  // namespace loadstone::io

@@ -1,0 +1,358 @@
+// The Reader backends (io_uring and pread) against pattern files: exact bytes for random
+// ranges, chunking, deep queues, end of file and truncation, concurrent submitters, O_DIRECT,
+// and OpenReader's choice. Faults and cancellation: reader_fault_test.cc.
+#include "io/reader.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <thread>
+
+#include "io/read_state.h"
+#include "io/reader_test_util.h"
+#include "io/uring_reader.h"
+
+namespace loadstone::io {
+namespace {
+
+using namespace testing;  // NOLINT
+
+const std::string kTmp = std::filesystem::temp_directory_path().string();
+
+TEST_CASE("reader: pieces are cut by alignment and chunk size") {
+  CutPolicy p;
+  p.max_chunk = 1 << 20;
+  auto* base = reinterpret_cast<const std::byte*>(uintptr_t{1} << 20);  // page aligned
+  SECTION("without O_DIRECT every piece is a buffered chunk") {
+    auto cut = CutPiece(7, base + 3, 5 << 20, p);
+    CHECK(cut.kind == PieceKind::kBuffered);
+    CHECK(cut.length == (1 << 20));
+  }
+  p.align = 4096;
+  p.bounce_slot = 1 << 20;
+  SECTION("in phase: buffered head, direct middle, buffered tail") {
+    auto head = CutPiece(4096 + 100, base + 100, 3 << 20, p);
+    CHECK(head.kind == PieceKind::kBuffered);
+    CHECK(head.length == 3996);
+    auto middle = CutPiece(8192, base + 4096, (3 << 20) - 3996, p);
+    CHECK(middle.kind == PieceKind::kDirect);
+    CHECK(middle.length == (1 << 20));
+    auto tail = CutPiece(8192, base, 1000, p);
+    CHECK(tail.kind == PieceKind::kBuffered);
+    CHECK(tail.length == 1000);
+  }
+  SECTION("out of phase: an aligned superset in a bounce slot") {
+    auto cut = CutPiece(4096 + 100, base + 7, 3 << 20, p);
+    CHECK(cut.kind == PieceKind::kBounce);
+    CHECK(cut.length == (1 << 20) - 100);  // superset [4096, 4096 + 1 MiB) fills the slot
+    auto small = CutPiece(100, base + 7, 1000, p);
+    CHECK(small.kind == PieceKind::kBuffered);
+  }
+  SECTION("no bounce slots: out-of-phase pieces go through the page cache") {
+    p.bounce_slot = 0;
+    auto cut = CutPiece(4096 + 100, base + 7, 3 << 20, p);
+    CHECK(cut.kind == PieceKind::kBuffered);
+    CHECK(cut.length == (1 << 20));
+  }
+}
+
+TEST_CASE("reader: random ranges read exact bytes") {
+  const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
+  const uint64_t max_read_call = GENERATE(uint64_t{0}, uint64_t{3000});  // 3000: short reads
+  const uint64_t seed = TestSeed("random ranges");
+  CAPTURE(Name(backend), max_read_call, seed);
+  std::mt19937_64 rng(seed);
+  ScratchDir dir(kTmp);
+  REQUIRE(dir.ok());
+  const uint64_t sizes[2] = {(6 << 20) + 1234, (1 << 20) + 4096};
+  std::vector<std::string> paths = {dir.Path("a.bin"), dir.Path("b.bin")};
+  for (uint32_t f = 0; f < 2; ++f) WritePatternFile(paths[f], f, sizes[f]);
+
+  ReaderOptions options = Options(backend);
+  options.queue_depth = 8;        // fewer than the requests
+  options.max_chunk = 256 << 10;  // so that long requests cross chunks
+  options.bounce_bytes = 1 << 20;
+  options.threads = 4;
+  options.max_read_call = max_read_call;
+  auto reader = OpenOrSkip(paths, options);
+  if (!reader) return;
+  INFO(reader->Describe());
+
+  constexpr int kRequests = 400;
+  std::vector<ReadRequest> requests;
+  std::vector<AlignedBytes> buffers;
+  for (int i = 0; i < kRequests; ++i) {
+    ReadRequest r;
+    r.file = static_cast<uint32_t>(rng() % 2);
+    const uint64_t size = sizes[r.file];
+    switch (rng() % 4) {
+      case 0:
+        r.length = 0;
+        break;
+      case 1:
+        r.length = 1 + rng() % 5000;
+        break;
+      case 2:
+        r.length = 1 + rng() % (1 << 20);
+        break;
+      default:
+        r.length = (1 + rng() % 64) * 4096;
+        break;
+    }
+    r.length = std::min(r.length, size);
+    r.offset = rng() % 3 == 0 ? (rng() % (size / 4096)) * 4096 : rng() % (size - r.length + 1);
+    if (r.offset + r.length > size) r.offset = size - r.length;
+    buffers.emplace_back(r.length);
+    // Half of the destinations in phase with the file offset (O_DIRECT straight in), the rest
+    // anywhere (bounce buffers or the page cache).
+    const size_t misalign = rng() % 2 == 0 ? r.offset % 4096 : rng() % 4096;
+    r.dst = buffers.back().At(misalign);
+    r.tag = static_cast<uint64_t>(i);
+    requests.push_back(r);
+  }
+  for (size_t begin = 0; begin < requests.size();) {  // batches of 1..40
+    const size_t n = std::min<size_t>(1 + rng() % 40, requests.size() - begin);
+    reader->Submit(std::span(requests).subspan(begin, n));
+    begin += n;
+  }
+  auto done = DrainAll(*reader, requests.size());
+  for (const ReadRequest& r : requests) {
+    INFO("request " << r.tag << ": file " << r.file << " offset " << r.offset << " length "
+                    << r.length << " dst%4096 " << reinterpret_cast<uintptr_t>(r.dst) % 4096);
+    REQUIRE(done[r.tag].ok());
+    REQUIRE(FirstMismatch(r.dst, r.file, r.offset, r.length) == -1);
+  }
+  CHECK(reader->pending() == 0);
+  const ReaderStats stats = reader->stats();
+  CHECK(stats.requests == kRequests);
+  if (max_read_call > 0) CHECK(stats.resubmits > 0);
+}
+
+TEST_CASE("reader: deep queue with many more requests than the ring") {
+  const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
+  CAPTURE(Name(backend));
+  ScratchDir dir(kTmp);
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("deep.bin");
+  WritePatternFile(path, 0, 4 << 20);
+  ReaderOptions options = Options(backend);
+  options.queue_depth = 2;
+  options.threads = 2;
+  auto reader = OpenOrSkip({path}, options);
+  if (!reader) return;
+  constexpr int kRequests = 3000;
+  std::vector<std::byte> dst(kRequests * 1000);
+  std::vector<ReadRequest> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    requests.push_back({0, static_cast<uint64_t>(i) * 1000 + 17, 1000, dst.data() + i * 1000,
+                        static_cast<uint64_t>(i)});
+  }
+  reader->Submit(requests);
+  auto done = DrainAll(*reader, kRequests);
+  for (auto& [tag, status] : done) REQUIRE(status.ok());
+  CHECK(FirstMismatch(dst.data(), 0, 17, dst.size()) == -1);
+}
+
+TEST_CASE("reader: a read past the end of the file is Corruption naming path and offset") {
+  const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
+  const bool truncate_after_open = GENERATE(false, true);
+  CAPTURE(Name(backend), truncate_after_open);
+  ScratchDir dir(kTmp);
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("short.bin");
+  WritePatternFile(path, 0, truncate_after_open ? (4 << 20) : 300'000);
+  ReaderOptions options = Options(backend);
+  options.max_chunk = 64 << 10;
+  auto reader = OpenOrSkip({path}, options);
+  if (!reader) return;
+  if (truncate_after_open) REQUIRE(::truncate(path.c_str(), 300'000) == 0);
+
+  AlignedBytes buffer(1 << 20);
+  std::vector<ReadRequest> requests = {
+      {0, 0, 100'000, buffer.At(0), 1},                  // inside: fine
+      {0, 200'000, 200'000, buffer.At(0) + 100'000, 2},  // runs past the end
+      {0, 409'600, 8192, buffer.At(0) + 400'000, 3},     // starts past the end, aligned
+      {0, 299'999, 1, buffer.At(0) + 500'000, 4},        // the last byte: fine
+      {0, 262'144, 65'536, buffer.At(0) + 600'000 - (600'000 % 4096), 5},  // in phase
+  };
+  reader->Submit(requests);
+  auto done = DrainAll(*reader, requests.size());
+  CHECK(done[1].ok());
+  CHECK(done[4].ok());
+  CHECK(FirstMismatch(buffer.At(0), 0, 0, 100'000) == -1);
+  for (uint64_t tag : {2, 3, 5}) {
+    INFO(done[tag].ToString());
+    CHECK(done[tag].code() == StatusCode::kCorruption);
+    CHECK(done[tag].message().find(path) != std::string_view::npos);
+    CHECK(done[tag].message().find("truncated") != std::string_view::npos);
+  }
+  CHECK(done[2].message().find("offset 200000") != std::string_view::npos);
+  CHECK(done[2].message().find("200000 bytes") != std::string_view::npos);
+}
+
+TEST_CASE("reader: bad requests fail alone with InvalidArgument") {
+  const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
+  CAPTURE(Name(backend));
+  ScratchDir dir(kTmp);
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("x.bin");
+  WritePatternFile(path, 0, 10'000);
+  auto reader = OpenOrSkip({path}, Options(backend));
+  if (!reader) return;
+  std::byte byte[16];
+  std::vector<ReadRequest> requests = {
+      {1, 0, 1, byte, 1},                 // no file #1
+      {0, ~uint64_t{0} - 2, 8, byte, 2},  // offset + length overflows
+      {0, 0, 8, nullptr, 3},              // nowhere to put it
+      {0, 5, 16, byte, 4},                // fine
+  };
+  reader->Submit(requests);
+  auto done = DrainAll(*reader, requests.size());
+  CHECK(done[1].code() == StatusCode::kInvalidArgument);
+  CHECK(done[2].code() == StatusCode::kInvalidArgument);
+  CHECK(done[3].code() == StatusCode::kInvalidArgument);
+  CHECK(done[4].ok());
+  CHECK(FirstMismatch(byte, 0, 5, 16) == -1);
+}
+
+TEST_CASE("reader: concurrent submitters, one reaper") {
+  const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
+  const uint64_t seed = TestSeed("concurrent submitters");
+  CAPTURE(Name(backend), seed);
+  ScratchDir dir(kTmp);
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("c.bin");
+  const uint64_t size = 3 << 20;
+  WritePatternFile(path, 0, size);
+  ReaderOptions options = Options(backend);
+  options.queue_depth = 16;
+  options.max_chunk = 128 << 10;
+  auto reader = OpenOrSkip({path}, options);
+  if (!reader) return;
+
+  constexpr int kThreads = 4, kPerThread = 150;
+  std::vector<ReadRequest> requests(kThreads * kPerThread);
+  std::vector<std::vector<std::byte>> buffers(requests.size());
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const uint64_t length = rng() % (300 << 10);
+    buffers[i].resize(length + 1);
+    requests[i] = {0, rng() % (size - length), length, buffers[i].data(), i};
+  }
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 local(seed + static_cast<uint64_t>(t));
+      auto mine = std::span(requests).subspan(static_cast<size_t>(t) * kPerThread, kPerThread);
+      for (size_t begin = 0; begin < mine.size();) {
+        const size_t n = std::min<size_t>(1 + local() % 10, mine.size() - begin);
+        reader->Submit(mine.subspan(begin, n));
+        begin += n;
+      }
+    });
+  }
+  auto done = DrainAll(*reader, requests.size());
+  for (std::thread& t : threads) t.join();
+  for (const ReadRequest& r : requests) {
+    INFO("request " << r.tag);
+    REQUIRE(done[r.tag].ok());
+    REQUIRE(FirstMismatch(r.dst, 0, r.offset, r.length) == -1);
+  }
+}
+
+TEST_CASE("reader: O_DIRECT is used on a disk file system") {
+  const std::string base = "/var/tmp";
+  if (!std::filesystem::is_directory(base) || OnTmpfs(base)) {
+    WARN("skipped: /var/tmp is missing or on tmpfs, which has no O_DIRECT to use");
+    return;
+  }
+  ScratchDir dir(base);
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("direct.bin");
+  WritePatternFile(path, 0, (8 << 20) + 777);
+  auto reader = OpenOrSkip({path}, Options(ReaderBackend::kUring));
+  if (!reader) return;
+  const std::string describe = reader->Describe();
+  if (describe.find("O_DIRECT on") == std::string::npos) {
+    WARN("skipped: the file system under /var/tmp refuses O_DIRECT: " << describe);
+    return;
+  }
+  AlignedBytes in_phase(8 << 20), out_of_phase(4 << 20), tail(4096);
+  std::vector<ReadRequest> requests = {
+      {0, 0, 8 << 20, in_phase.At(0), 1},                // straight into the buffer
+      {0, 4096 + 10, 4 << 20, out_of_phase.At(3), 2},    // through a bounce buffer
+      {0, (8 << 20) - 100, 877, tail.At(5), 3},  // the tail, past the last block
+  };
+  reader->Submit(requests);
+  auto done = DrainAll(*reader, requests.size());
+  for (const ReadRequest& r : requests) {
+    INFO("request " << r.tag << " " << done[r.tag].ToString());
+    REQUIRE(done[r.tag].ok());
+    REQUIRE(FirstMismatch(r.dst, 0, r.offset, r.length) == -1);
+  }
+  const ReaderStats stats = reader->stats();
+  INFO(describe);
+  CHECK(stats.direct_bytes >= (12ULL << 20));
+  CHECK(stats.bounced_bytes >= (4ULL << 20) - 4096);  // a tiny tail may go buffered
+  CHECK(stats.bytes == (12ULL << 20) + 877);
+}
+
+TEST_CASE("reader: on tmpfs every read goes through the page cache") {
+  if (!OnTmpfs("/dev/shm")) {
+    WARN("skipped: /dev/shm is not a tmpfs here");
+    return;
+  }
+  ScratchDir dir("/dev/shm");
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("shm.bin");
+  WritePatternFile(path, 0, 1 << 20);
+  auto reader = OpenOrSkip({path}, Options(ReaderBackend::kUring));
+  if (!reader) return;
+  AlignedBytes buffer(1 << 20);
+  ReadRequest r{0, 0, 1 << 20, buffer.At(0), 7};
+  reader->Submit({&r, 1});
+  auto done = DrainAll(*reader, 1);
+  REQUIRE(done[7].ok());
+  CHECK(FirstMismatch(buffer.At(0), 0, 0, 1 << 20) == -1);
+  CHECK(reader->stats().direct_bytes == 0);
+  CHECK(reader->Describe().find("in-memory file system") != std::string::npos);
+}
+
+TEST_CASE("reader: OpenReader logs its choice and names files it cannot open") {
+  ScratchDir dir(kTmp);
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("o.bin");
+  WritePatternFile(path, 0, 4096);
+  std::string log;
+  auto pread = OpenReader({path}, Options(ReaderBackend::kPread), &log);
+  REQUIRE(pread.ok());
+  CHECK(log.find("pread") != std::string::npos);
+  CHECK(log.find("asked for") != std::string::npos);
+
+  auto any = OpenReader({path}, Options(ReaderBackend::kAuto), &log);
+  REQUIRE(any.ok());
+  const Status probe = UringReader::Probe();
+  INFO(log);
+  if (probe.ok()) {
+    CHECK(log.rfind("reader: io_uring", 0) == 0);
+    CHECK(log.find("the probe created a ring") != std::string::npos);
+  } else {
+    CHECK(log.find("pread") != std::string::npos);
+    CHECK(log.find("io_uring unavailable") != std::string::npos);
+    auto uring = OpenReader({path}, Options(ReaderBackend::kUring));
+    CHECK(uring.status().code() == StatusCode::kInvalidArgument);
+  }
+
+  auto missing = OpenReader({path, dir.Path("missing.bin")}, Options(ReaderBackend::kAuto));
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK(missing.status().message().find("missing.bin") != std::string_view::npos);
+
+  ReaderOptions bad;
+  bad.queue_depth = 0;
+  CHECK(OpenReader({path}, bad).status().code() == StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace loadstone::io
