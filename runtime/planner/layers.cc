@@ -1,5 +1,6 @@
 #include "runtime/planner/layers.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 namespace loadstone::planner {
@@ -37,13 +38,9 @@ Todo InitialTodo(const ModuleTree::Impl& tree) {
 LayerTracker::LayerTracker(const ModuleTree::Impl& tree, const ModuleSizes& sizes,
                            const NoSplit& no_split)
     : tree_(tree), sizes_(sizes), agg_(tree.nodes.size()), is_layer_(tree.nodes.size()) {
-  // Children have larger pre-order numbers than their parent: visit in reverse pre-order.
-  std::vector<int32_t> by_pre(tree.nodes.size());
-  for (size_t n = 0; n < tree.nodes.size(); ++n) by_pre[n] = static_cast<int32_t>(n);
-  std::sort(by_pre.begin(), by_pre.end(), [&](int32_t a, int32_t b) {
-    return tree.nodes[static_cast<size_t>(a)].pre > tree.nodes[static_cast<size_t>(b)].pre;
-  });
-  for (int32_t id : by_pre) {
+  // Children come after their parent in pre-order: visit it backwards.
+  for (auto it = tree.nodes_by_pre.rbegin(); it != tree.nodes_by_pre.rend(); ++it) {
+    int32_t id = *it;
     auto n = static_cast<size_t>(id);
     const TreeNode& node = tree.nodes[n];
     is_layer_[n] = node.children.empty() || no_split.Contains(id);
@@ -79,7 +76,7 @@ void LayerTracker::CollectNames(int32_t id) {
     stack.pop_back();
     if (!(agg_[n] == max_size_)) continue;
     if (is_layer_[n]) {
-      names_.insert(tree_.nodes[n].pre);
+      names_.push_back(tree_.nodes[n].pre);
       continue;
     }
     for (int32_t c : tree_.nodes[n].children) stack.push_back(c);
@@ -99,15 +96,25 @@ void LayerTracker::Recompute(const Todo& todo, bool with_tensors) {
     if (e.is_module()) {
       CollectNames(e.node);
     } else if (with_tensors && EntrySize(e) == max_size_) {
-      names_.insert(tree_.tensor_pre[static_cast<size_t>(e.tensor)]);
+      names_.push_back(tree_.tensor_pre[static_cast<size_t>(e.tensor)]);
     }
   }
+  std::sort(names_.begin(), names_.end());
+  removed_.assign(names_.size(), false);
+  live_ = names_.size();
 }
 
 void LayerTracker::Pop(const Entry& popped, const Todo& todo) {
   auto [begin, end] = Range(popped);
-  names_.erase(names_.lower_bound(begin), names_.lower_bound(end));
-  if (names_.empty()) Recompute(todo, /*with_tensors=*/false);
+  for (auto it = std::lower_bound(names_.begin(), names_.end(), begin);
+       it != names_.end() && *it < end; ++it) {
+    auto i = static_cast<size_t>(it - names_.begin());
+    if (!removed_[i]) {
+      removed_[i] = true;
+      --live_;
+    }
+  }
+  if (live_ == 0) Recompute(todo, /*with_tensors=*/false);
 }
 
 }  // namespace loadstone::planner

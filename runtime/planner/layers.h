@@ -4,7 +4,6 @@
 #define LOADSTONE_RUNTIME_PLANNER_LAYERS_H_
 
 #include <deque>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -60,7 +59,10 @@ class LayerTracker {
   std::vector<PyNum> agg_;  // per module: the first largest layer size in its subtree
   std::vector<bool> is_layer_;
   PyNum max_size_;
-  std::set<int32_t> names_;  // pre-order numbers of the layers realising max_size_
+  // Pre-order numbers of the layers realising max_size_, sorted, with removed ones marked.
+  std::vector<int32_t> names_;
+  std::vector<bool> removed_;
+  size_t live_ = 0;
 };
 
 }  // namespace loadstone::planner

@@ -9,9 +9,11 @@ bool IsReducedFloat(DType dtype) { return IsFloatingPoint(dtype) && DTypeBits(dt
 PyNum TensorSize(const Storage& storage, std::string_view full_name, std::string_view lookup_name,
                  const SizePolicy& policy) {
   auto numel = PyNum::Int(static_cast<int64_t>(storage.numel));
-  if (auto it = policy.special_dtypes.find(std::string(lookup_name));
-      it != policy.special_dtypes.end()) {
-    return numel * ElemByteSize(ElemType{it->second, CustomType::kNone});
+  if (!policy.special_dtypes.empty()) {
+    if (auto it = policy.special_dtypes.find(std::string(lookup_name));
+        it != policy.special_dtypes.end()) {
+      return numel * ElemByteSize(ElemType{it->second, CustomType::kNone});
+    }
   }
   if (!policy.dtype) return numel * ElemByteSize(storage.type);
   if (KeepsOwnSize(storage.type)) return numel * ElemByteSize(storage.type);

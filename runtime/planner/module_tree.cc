@@ -9,36 +9,50 @@
 namespace loadstone {
 namespace {
 
-std::vector<std::string_view> SplitDots(std::string_view name) {
-  std::vector<std::string_view> parts;
+void SplitDots(std::string_view name, std::vector<std::string_view>* parts) {
+  parts->clear();
   size_t start = 0;
   while (true) {
     size_t dot = name.find('.', start);
-    parts.push_back(name.substr(start, dot == std::string_view::npos ? dot : dot - start));
-    if (dot == std::string_view::npos) return parts;
+    parts->push_back(name.substr(start, dot == std::string_view::npos ? dot : dot - start));
+    if (dot == std::string_view::npos) return;
     start = dot + 1;
   }
+}
+
+std::string_view LocalName(std::string_view name) {
+  size_t dot = name.rfind('.');
+  return dot == std::string_view::npos ? name : name.substr(dot + 1);
 }
 
 bool AllDigits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// One dotted component before another: numbers as numbers, and before words.
-bool ComponentLess(std::string_view a, std::string_view b) {
-  bool na = AllDigits(a);
-  bool nb = AllDigits(b);
-  if (na != nb) return na;
-  if (na) {
-    while (a.size() > 1 && a.front() == '0') a.remove_prefix(1);
-    while (b.size() > 1 && b.front() == '0') b.remove_prefix(1);
-    if (a.size() != b.size()) return a.size() < b.size();
+// A key whose byte order is the natural order of dotted names: component by component, numbers
+// (as numbers) before words.
+std::string NaturalKey(std::string_view name) {
+  std::string key;
+  key.reserve(name.size() + 8);
+  size_t start = 0;
+  while (true) {
+    size_t dot = name.find('.', start);
+    std::string_view c = name.substr(start, dot == std::string_view::npos ? dot : dot - start);
+    if (start > 0) key += '\0';
+    if (AllDigits(c)) {
+      std::string_view digits = c;
+      while (digits.size() > 1 && digits.front() == '0') digits.remove_prefix(1);
+      key += '\x01';
+      key += static_cast<char>(std::min<size_t>(digits.size(), 255));
+      key += digits;
+      key += '\x03';  // then the spelling, so "01" and "1" stay apart
+    } else {
+      key += '\x02';
+    }
+    key += c;
+    if (dot == std::string_view::npos) return key;
+    start = dot + 1;
   }
-  return a < b;
-}
-
-bool NaturalLess(const std::vector<std::string_view>& a, const std::vector<std::string_view>& b) {
-  return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(), ComponentLess);
 }
 
 }  // namespace
@@ -75,6 +89,8 @@ int32_t ModuleTree::Impl::AddTensor(int32_t node, std::string_view local, int32_
 
 void ModuleTree::Impl::Finish() {
   tensor_pre.assign(tensors.size(), 0);
+  nodes_by_pre.clear();
+  nodes_by_pre.reserve(nodes.size());
   int32_t counter = 0;
   // Iterative pre-order: (node, stage) where stage 0 = enter, 1 = leave.
   std::vector<std::pair<int32_t, int>> stack = {{0, 0}};
@@ -88,6 +104,7 @@ void ModuleTree::Impl::Finish() {
       continue;
     }
     node.pre = counter++;
+    nodes_by_pre.push_back(id);
     for (int32_t t : node.params) tensor_pre[static_cast<size_t>(t)] = counter++;
     stack.push_back({id, 1});
     for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) stack.push_back({*it, 0});
@@ -103,11 +120,7 @@ void ModuleTree::Impl::Finish() {
 }
 
 std::vector<int32_t> ModuleTree::Impl::SizedTensors() const {
-  std::vector<int32_t> order(nodes.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return nodes[static_cast<size_t>(a)].pre < nodes[static_cast<size_t>(b)].pre;
-  });
+  const std::vector<int32_t>& order = nodes_by_pre;
   std::vector<int32_t> out;
   out.reserve(tensors.size());
   std::vector<bool> seen(storages.size(), false);
@@ -126,12 +139,12 @@ std::vector<int32_t> ModuleTree::Impl::SizedTensors() const {
 }
 
 int32_t ModuleTree::Impl::FindNode(std::string_view name) const {
-  auto it = node_by_name.find(std::string(name));
+  auto it = node_by_name.find(name);
   return it == node_by_name.end() ? -1 : it->second;
 }
 
 int32_t ModuleTree::Impl::FindTensor(std::string_view name) const {
-  auto it = tensor_by_name.find(std::string(name));
+  auto it = tensor_by_name.find(name);
   return it == tensor_by_name.end() ? -1 : it->second;
 }
 
@@ -157,39 +170,63 @@ std::vector<std::string> ModuleTree::StateDictNames() const {
 
 Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
   const std::vector<TensorInfo>& infos = checkpoint.tensors();
-  std::vector<std::vector<std::string_view>> split(infos.size());
-  for (size_t i = 0; i < infos.size(); ++i) split[i] = SplitDots(infos[i].name);
+  // Natural order makes every module's tensors contiguous, so the tree is built with a stack.
   std::vector<size_t> order(infos.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (infos[a].file != infos[b].file) return infos[a].file < infos[b].file;
-    return NaturalLess(split[a], split[b]);
-  });
+  {
+    std::vector<std::string> keys(infos.size());
+    for (size_t i = 0; i < infos.size(); ++i) keys[i] = NaturalKey(infos[i].name);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  }
   auto impl = std::make_shared<Impl>();
   impl->AddNode(-1, "", "");
-  std::unordered_map<std::string, int32_t> node_ids = {{"", 0}};
-  for (size_t index : order) {
-    const TensorInfo& info = infos[index];
-    const std::vector<std::string_view>& parts = split[index];
+  impl->storages.reserve(infos.size());
+  impl->tensors.reserve(infos.size());
+  std::vector<int32_t> path = {0};  // path[d] = the module at depth d
+  std::vector<std::string_view> parts;
+  std::vector<std::pair<uint32_t, uint32_t>> tensor_rank;  // (file, natural rank) per tensor
+  tensor_rank.reserve(infos.size());
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    const TensorInfo& info = infos[order[rank]];
+    SplitDots(info.name, &parts);
     if (std::any_of(parts.begin(), parts.end(), [](std::string_view p) { return p.empty(); })) {
       return Status::InvalidArgument(
           fmt::format("tensor name '{}' has an empty dotted component", info.name));
     }
-    int32_t node = 0;
-    std::string prefix;
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      if (!prefix.empty()) prefix += '.';
-      prefix += parts[i];
-      auto [it, inserted] = node_ids.emplace(prefix, 0);
-      if (inserted) it->second = impl->AddNode(node, parts[i], "");
-      node = it->second;
+    size_t depth = 0;  // how much of `path` (below the root) matches the name's modules
+    while (depth + 1 < path.size() && depth + 1 < parts.size() &&
+           LocalName(impl->nodes[static_cast<size_t>(path[depth + 1])].name) == parts[depth]) {
+      ++depth;
     }
+    path.resize(depth + 1);
+    for (; depth + 1 < parts.size(); ++depth) path.push_back(impl->AddNode(path[depth], parts[depth], ""));
     planner::Storage storage;
     storage.numel = info.numel();
     storage.type.dtype = info.dtype;
     impl->storages.push_back(storage);
-    impl->AddTensor(node, parts.back(), static_cast<int32_t>(impl->storages.size() - 1),
+    impl->AddTensor(path.back(), parts.back(), static_cast<int32_t>(impl->storages.size() - 1),
                     /*is_buffer=*/false, /*persistent=*/true);
+    tensor_rank.push_back({info.file, static_cast<uint32_t>(rank)});
+  }
+  if (checkpoint.files().size() > 1) {
+    // Shard order first: children and parameters by the first (file, rank) below them.
+    std::vector<std::pair<uint32_t, uint32_t>> first(impl->nodes.size(), {UINT32_MAX, UINT32_MAX});
+    for (size_t t = 0; t < impl->tensors.size(); ++t) {
+      auto& f = first[static_cast<size_t>(impl->tensors[t].node)];
+      f = std::min(f, tensor_rank[t]);
+    }
+    for (size_t n = impl->nodes.size(); n-- > 1;) {  // children were created after parents
+      auto& f = first[static_cast<size_t>(impl->nodes[n].parent)];
+      f = std::min(f, first[n]);
+    }
+    for (planner::TreeNode& node : impl->nodes) {
+      std::stable_sort(node.children.begin(), node.children.end(), [&](int32_t a, int32_t b) {
+        return first[static_cast<size_t>(a)] < first[static_cast<size_t>(b)];
+      });
+      std::stable_sort(node.params.begin(), node.params.end(), [&](int32_t a, int32_t b) {
+        return tensor_rank[static_cast<size_t>(a)] < tensor_rank[static_cast<size_t>(b)];
+      });
+    }
   }
   impl->Finish();
   for (const planner::TreeTensor& tensor : impl->tensors) {

@@ -57,10 +57,12 @@ struct ModuleTree::Impl {
   std::vector<planner::TreeNode> nodes;  // nodes[0] is the root
   std::vector<planner::TreeTensor> tensors;
   std::vector<planner::Storage> storages;
-  std::vector<int32_t> tensor_pre;  // pre-order number of each tensor
+  std::vector<int32_t> tensor_pre;     // pre-order number of each tensor
+  std::vector<int32_t> nodes_by_pre;   // modules in pre-order (named_modules order)
   bool has_classes = false;
-  std::unordered_map<std::string, int32_t> node_by_name;
-  std::unordered_map<std::string, int32_t> tensor_by_name;
+  // Views of the names above; rebuilt by Finish(), valid while the vectors stay unchanged.
+  std::unordered_map<std::string_view, int32_t> node_by_name;
+  std::unordered_map<std::string_view, int32_t> tensor_by_name;
 
   // Adds a child module / tensor (no checks); Finish() numbers the tree and fills the indexes.
   int32_t AddNode(int32_t parent, std::string_view local, std::string class_name);

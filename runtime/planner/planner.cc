@@ -79,10 +79,23 @@ void Report(const ModuleTree::Impl& tree, const ModuleSizes& sizes, const Budget
     eighths.push_back({d, v});
   };
   for (const Budget& b : budgets) add(b.device, 0);
+  // Device per module, top-down: its own key, else its parent's (one probe per name).
+  const DeviceMap& map = plan->device_map;
+  std::vector<std::optional<Device>> node_device(tree.nodes.size());
+  for (int32_t id : tree.nodes_by_pre) {
+    const TreeNode& node = tree.nodes[static_cast<size_t>(id)];
+    if (const Device* d = map.Find(node.name)) {
+      node_device[static_cast<size_t>(id)] = *d;
+    } else if (node.parent >= 0) {
+      node_device[static_cast<size_t>(id)] = node_device[static_cast<size_t>(node.parent)];
+    }
+  }
   std::vector<std::string> uncovered;
   for (int32_t t : tree.SizedTensors()) {
     const TreeTensor& tensor = tree.tensors[static_cast<size_t>(t)];
-    std::optional<Device> device = plan->device_map.Lookup(tensor.name);
+    const Device* own = map.Find(tensor.name);
+    std::optional<Device> device = own ? std::optional<Device>(*own)
+                                       : node_device[static_cast<size_t>(tensor.node)];
     if (!device) {
       uncovered.push_back(tensor.name);
       continue;

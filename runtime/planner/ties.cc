@@ -16,9 +16,15 @@ std::string PyListRepr(const std::vector<std::string>& items) {
 }
 
 std::vector<std::vector<std::string>> FindTiedGroups(const ModuleTree::Impl& tree) {
+  std::vector<int32_t> aliases(tree.storages.size(), 0);
+  for (const TreeTensor& t : tree.tensors) {
+    if (!t.is_buffer) ++aliases[static_cast<size_t>(t.storage)];
+  }
   std::vector<std::vector<std::string>> by_storage(tree.storages.size());
   for (const TreeTensor& t : tree.tensors) {
-    if (!t.is_buffer) by_storage[static_cast<size_t>(t.storage)].push_back(t.name);
+    if (!t.is_buffer && aliases[static_cast<size_t>(t.storage)] > 1) {
+      by_storage[static_cast<size_t>(t.storage)].push_back(t.name);
+    }
   }
   std::vector<std::vector<std::string>> groups;
   for (int32_t t : tree.SizedTensors()) {
