@@ -8,6 +8,7 @@
 namespace loadstone::cli {
 
 void AddInspectCommand(CLI::App& app, int* exit_code);
+void AddPlanCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
 
 }  // namespace loadstone::cli

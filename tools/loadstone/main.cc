@@ -8,6 +8,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   loadstone::cli::AddInspectCommand(app, &exit_code);
+  loadstone::cli::AddPlanCommand(app, &exit_code);
   loadstone::cli::AddDemoCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
