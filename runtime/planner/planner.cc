@@ -107,7 +107,8 @@ void Report(const ModuleTree::Impl& tree, const ModuleSizes& sizes, const Budget
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [device, total] : eighths) {
     DeviceUsage usage{device, (total + 7) / 8, std::nullopt};
-    if (const Budget* b = FindBudget(budgets, device)) usage.budget = FloorBytes(b->bytes);
+    const Budget* b = FindBudget(budgets, device);
+    if (b && device != Device::Disk()) usage.budget = FloorBytes(b->bytes);  // disk is unlimited
     plan->usage.push_back(usage);
   }
   if (!uncovered.empty()) {
