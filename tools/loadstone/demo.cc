@@ -1,13 +1,19 @@
 // loadstone demo: the main job on the built-in default model.
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <iostream>
 
 #include <fmt/format.h>
 
 #include "loadstone/checkpoint.h"
+#include "loadstone/loader.h"
+#include "loadstone/plan.h"
 #include "tools/loadstone/commands.h"
 #include "tools/loadstone/demo_model.h"
 #include "tools/loadstone/format.h"
+#include "tools/loadstone/progress_bar.h"
 
 namespace loadstone::cli {
 namespace {
@@ -42,6 +48,35 @@ int RunDemo(const DemoArgs& args) {
                              HumanBytes(ckpt->files()[i].bytes));
   }
   std::cout << "demo: " << ckpt->resolution() << "\n";
+
+  auto plan = Plan(*ckpt);
+  if (!plan.ok()) return ReportError(plan.status());
+  std::cout << plan->ToString();
+  Loader loader;
+  std::atomic<int64_t> first_ns{-1};
+  std::string first_name;
+  LoadOptions options;
+  const auto load_start = std::chrono::steady_clock::now();
+  options.on_tensor = [&](const Tensor& t) {  // runs on the loader's event loop
+    if (first_ns.load() < 0) {
+      first_name = t.name();
+      first_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - load_start).count();
+    }
+  };
+  LoadHandle load = loader.Load(*ckpt, *plan, options);
+  const Status status = WaitWithProgress(load, ::isatty(STDERR_FILENO));
+  if (!status.ok()) return ReportError(status);
+  const Progress p = load.progress();
+  std::cout << fmt::format(
+      "demo: streamed {} tensors ({}) into host memory in {:.3f} s = {:.2f} GB/s\n"
+      "demo: first tensor ready after {:.1f} ms ({})\n"
+      "demo: read backend: {}\n",
+      p.tensors_done, HumanBytes(plan->read_bytes), p.seconds,
+      plan->read_bytes / p.seconds / 1e9, first_ns.load() / 1e6, first_name, load.backend());
+  std::cout << "demo: try `loadstone load " << folder
+            << " --dtype f32 --trace /tmp/trace.json` or `loadstone bench " << folder
+            << " --cold`\n";
   return 0;
 }
 

@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   loadstone::cli::AddInspectCommand(app, &exit_code);
   loadstone::cli::AddPlanCommand(app, &exit_code);
   loadstone::cli::AddDemoCommand(app, &exit_code);
+  loadstone::cli::AddLoadCommand(app, &exit_code);
+  loadstone::cli::AddBenchCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,170 @@
+// Loader and LoadHandle: stream a planned checkpoint into memory, asynchronously.
+//
+//   loadstone::Loader loader;                       // long-lived; reuse it across loads
+//   loadstone::LoadHandle load = loader.Load(*ckpt, *plan);   // returns at once
+//   load.OnTensor([&](const loadstone::Tensor& t) { engine.Bind(t.name(), t); });
+//   const loadstone::Tensor& first = load.Tensor("model.layers.0.mlp.up_proj.weight").get();
+//   loadstone::Status done = load.Done().get();    // all placed, or why not
+//
+// Nothing is reported loaded before every one of its bytes is in place. A failed load names the
+// file, tensor and byte offset; a cancelled one reports Cancelled. Either way every buffer the
+// load allocated and did not hand out is freed, and the Loader goes on working.
+//
+// Thread safety: Loader is thread-safe; several loads may run at once. A LoadHandle may be used
+// from any thread. Callbacks run on the Loader's event-loop thread: keep them short, and do not
+// destroy the handle from inside one.
+#ifndef LOADSTONE_LOADER_H_
+#define LOADSTONE_LOADER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/dtype.h"
+#include "loadstone/plan.h"
+#include "loadstone/status.h"
+
+namespace loadstone {
+
+// A loaded tensor: a view of memory that it keeps alive. Copies share the memory.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(std::string name, DType dtype, std::vector<uint64_t> shape, std::string device,
+         std::shared_ptr<void> owner, std::byte* data, uint64_t nbytes);
+
+  const std::string& name() const { return name_; }
+  DType dtype() const { return dtype_; }
+  const std::vector<uint64_t>& shape() const { return shape_; }
+  const std::string& device() const { return device_; }  // "cpu"
+  // Host memory (64-byte aligned unless memory-mapped). Valid while any copy of this Tensor lives.
+  const std::byte* data() const { return data_; }
+  std::byte* mutable_data() const { return data_; }
+  uint64_t nbytes() const { return nbytes_; }
+
+ private:
+  std::string name_;
+  DType dtype_ = DType::kF32;
+  std::vector<uint64_t> shape_;
+  std::string device_;
+  std::shared_ptr<void> owner_;
+  std::byte* data_ = nullptr;
+  uint64_t nbytes_ = 0;
+};
+
+struct Progress {
+  uint64_t bytes_total = 0;   // bytes to read
+  uint64_t bytes_read = 0;    // read from storage so far
+  uint64_t bytes_placed = 0;  // in place (converted where asked) so far
+  size_t tensors_total = 0;
+  size_t tensors_done = 0;
+  double seconds = 0;         // since the load started
+  double read_gbps = 0;       // bytes_read / seconds / 1e9
+  double eta_seconds = 0;     // at the current rate; 0 when done
+};
+
+enum class ReadBackend { kAuto, kUring, kPread };
+
+struct LoaderOptions {
+  ReadBackend backend = ReadBackend::kAuto;
+  int queue_depth = 64;                 // reads in flight per load
+  int worker_threads = 0;               // conversion workers; 0 = hardware threads
+  uint64_t staging_bytes = 256ULL << 20;  // staging pool per load (bounds host memory in use)
+  bool direct_io = true;                // O_DIRECT where the file system and alignment allow
+};
+
+struct LoadOptions {
+  // Map CPU tensors that need no conversion instead of reading them (zero copies; pages come in
+  // on first touch). Converted tensors are still read.
+  bool mmap = false;
+  // Fail with OutOfMemory when the destination buffers would exceed this many bytes (0: no
+  // limit beyond what the system gives).
+  uint64_t host_memory_limit = 0;
+  // Record every read, conversion and completion for LoadHandle::WriteTrace.
+  bool trace = false;
+  // Called on the event-loop thread as each tensor is in place, in completion order.
+  std::function<void(const Tensor&)> on_tensor;
+};
+
+class LoadHandle {
+ public:
+  LoadHandle() = default;
+  ~LoadHandle();  // cancels and waits, unless already done
+  LoadHandle(LoadHandle&&) noexcept;
+  LoadHandle& operator=(LoadHandle&&) noexcept;
+  LoadHandle(const LoadHandle&) = delete;
+  LoadHandle& operator=(const LoadHandle&) = delete;
+
+  // Resolves once every tensor is in place (OK) or the load failed or was cancelled.
+  std::shared_future<Status> Done() const;
+
+  // Resolves when that tensor is in place; holds a loadstone::Error when the load fails first.
+  // An unknown name gives a future that already holds a NotFound Error.
+  std::shared_future<loadstone::Tensor> Tensor(std::string_view name) const;
+
+  // Calls `callback` for every tensor already in place, then for each one as it lands.
+  void OnTensor(std::function<void(const loadstone::Tensor&)> callback);
+
+  // Every tensor once Done() is OK, in plan order; empty before that.
+  std::vector<loadstone::Tensor> Tensors() const;
+
+  Progress progress() const;
+  // The read backend this load uses, e.g. "io_uring (O_DIRECT where aligned, 64 deep)".
+  std::string backend() const;
+
+  // Stops the load: outstanding reads are cancelled, Done() becomes Cancelled. Idempotent.
+  void Cancel();
+
+  // Writes the Chrome trace-event JSON of this load (needs LoadOptions::trace) to `path`.
+  Status WriteTrace(const std::string& path) const;
+
+  struct State;
+  explicit LoadHandle(std::shared_ptr<State> state);
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Loader {
+ public:
+  explicit Loader(const LoaderOptions& options = {});
+  ~Loader();  // cancels the loads still running and waits for them
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Starts loading; returns at once. Errors (a file that cannot be opened, no memory) arrive
+  // through the handle's futures, never as exceptions.
+  LoadHandle Load(const Checkpoint& checkpoint, const LoadPlan& plan,
+                  const LoadOptions& options = {});
+
+  struct Impl;
+
+ private:
+  friend struct LoaderTestAccess;  // the pipeline's test seam (runtime/pipeline/testing.h)
+  std::unique_ptr<Impl> impl_;
+};
+
+// The raw read ceiling of a set of files: reads every byte into a small scratch ring (nothing is
+// kept) with io_uring, O_DIRECT where possible, `queue_depth` reads of `chunk` bytes in flight.
+struct RawReadOptions {
+  int queue_depth = 32;
+  uint64_t chunk = 4ULL << 20;
+  bool direct = true;
+};
+struct RawReadResult {
+  uint64_t bytes = 0;
+  double seconds = 0;
+  std::string backend;
+};
+Result<RawReadResult> MeasureRawRead(const std::vector<std::string>& paths,
+                                     const RawReadOptions& options = {});
+
+}  // namespace loadstone
+
+#endif  // LOADSTONE_LOADER_H_

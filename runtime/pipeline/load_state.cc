@@ -1,0 +1,337 @@
+#include "runtime/pipeline/load_state.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <asio/post.hpp>
+#include <asio/read.hpp>
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "io/posix_error.h"
+#include "runtime/convert/cast.h"
+
+namespace loadstone {
+namespace {
+
+io::ReaderBackend ToIo(ReadBackend backend) {
+  switch (backend) {
+    case ReadBackend::kUring: return io::ReaderBackend::kUring;
+    case ReadBackend::kPread: return io::ReaderBackend::kPread;
+    case ReadBackend::kAuto: break;
+  }
+  return io::ReaderBackend::kAuto;
+}
+
+}  // namespace
+
+LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_in,
+                         Checkpoint checkpoint_in, LoadPlan plan_in, LoadOptions options_in,
+                         const LoaderOptions& loader_options_in,
+                         pipeline::ReaderFactory reader_factory)
+    : loop(loop_in),
+      workers(workers_in),
+      checkpoint(std::move(checkpoint_in)),
+      plan(std::move(plan_in)),
+      options(std::move(options_in)),
+      loader_options(loader_options_in),
+      tensors(plan.tensors.size()),
+      done(done_promise.get_future().share()),
+      trace(options.trace),
+      reader_factory_(std::move(reader_factory)),
+      budget_(std::make_shared<pipeline::HostMemoryBudget>(options.host_memory_limit)) {
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorInfo& src = checkpoint.tensors()[plan.tensors[i].source];
+    by_name.emplace(src.name, i);
+    tensors[i].future = tensors[i].promise.get_future().share();
+    tensors[i].remaining = src.nbytes;
+  }
+  if (options.on_tensor) callbacks.push_back(options.on_tensor);
+}
+
+void LoadHandle::State::Start() {
+  std::vector<std::string> paths;
+  for (const CheckpointFile& f : checkpoint.files()) paths.push_back(f.path);
+  io::ReaderOptions ro;
+  ro.backend = ToIo(loader_options.backend);
+  ro.queue_depth = loader_options.queue_depth;
+  ro.direct = loader_options.direct_io;
+  ro.max_chunk = std::max<uint64_t>(plan.reads.empty() ? 0 : plan.reads.front().length, 1 << 20);
+  std::string log;
+  auto reader = reader_factory_ ? reader_factory_(paths, ro, &log) : io::OpenReader(paths, ro, &log);
+  if (!reader.ok()) return Fail(reader.status());
+  reader_ = std::move(*reader);
+  {
+    std::lock_guard lock(callbacks_mu);
+    backend_description = reader_->Describe();
+  }
+  const int fd = ::dup(reader_->completion_fd());
+  if (fd < 0) return Fail(io::ErrnoStatus(errno, "cannot watch the reader's completions of", paths[0]));
+  completion_fd_ = std::make_unique<asio::posix::stream_descriptor>(loop, fd);
+
+  if (options.mmap) {
+    if (Status s = MapFiles(); !s.ok()) return Fail(s);
+  }
+  const uint64_t slot_bytes = 16ULL << 20;
+  const size_t slots = std::max<uint64_t>(2, loader_options.staging_bytes / slot_bytes);
+  staging_.resize(slots);
+  for (size_t i = slots; i > 0; --i) free_slots_.push_back(i - 1);
+  slot_of_chunk_.assign(plan.reads.size(), -1);
+  if (trace.enabled()) submitted_at_.resize(plan.reads.size());
+
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].remaining == 0 && !tensors[i].done) {
+      if (Status s = EnsureDestination(i); !s.ok()) return Fail(s);
+      Advance(i, 0);
+    }
+  }
+  ArmCompletions();
+  Pump();
+  MaybeFinish();
+}
+
+Status LoadHandle::State::MapFiles() {
+  for (const CheckpointFile& f : checkpoint.files()) {
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return io::ErrnoStatus(errno, "cannot open", f.path);
+    void* p = f.bytes ? ::mmap(nullptr, f.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) : nullptr;
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) return io::ErrnoStatus(err, "cannot map", f.path);
+    mappings_.emplace_back(p, [bytes = f.bytes](void* q) {
+      if (q) ::munmap(q, bytes);
+    });
+  }
+  return Status::OK();
+}
+
+Status LoadHandle::State::EnsureDestination(uint32_t index) {
+  TensorSlot& slot = tensors[index];
+  if (slot.data || slot.buffer) return Status::OK();
+  const TensorPlan& tp = plan.tensors[index];
+  const TensorInfo& src = checkpoint.tensors()[tp.source];
+  if (options.mmap && tp.conversion == Conversion::kNone && !mappings_.empty()) {
+    slot.buffer = std::shared_ptr<std::byte>(mappings_[src.file], nullptr);  // aliasing: keeps the map
+    slot.data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
+    return Status::OK();
+  }
+  auto buffer = pipeline::AllocateHost(tp.nbytes, budget_);
+  if (!buffer.ok()) {
+    return buffer.status().WithContext(
+        fmt::format("tensor '{}' ({} bytes) from '{}'", src.name, tp.nbytes,
+                    checkpoint.files()[src.file].path));
+  }
+  slot.buffer = std::move(*buffer);
+  slot.data = slot.buffer.get();
+  return Status::OK();
+}
+
+void LoadHandle::State::Pump() {
+  std::vector<io::ReadRequest> batch;
+  while (!stopping_ && next_read_ < plan.reads.size() &&
+         reads_in_flight_ < static_cast<size_t>(loader_options.queue_depth) * 2) {
+    const ReadChunk& chunk = plan.reads[next_read_];
+    const uint64_t id = next_read_;
+    for (uint32_t t : chunk.tensors) {
+      if (Status s = EnsureDestination(t); !s.ok()) {
+        if (!batch.empty()) reader_->Submit(batch);
+        return Fail(s);
+      }
+    }
+    const TensorPlan& first = plan.tensors[chunk.tensors.front()];
+    const TensorInfo& first_src = checkpoint.tensors()[first.source];
+    std::byte* dst = nullptr;
+    if (chunk.staged) {
+      if (free_slots_.empty()) break;
+      const size_t s = free_slots_.back();
+      if (!staging_[s].buffer) {
+        auto buffer = pipeline::AllocateHost(16ULL << 20, nullptr);
+        if (!buffer.ok()) {
+          if (!batch.empty()) reader_->Submit(batch);
+          return Fail(buffer.status().WithContext("staging buffer"));
+        }
+        staging_[s].buffer = std::move(*buffer);
+      }
+      free_slots_.pop_back();
+      slot_of_chunk_[id] = static_cast<int>(s);
+      dst = staging_[s].buffer.get();
+    } else if (options.mmap && first.conversion == Conversion::kNone) {
+      Advance(chunk.tensors.front(), chunk.length);
+      ++next_read_;
+      continue;
+    } else {
+      dst = tensors[chunk.tensors.front()].data + (chunk.offset - first_src.offset);
+    }
+    if (trace.enabled()) submitted_at_[id] = trace.Now();
+    batch.push_back({chunk.file, chunk.offset, chunk.length, dst, id});
+    ++reads_in_flight_;
+    ++next_read_;
+  }
+  if (!batch.empty()) reader_->Submit(batch);
+}
+
+void LoadHandle::State::ArmCompletions() {
+  // A real read of the eventfd (not a readiness wait), so that a completion signalled between
+  // the last Reap and this call is never missed.
+  completion_fd_->async_read_some(
+      asio::buffer(&eventfd_buffer_, sizeof(eventfd_buffer_)),
+      [self = shared_from_this()](const asio::error_code& ec, size_t) {
+        if (ec == asio::error::operation_aborted || self->finished) return;
+        self->OnCompletions();
+      });
+}
+
+void LoadHandle::State::OnCompletions() {
+  reaped_.clear();
+  reader_->Reap(&reaped_);
+  for (io::ReadCompletion& c : reaped_) OnReadDone(c.tag, std::move(c.status));
+  Pump();
+  MaybeFinish();
+  if (!finished) ArmCompletions();
+}
+
+Status LoadHandle::State::ChunkError(uint64_t id, const Status& status) const {
+  const ReadChunk& chunk = plan.reads[id];
+  std::string names;
+  for (size_t k = 0; k < chunk.tensors.size() && k < 3; ++k) {
+    names += (k ? ", '" : "'") + checkpoint.tensors()[plan.tensors[chunk.tensors[k]].source].name + "'";
+  }
+  if (chunk.tensors.size() > 3) names += fmt::format(" and {} more", chunk.tensors.size() - 3);
+  return status.WithContext(fmt::format("loading tensor {} (bytes {}..{} of '{}')", names,
+                                        chunk.offset, chunk.offset + chunk.length,
+                                        checkpoint.files()[chunk.file].path));
+}
+
+void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
+  --reads_in_flight_;
+  const ReadChunk& chunk = plan.reads[id];
+  if (trace.enabled()) {
+    trace.Span(fmt::format("read {} B", chunk.length), "read", submitted_at_[id],
+               fmt::format(R"({{"file":{},"offset":{}}})", chunk.file, chunk.offset));
+  }
+  if (!status.ok()) {
+    if (chunk.staged) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
+    return Fail(ChunkError(id, status));
+  }
+  bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
+  if (stopping_) {
+    if (chunk.staged) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
+    return;
+  }
+  if (!chunk.staged) return Advance(chunk.tensors.front(), chunk.length);
+  ++conversions_in_flight_;
+  const size_t slot = static_cast<size_t>(slot_of_chunk_[id]);
+  asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
+}
+
+void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
+  const auto begin = trace.Now();
+  const ReadChunk& chunk = plan.reads[id];
+  const std::byte* staged = staging_[slot].buffer.get();
+  Status status;
+  for (uint32_t t : chunk.tensors) {
+    const TensorPlan& tp = plan.tensors[t];
+    const TensorInfo& src = checkpoint.tensors()[tp.source];
+    const uint64_t lo = std::max(chunk.offset, src.offset);
+    const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+    const std::byte* from = staged + (lo - chunk.offset);
+    if (tp.conversion == Conversion::kNone) {
+      if (!options.mmap) std::memcpy(tensors[t].data + (lo - src.offset), from, hi - lo);
+      continue;  // in mmap mode the bytes are already mapped
+    }
+    const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
+    const uint64_t first = (lo - src.offset) / src_elem;
+    status = convert::CastBuffer(src.dtype, tp.dtype, from, tensors[t].data + first * dst_elem,
+                                 (hi - lo) / src_elem);
+    if (!status.ok()) {
+      status = status.WithContext(fmt::format("converting tensor '{}'", src.name));
+      break;
+    }
+  }
+  trace.Span(fmt::format("convert {} B", chunk.length), "convert", begin);
+  asio::post(loop, [self = shared_from_this(), id, slot, status = std::move(status)]() mutable {
+    self->OnStagedDone(id, slot, std::move(status));
+  });
+}
+
+void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
+  --conversions_in_flight_;
+  free_slots_.push_back(slot);
+  if (!status.ok()) {
+    Fail(std::move(status));
+  } else if (!stopping_) {
+    const ReadChunk& chunk = plan.reads[id];
+    for (uint32_t t : chunk.tensors) {
+      const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+      const uint64_t lo = std::max(chunk.offset, src.offset);
+      const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+      Advance(t, hi - lo);
+    }
+    Pump();
+  }
+  MaybeFinish();
+}
+
+void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
+  TensorSlot& slot = tensors[index];
+  const TensorPlan& tp = plan.tensors[index];
+  slot.remaining -= source_bytes;
+  const TensorInfo& src = checkpoint.tensors()[tp.source];
+  bytes_placed.fetch_add(src.nbytes ? source_bytes * tp.nbytes / src.nbytes : 0,
+                         std::memory_order_relaxed);
+  if (slot.remaining != 0 || slot.done) return;
+  slot.done = true;
+  loadstone::Tensor tensor(src.name, tp.dtype, src.shape, tp.device, slot.buffer, slot.data,
+                           tp.nbytes);
+  slot.promise.set_value(tensor);
+  tensors_done.fetch_add(1, std::memory_order_relaxed);
+  trace.Instant(fmt::format("ready {}", src.name), "tensor");
+  std::vector<TensorCallback> to_call;
+  {
+    std::lock_guard lock(callbacks_mu);
+    to_call = callbacks;
+  }
+  for (const TensorCallback& cb : to_call) cb(tensor);
+}
+
+void LoadHandle::State::Fail(Status status) {
+  if (error_.ok()) error_ = std::move(status);
+  stopping_ = true;
+  if (reader_) reader_->Cancel();
+  MaybeFinish();
+}
+
+void LoadHandle::State::RequestCancel() {
+  asio::post(loop, [self = shared_from_this()] {
+    if (!self->finished) self->Fail(Status::Cancelled("the load was cancelled"));
+  });
+}
+
+void LoadHandle::State::MaybeFinish() {
+  if (finished || reads_in_flight_ != 0 || conversions_in_flight_ != 0) return;
+  if (!stopping_ && tensors_done.load() != tensors.size()) return;
+  final_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  finished = true;
+  completion_fd_.reset();  // aborts the pending wait
+  reader_.reset();         // nothing in flight: closes the ring and the files now
+  Status result = error_;
+  if (result.ok() && tensors_done.load() != tensors.size()) {
+    result = Status::Corruption("the load ended with tensors not in place");  // a bug, never OK
+  }
+  if (!result.ok()) {
+    for (TensorSlot& slot : tensors) {
+      if (slot.done) continue;
+      slot.promise.set_exception(std::make_exception_ptr(Error(result)));
+      slot.buffer.reset();
+      slot.data = nullptr;
+    }
+  }
+  staging_.clear();
+  trace.Instant(result.ok() ? "done" : "failed", "load");
+  done_promise.set_value(result);
+}
+
+}  // namespace loadstone

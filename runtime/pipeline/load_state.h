@@ -1,0 +1,113 @@
+// The state machine of one load. Everything except the atomics, the futures and the callback
+// list runs on the Loader's event-loop thread (the io_context), so it needs no lock.
+#ifndef LOADSTONE_RUNTIME_PIPELINE_LOAD_STATE_H_
+#define LOADSTONE_RUNTIME_PIPELINE_LOAD_STATE_H_
+
+#include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/thread_pool.hpp>
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "io/reader.h"
+#include "loadstone/loader.h"
+#include "runtime/pipeline/host_buffer.h"
+#include "runtime/pipeline/testing.h"
+#include "runtime/pipeline/trace.h"
+
+namespace loadstone {
+
+// Defined here so that the pipeline can reach it; the public header only names it.
+struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
+  using TensorCallback = std::function<void(const loadstone::Tensor&)>;
+
+  State(asio::io_context& loop, asio::thread_pool& workers, Checkpoint checkpoint, LoadPlan plan,
+        LoadOptions options, const LoaderOptions& loader_options,
+        pipeline::ReaderFactory reader_factory);
+
+  // Called once, on the loop thread: opens the reader and starts reading.
+  void Start();
+  // Thread-safe: posts a cancel to the loop.
+  void RequestCancel();
+
+  // --- read-only after construction ---
+  asio::io_context& loop;
+  asio::thread_pool& workers;
+  const Checkpoint checkpoint;
+  const LoadPlan plan;
+  const LoadOptions options;
+  const LoaderOptions loader_options;
+  std::unordered_map<std::string_view, uint32_t> by_name;  // → plan.tensors index
+
+  struct TensorSlot {
+    std::promise<loadstone::Tensor> promise;
+    std::shared_future<loadstone::Tensor> future;
+    std::shared_ptr<std::byte> buffer;  // destination (null until its first read, or mmap'd)
+    std::byte* data = nullptr;
+    uint64_t remaining = 0;             // source bytes not yet in place
+    bool done = false;
+  };
+  std::vector<TensorSlot> tensors;
+
+  std::promise<Status> done_promise;
+  std::shared_future<Status> done;
+
+  // --- progress, readable from any thread ---
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> bytes_placed{0};
+  std::atomic<size_t> tensors_done{0};
+  std::atomic<bool> finished{false};
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::atomic<double> final_seconds{-1};  // set when finished
+  pipeline::TraceRecorder trace;
+  std::string backend_description;  // set before the first read; guarded by callbacks_mu
+
+  mutable std::mutex callbacks_mu;
+  std::vector<TensorCallback> callbacks;  // guarded by callbacks_mu
+
+ private:
+  struct StagingSlot {
+    std::shared_ptr<std::byte> buffer;
+  };
+
+  void Pump();
+  void ArmCompletions();
+  void OnCompletions();
+  void OnReadDone(uint64_t chunk, Status status);
+  void ConvertStaged(uint64_t chunk, size_t slot);  // runs on a worker thread
+  void OnStagedDone(uint64_t chunk, size_t slot, Status status);
+  void Advance(uint32_t tensor, uint64_t source_bytes);
+  Status EnsureDestination(uint32_t tensor);
+  Status MapFiles();
+  void Fail(Status status);
+  void MaybeFinish();
+  Status ChunkError(uint64_t chunk, const Status& status) const;
+
+  const pipeline::ReaderFactory reader_factory_;
+  std::shared_ptr<pipeline::HostMemoryBudget> budget_;
+  std::unique_ptr<io::Reader> reader_;
+  std::unique_ptr<asio::posix::stream_descriptor> completion_fd_;
+  uint64_t eventfd_buffer_ = 0;
+  std::vector<io::ReadCompletion> reaped_;
+  std::vector<StagingSlot> staging_;
+  std::vector<size_t> free_slots_;
+  std::vector<int> slot_of_chunk_;  // staging slot of each chunk in flight
+  std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
+  size_t next_read_ = 0;
+  size_t reads_in_flight_ = 0;
+  size_t conversions_in_flight_ = 0;
+  bool stopping_ = false;
+  Status error_;
+  std::vector<pipeline::TraceRecorder::Clock::time_point> submitted_at_;  // per chunk, when tracing
+};
+
+}  // namespace loadstone
+
+#endif  // LOADSTONE_RUNTIME_PIPELINE_LOAD_STATE_H_

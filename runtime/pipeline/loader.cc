@@ -1,0 +1,165 @@
+#include "loadstone/loader.h"
+
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
+
+#include <list>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "runtime/pipeline/load_state.h"
+
+namespace loadstone {
+
+Tensor::Tensor(std::string name, DType dtype, std::vector<uint64_t> shape, std::string device,
+               std::shared_ptr<void> owner, std::byte* data, uint64_t nbytes)
+    : name_(std::move(name)),
+      dtype_(dtype),
+      shape_(std::move(shape)),
+      device_(std::move(device)),
+      owner_(std::move(owner)),
+      data_(data),
+      nbytes_(nbytes) {}
+
+struct Loader::Impl {
+  explicit Impl(const LoaderOptions& opts)
+      : options(opts),
+        workers(opts.worker_threads > 0 ? opts.worker_threads
+                                        : std::max(1u, std::thread::hardware_concurrency())),
+        guard(asio::make_work_guard(loop)),
+        thread([this] { loop.run(); }) {}
+
+  ~Impl() {
+    std::vector<std::shared_ptr<LoadHandle::State>> running;
+    {
+      std::lock_guard lock(mu);
+      for (auto& weak : loads) {
+        if (auto state = weak.lock()) running.push_back(std::move(state));
+      }
+    }
+    for (auto& state : running) state->RequestCancel();
+    for (auto& state : running) state->done.wait();
+    guard.reset();
+    loop.stop();
+    thread.join();
+    workers.join();
+  }
+
+  const LoaderOptions options;
+  asio::io_context loop;
+  asio::thread_pool workers;
+  asio::executor_work_guard<asio::io_context::executor_type> guard;
+  std::mutex mu;
+  std::list<std::weak_ptr<LoadHandle::State>> loads;  // guarded by mu
+  pipeline::ReaderFactory reader_factory;  // tests only
+  std::thread thread;
+};
+
+struct LoaderTestAccess {
+  static Loader::Impl& Get(Loader& loader) { return *loader.impl_; }
+};
+
+void pipeline::SetReaderFactoryForTesting(Loader& loader, ReaderFactory factory) {
+  LoaderTestAccess::Get(loader).reader_factory = std::move(factory);
+}
+
+Loader::Loader(const LoaderOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+Loader::~Loader() = default;
+
+LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
+                        const LoadOptions& options) {
+  auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers, checkpoint, plan,
+                                                   options, impl_->options,
+                                                   impl_->reader_factory);
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->loads.remove_if([](const auto& weak) { return weak.expired(); });
+    impl_->loads.push_back(state);
+  }
+  asio::post(impl_->loop, [state] { state->Start(); });
+  return LoadHandle(state);
+}
+
+LoadHandle::LoadHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+LoadHandle::LoadHandle(LoadHandle&&) noexcept = default;
+
+LoadHandle& LoadHandle::operator=(LoadHandle&& other) noexcept {
+  if (this != &other) {
+    LoadHandle old(std::move(*this));
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+LoadHandle::~LoadHandle() {
+  if (!state_ || state_->finished) return;
+  state_->RequestCancel();
+  state_->done.wait();
+}
+
+std::shared_future<Status> LoadHandle::Done() const { return state_->done; }
+
+std::shared_future<Tensor> LoadHandle::Tensor(std::string_view name) const {
+  auto it = state_->by_name.find(name);
+  if (it == state_->by_name.end()) {
+    std::promise<loadstone::Tensor> missing;
+    missing.set_exception(std::make_exception_ptr(
+        Error(Status::NotFound(fmt::format("no tensor '{}' in this load", name)))));
+    return missing.get_future().share();
+  }
+  return state_->tensors[it->second].future;
+}
+
+void LoadHandle::OnTensor(std::function<void(const loadstone::Tensor&)> callback) {
+  // Registered on the loop thread, so that no tensor is delivered twice or missed.
+  std::promise<void> registered;
+  asio::post(state_->loop, [state = state_, &callback, &registered] {
+    for (const auto& slot : state->tensors) {
+      if (slot.done) callback(slot.future.get());
+    }
+    std::lock_guard lock(state->callbacks_mu);
+    state->callbacks.push_back(std::move(callback));
+    registered.set_value();
+  });
+  registered.get_future().wait();
+}
+
+std::vector<Tensor> LoadHandle::Tensors() const {
+  std::vector<loadstone::Tensor> out;
+  if (!state_->finished || !state_->done.get().ok()) return out;
+  out.reserve(state_->tensors.size());
+  for (const auto& slot : state_->tensors) out.push_back(slot.future.get());
+  return out;
+}
+
+Progress LoadHandle::progress() const {
+  Progress p;
+  p.bytes_total = state_->plan.read_bytes;
+  p.bytes_read = state_->bytes_read.load();
+  p.bytes_placed = state_->bytes_placed.load();
+  p.tensors_total = state_->tensors.size();
+  p.tensors_done = state_->tensors_done.load();
+  const double final_seconds = state_->final_seconds.load();
+  p.seconds = final_seconds >= 0 ? final_seconds
+                                 : std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                                 state_->start).count();
+  p.read_gbps = p.seconds > 0 ? p.bytes_read / p.seconds / 1e9 : 0;
+  if (p.bytes_read > 0 && p.bytes_read < p.bytes_total) {
+    p.eta_seconds = p.seconds * (p.bytes_total - p.bytes_read) / p.bytes_read;
+  }
+  return p;
+}
+
+std::string LoadHandle::backend() const {
+  std::lock_guard lock(state_->callbacks_mu);
+  return state_->backend_description;
+}
+
+void LoadHandle::Cancel() {
+  if (state_ && !state_->finished) state_->RequestCancel();
+}
+
+Status LoadHandle::WriteTrace(const std::string& path) const { return state_->trace.WriteJson(path); }
+
+}  // namespace loadstone

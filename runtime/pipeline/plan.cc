@@ -1,0 +1,163 @@
+#include "loadstone/plan.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "runtime/convert/cast.h"
+
+namespace loadstone {
+namespace {
+
+// Natural order of dotted names: numeric components compare as numbers ("layers.2" before
+// "layers.10"), the rest as text.
+bool NaturalLess(std::string_view a, std::string_view b) {
+  while (!a.empty() && !b.empty()) {
+    const size_t ea = std::min(a.find('.'), a.size()), eb = std::min(b.find('.'), b.size());
+    const std::string_view ca = a.substr(0, ea), cb = b.substr(0, eb);
+    uint64_t na = 0, nb = 0;
+    const bool num_a = !ca.empty() && std::from_chars(ca.data(), ca.data() + ca.size(), na).ptr ==
+                                          ca.data() + ca.size();
+    const bool num_b = !cb.empty() && std::from_chars(cb.data(), cb.data() + cb.size(), nb).ptr ==
+                                          cb.data() + cb.size();
+    if (num_a && num_b && na != nb) return na < nb;
+    if (num_a != num_b) return num_a;  // numbers before names at the same level
+    if (ca != cb) return ca < cb;
+    a.remove_prefix(std::min(ea + 1, a.size()));
+    b.remove_prefix(std::min(eb + 1, b.size()));
+  }
+  return a.size() < b.size();
+}
+
+bool IsReducedFloat(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16; }
+
+Result<TensorPlan> PlanTensor(const TensorInfo& t, size_t index, const PlanOptions& options) {
+  TensorPlan plan;
+  plan.source = index;
+  plan.device = "cpu";
+  plan.dtype = t.dtype;
+  if (options.dtype && IsFloatingPoint(t.dtype)) {
+    DType target = *options.dtype;
+    if (IsReducedFloat(target)) {
+      for (const std::string& pattern : options.keep_in_fp32) {
+        if (MatchesModulePattern(t.name, pattern)) target = DType::kF32;
+      }
+    }
+    if (target != t.dtype && convert::CanCast(t.dtype, target)) {
+      plan.dtype = target;
+      plan.conversion = Conversion::kCast;
+    }
+  }
+  plan.nbytes = t.numel() * DTypeBits(plan.dtype) / 8;
+  return plan;
+}
+
+}  // namespace
+
+bool MatchesModulePattern(std::string_view name, std::string_view pattern) {
+  if (pattern.empty()) return false;
+  for (size_t pos = name.find(pattern); pos != std::string_view::npos;
+       pos = name.find(pattern, pos + 1)) {
+    const size_t end = pos + pattern.size();
+    if ((pos == 0 || name[pos - 1] == '.') && (end == name.size() || name[end] == '.')) return true;
+  }
+  return false;
+}
+
+Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
+  if (options.device_map != "cpu") {
+    return Status::Unsupported(fmt::format(
+        "device map '{}': only \"cpu\" is supported by the streaming engine so far", options.device_map));
+  }
+  if (options.dtype && !IsFloatingPoint(*options.dtype)) {
+    return Status::InvalidArgument(fmt::format("--dtype {}: the target must be a float type",
+                                               TorchName(*options.dtype)));
+  }
+  if (options.max_chunk < 4096 || options.max_chunk % 4096 != 0) {
+    return Status::InvalidArgument("max_chunk must be a positive multiple of 4096");
+  }
+  const auto& infos = checkpoint.tensors();
+  std::vector<size_t> order(infos.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (infos[a].file != infos[b].file) return infos[a].file < infos[b].file;
+    return NaturalLess(infos[a].name, infos[b].name);
+  });
+
+  LoadPlan plan;
+  plan.tensors.reserve(order.size());
+  for (size_t index : order) {
+    LOADSTONE_ASSIGN_OR_RETURN(TensorPlan tp, PlanTensor(infos[index], index, options));
+    plan.placed_bytes += tp.nbytes;
+    plan.tensors.push_back(tp);
+  }
+  // Large tensors: pieces of max_chunk, in place unless converted. Small ones (or small converted
+  // ones): gathered, then coalesced with their file neighbours into staged reads. Reads are then
+  // ordered by the priority of their first tensor.
+  std::vector<std::pair<uint32_t, ReadChunk>> keyed;  // (priority, read)
+  std::vector<uint32_t> small;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorPlan& tp = plan.tensors[i];
+    const TensorInfo& src = infos[tp.source];
+    plan.read_bytes += src.nbytes;
+    if (src.nbytes == 0) continue;
+    const bool converted = tp.conversion != Conversion::kNone;
+    if (src.nbytes < options.coalesce_below) {
+      small.push_back(i);
+      continue;
+    }
+    for (uint64_t done = 0; done < src.nbytes; done += options.max_chunk) {
+      keyed.push_back({i, {src.file, src.offset + done,
+                           std::min(options.max_chunk, src.nbytes - done), {i}, converted}});
+    }
+  }
+  std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
+    const TensorInfo& x = infos[plan.tensors[a].source];
+    const TensorInfo& y = infos[plan.tensors[b].source];
+    return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
+  });
+  for (uint32_t i : small) {
+    const TensorInfo& src = infos[plan.tensors[i].source];
+    if (!keyed.empty()) {
+      auto& [key, last] = keyed.back();
+      if (last.staged && last.file == src.file && last.offset + last.length == src.offset &&
+          last.length + src.nbytes <= options.max_chunk) {
+        last.length += src.nbytes;
+        last.tensors.push_back(i);
+        key = std::min(key, i);
+        continue;
+      }
+    }
+    keyed.push_back({i, {src.file, src.offset, src.nbytes, {i}, true}});
+  }
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  plan.reads.reserve(keyed.size());
+  for (auto& [key, read] : keyed) plan.reads.push_back(std::move(read));
+  return plan;
+}
+
+std::string LoadPlan::ToString() const {
+  std::map<std::string, std::pair<size_t, uint64_t>> per_target;
+  size_t casts = 0, staged_reads = 0;
+  for (const TensorPlan& t : tensors) {
+    auto& entry = per_target[fmt::format("{} {}", t.device, SafetensorsName(t.dtype))];
+    ++entry.first;
+    entry.second += t.nbytes;
+    if (t.conversion == Conversion::kCast) ++casts;
+  }
+  for (const ReadChunk& r : reads) staged_reads += r.staged;
+  std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts\n",
+                                tensors.size(), read_bytes, placed_bytes, casts);
+  for (const auto& [target, count_bytes] : per_target) {
+    out += fmt::format("  {}: {} tensors, {} bytes\n", target, count_bytes.first, count_bytes.second);
+  }
+  out += fmt::format("  reads: {} ({} staged, {} in place)\n", reads.size(), staged_reads,
+                     reads.size() - staged_reads);
+  return out;
+}
+
+}  // namespace loadstone

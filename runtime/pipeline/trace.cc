@@ -1,0 +1,61 @@
+#include "runtime/pipeline/trace.h"
+
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "io/posix_error.h"
+
+namespace loadstone::pipeline {
+
+uint64_t TraceRecorder::ThreadId() {  // REQUIRES: mu_ held
+  const auto self = std::this_thread::get_id();
+  for (const auto& [id, n] : threads_) {
+    if (id == self) return n;
+  }
+  threads_.emplace_back(self, threads_.size() + 1);
+  return threads_.size();
+}
+
+void TraceRecorder::Span(std::string name, const char* category, Clock::time_point begin,
+                         std::string args) {
+  if (!enabled_) return;
+  const Clock::time_point end = Clock::now();
+  std::lock_guard lock(mu_);
+  events_.push_back({std::move(name), category, 'X',
+                     std::chrono::duration<double, std::micro>(begin - start_).count(),
+                     std::chrono::duration<double, std::micro>(end - begin).count(), ThreadId(),
+                     std::move(args)});
+}
+
+void TraceRecorder::Instant(std::string name, const char* category) {
+  if (!enabled_) return;
+  const Clock::time_point now = Clock::now();
+  std::lock_guard lock(mu_);
+  events_.push_back({std::move(name), category, 'i',
+                     std::chrono::duration<double, std::micro>(now - start_).count(), 0,
+                     ThreadId(), ""});
+}
+
+Status TraceRecorder::WriteJson(const std::string& path) const {
+  if (!enabled_) return Status::InvalidArgument("this load was not traced (LoadOptions::trace)");
+  std::ofstream out(path);
+  if (!out) return io::ErrnoStatus(errno, "cannot create", path);
+  std::lock_guard lock(mu_);
+  out << "{\"traceEvents\":[\n";
+  for (size_t i = 0; i < events_.size(); ++i) {
+    const Event& e = events_[i];
+    out << fmt::format(R"({{"name":{},"cat":"{}","ph":"{}","ts":{:.3f},"pid":1,"tid":{})",
+                       nlohmann::json(e.name).dump(), e.category, e.phase, e.ts_us, e.tid);
+    if (e.phase == 'X') out << fmt::format(R"(,"dur":{:.3f})", e.dur_us);
+    if (e.phase == 'i') out << R"(,"s":"t")";
+    if (!e.args.empty()) out << ",\"args\":" << e.args;
+    out << (i + 1 < events_.size() ? "},\n" : "}\n");
+  }
+  out << "],\"displayTimeUnit\":\"ms\"}\n";
+  out.close();
+  return out ? Status::OK() : io::ErrnoStatus(errno, "cannot write", path);
+}
+
+}  // namespace loadstone::pipeline

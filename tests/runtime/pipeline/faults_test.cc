@@ -1,0 +1,185 @@
+// Faults end in a clean error naming file, tensor and offset; the Loader stays usable.
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "io/fault_reader.h"
+#include "loadstone/loader.h"
+#include "runtime/pipeline/testing.h"
+#include "test_model.h"
+
+namespace loadstone {
+namespace {
+
+using testing::TempDir;
+
+// A follow-up load on the same Loader must succeed and be complete.
+void RequireLoaderStillWorks(Loader& loader) {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  LoadHandle load = loader.Load(ckpt, *plan);
+  REQUIRE(load.Done().get().ok());
+  CHECK(load.Tensors().size() == ckpt.tensors().size());
+}
+
+void RequireNothingPassedOff(const LoadHandle& load, const Checkpoint& ckpt, const Status& why) {
+  CHECK(load.Tensors().empty());
+  const Progress p = load.progress();
+  CHECK(p.tensors_done < p.tensors_total);
+  for (const TensorInfo& info : ckpt.tensors()) {
+    auto future = load.Tensor(info.name);
+    try {
+      (void)future.get();
+    } catch (const Error& e) {
+      CHECK(e.status().code() == why.code());
+    }
+  }
+}
+
+TEST_CASE("faults: a shard deleted after Open → NotFound naming it") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  std::filesystem::remove(ckpt.files().back().path);
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Status status = load.Done().get();
+  REQUIRE(status.code() == StatusCode::kNotFound);
+  CHECK_THAT(std::string(status.message()), Catch::Contains(ckpt.files().back().path));
+  RequireNothingPassedOff(load, ckpt, status);
+  RequireLoaderStillWorks(loader);
+}
+
+TEST_CASE("faults: a shard truncated after Open → Corruption naming file, tensor, offset") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  const CheckpointFile& victim = ckpt.files().front();
+  std::filesystem::resize_file(victim.path, victim.bytes / 2);
+  const auto backend = GENERATE(ReadBackend::kAuto, ReadBackend::kPread);
+  LoaderOptions lo;
+  lo.backend = backend;
+  Loader loader(lo);
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Status status = load.Done().get();
+  INFO(status.ToString());
+  REQUIRE(status.code() == StatusCode::kCorruption);
+  const std::string msg(status.message());
+  CHECK_THAT(msg, Catch::Contains(victim.path));
+  CHECK_THAT(msg, Catch::Contains("tensor '"));
+  CHECK_THAT(msg, Catch::Contains("bytes "));
+  RequireNothingPassedOff(load, ckpt, status);
+  RequireLoaderStillWorks(loader);
+}
+
+TEST_CASE("faults: EIO in the middle of a shard → IOError naming file, tensor, offset") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  const TensorInfo* victim = ckpt.Find("model.layers.1.attn.q.weight");
+  REQUIRE(victim != nullptr);
+  Loader loader;
+  pipeline::SetReaderFactoryForTesting(
+      loader, [&](const std::vector<std::string>& paths, const io::ReaderOptions& options,
+                  std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+        LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
+        io::FaultOptions faults;
+        faults.eio_at.push_back({victim->file, victim->offset + victim->nbytes / 2});
+        LOADSTONE_ASSIGN_OR_RETURN(
+            auto wrapped, io::FaultInjectingReader::Create(std::move(inner), paths, faults));
+        return std::unique_ptr<io::Reader>(std::move(wrapped));
+      });
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Status status = load.Done().get();
+  INFO(status.ToString());
+  REQUIRE(status.code() == StatusCode::kIOError);
+  const std::string msg(status.message());
+  CHECK_THAT(msg, Catch::Contains(victim->name));
+  CHECK_THAT(msg, Catch::Contains(ckpt.files()[victim->file].path));
+  RequireNothingPassedOff(load, ckpt, status);
+  pipeline::SetReaderFactoryForTesting(loader, nullptr);
+  RequireLoaderStillWorks(loader);
+}
+
+TEST_CASE("faults: out of memory for a destination → OutOfMemory naming the tensor") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadOptions options;
+  options.host_memory_limit = ckpt.total_bytes() / 3;
+  LoadHandle load = loader.Load(ckpt, *plan, options);
+  const Status status = load.Done().get();
+  INFO(status.ToString());
+  REQUIRE(status.code() == StatusCode::kOutOfMemory);
+  CHECK_THAT(std::string(status.message()), Catch::Contains("tensor '"));
+  RequireNothingPassedOff(load, ckpt, status);
+  RequireLoaderStillWorks(loader);
+}
+
+TEST_CASE("faults: stress — many concurrent loads with random cancels and slow reads") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  PlanOptions po;
+  po.dtype = DType::kBF16;
+  auto plan = Plan(ckpt, po);
+  auto plain = Plan(ckpt);
+  REQUIRE(plan.ok());
+  REQUIRE(plain.ok());
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  LoaderOptions lo;
+  lo.queue_depth = 8;
+  lo.staging_bytes = 32 << 20;
+  Loader loader(lo);
+  pipeline::SetReaderFactoryForTesting(
+      loader, [seed](const std::vector<std::string>& paths, const io::ReaderOptions& options,
+                     std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+        LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
+        io::FaultOptions faults;
+        faults.latency = std::chrono::microseconds(200);
+        faults.reorder_window = 4;
+        faults.seed = seed;
+        LOADSTONE_ASSIGN_OR_RETURN(
+            auto wrapped, io::FaultInjectingReader::Create(std::move(inner), paths, faults));
+        return std::unique_ptr<io::Reader>(std::move(wrapped));
+      });
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0}, cancelled{0}, bad{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed + t);
+      for (int round = 0; round < 5; ++round) {
+        LoadHandle load = loader.Load(ckpt, round % 2 ? *plan : *plain);
+        if (rng() % 2) {
+          std::this_thread::sleep_for(std::chrono::microseconds(rng() % 5000));
+          load.Cancel();
+        }
+        const Status s = load.Done().get();
+        if (s.ok()) {
+          ++ok;
+        } else if (s.code() == StatusCode::kCancelled) {
+          ++cancelled;
+        } else {
+          ++bad;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad.load() == 0);
+  CHECK(ok.load() + cancelled.load() == 20);
+  pipeline::SetReaderFactoryForTesting(loader, nullptr);
+  RequireLoaderStillWorks(loader);
+}
+
+}  // namespace
+}  // namespace loadstone

@@ -1,0 +1,267 @@
+// Loader end to end on generated checkpoints: bytes, casts, futures, callbacks, progress,
+// backends, mmap, concurrency and cancellation.
+#include "loadstone/loader.h"
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <cstring>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "test_model.h"
+
+namespace loadstone {
+namespace {
+
+using testing::Expected;
+using testing::MixedTensors;
+using testing::SpecIndex;
+using testing::TempDir;
+
+void CheckBytes(const Tensor& t) {
+  const size_t i = SpecIndex(t.name());
+  const auto expected = Expected(i, MixedTensors()[i]);
+  REQUIRE(t.nbytes() == expected.size());
+  CHECK(std::memcmp(t.data(), expected.data(), expected.size()) == 0);
+}
+
+float F32(const std::byte* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+// The value of element k of a source tensor, computed without loadstone's casts.
+float SourceValue(DType dtype, const std::byte* p, uint64_t k) {
+  switch (dtype) {
+    case DType::kF32: return F32(p + 4 * k);
+    case DType::kBF16: {
+      uint32_t bits = static_cast<uint32_t>(uint8_t(p[2 * k])) |
+                      static_cast<uint32_t>(uint8_t(p[2 * k + 1])) << 8;
+      bits <<= 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case DType::kF16: {
+      _Float16 h;
+      std::memcpy(&h, p + 2 * k, 2);
+      return static_cast<float>(h);
+    }
+    case DType::kF64: {
+      double d;
+      std::memcpy(&d, p + 8 * k, 8);
+      return static_cast<float>(d);
+    }
+    default: FAIL("no oracle for this dtype"); return 0;
+  }
+}
+
+bool SameFloat(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
+}
+
+TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire once") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  REQUIRE(ckpt.files().size() > 1);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  const auto backend = GENERATE(ReadBackend::kAuto, ReadBackend::kPread);
+  LoaderOptions lo;
+  lo.backend = backend;
+  Loader loader(lo);
+  std::mutex mu;
+  std::multiset<std::string> seen;
+  LoadOptions options;
+  options.on_tensor = [&](const Tensor& t) {
+    std::lock_guard lock(mu);
+    seen.insert(t.name());
+  };
+  LoadHandle load = loader.Load(ckpt, *plan, options);
+  const Tensor& first = load.Tensor("model.layers.0.attn.q.weight").get();
+  CheckBytes(first);
+  REQUIRE(load.Done().get().ok());
+  INFO("backend: " << load.backend());
+  CHECK_FALSE(load.backend().empty());
+  const auto tensors = load.Tensors();
+  REQUIRE(tensors.size() == ckpt.tensors().size());
+  for (const Tensor& t : tensors) {
+    INFO(t.name());
+    CheckBytes(t);
+    CHECK(t.device() == "cpu");
+    CHECK(reinterpret_cast<uintptr_t>(t.data()) % 64 == 0);
+    CHECK(seen.count(t.name()) == 1);
+  }
+  CHECK(seen.size() == ckpt.tensors().size());
+  const Progress p = load.progress();
+  CHECK(p.bytes_read == ckpt.total_bytes());
+  CHECK(p.bytes_placed == ckpt.total_bytes());
+  CHECK(p.tensors_done == p.tensors_total);
+  CHECK_THROWS_AS(load.Tensor("no.such.tensor").get(), Error);
+}
+
+TEST_CASE("loader: a cast to f32 matches independent conversions; integers stay") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  PlanOptions po;
+  po.dtype = DType::kF32;
+  auto plan = Plan(ckpt, po);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  REQUIRE(load.Done().get().ok());
+  for (const Tensor& t : load.Tensors()) {
+    INFO(t.name());
+    const size_t i = SpecIndex(t.name());
+    const auto spec = MixedTensors()[i];
+    const auto src = Expected(i, spec);
+    if (!IsFloatingPoint(spec.dtype) || spec.dtype == DType::kF8E4M3) {
+      if (spec.dtype != DType::kF8E4M3) CheckBytes(t);
+      continue;
+    }
+    REQUIRE(t.dtype() == DType::kF32);
+    uint64_t numel = 1;
+    for (uint64_t d : spec.shape) numel *= d;
+    REQUIRE(t.nbytes() == numel * 4);
+    uint64_t mismatches = 0;
+    for (uint64_t k = 0; k < numel; ++k) {
+      mismatches += !SameFloat(F32(t.data() + 4 * k), SourceValue(spec.dtype, src.data(), k));
+    }
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("loader: mmap mode maps unconverted tensors") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadOptions options;
+  options.mmap = true;
+  LoadHandle load = loader.Load(ckpt, *plan, options);
+  REQUIRE(load.Done().get().ok());
+  for (const Tensor& t : load.Tensors()) CheckBytes(t);
+}
+
+TEST_CASE("loader: several loads at once on one Loader") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  PlanOptions half;
+  half.dtype = DType::kF16;
+  auto plan16 = Plan(ckpt, half);
+  REQUIRE(plan.ok());
+  REQUIRE(plan16.ok());
+  Loader loader;
+  std::vector<LoadHandle> loads;
+  for (int i = 0; i < 6; ++i) loads.push_back(loader.Load(ckpt, i % 2 ? *plan16 : *plan));
+  for (auto& load : loads) REQUIRE(load.Done().get().ok());
+  for (const Tensor& t : loads[0].Tensors()) CheckBytes(t);
+}
+
+TEST_CASE("loader: cancel at random points; the Loader keeps working") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  PlanOptions po;
+  po.dtype = DType::kF32;
+  auto plan = Plan(ckpt, po);
+  REQUIRE(plan.ok());
+  const uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  LoaderOptions lo;
+  lo.queue_depth = 4;
+  Loader loader(lo);
+  for (int round = 0; round < 20; ++round) {
+    LoadHandle load = loader.Load(ckpt, *plan);
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    load.Cancel();
+    const Status status = load.Done().get();
+    CHECK((status.ok() || status.code() == StatusCode::kCancelled));
+    const Progress p = load.progress();
+    if (!status.ok()) {
+      CHECK(load.Tensors().empty());
+      // Tensors that were not in place hold the Cancelled error; the rest are whole.
+      for (const TensorPlan& tp : plan->tensors) {
+        auto future = load.Tensor(ckpt.tensors()[tp.source].name);
+        uint64_t got = 0;
+        StatusCode code = StatusCode::kOk;
+        try {
+          got = future.get().nbytes();
+        } catch (const Error& e) {
+          code = e.status().code();
+        }
+        CHECK((code == StatusCode::kCancelled || got == tp.nbytes));
+      }
+      CHECK(p.tensors_done < p.tensors_total);
+    }
+  }
+  LoadHandle again = loader.Load(ckpt, *plan);
+  CHECK(again.Done().get().ok());
+}
+
+TEST_CASE("loader: destroying a handle mid-load cancels and waits") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  for (int i = 0; i < 10; ++i) {
+    LoadHandle load = loader.Load(ckpt, *plan);
+  }
+  LoadHandle moved = loader.Load(ckpt, *plan);
+  LoadHandle other = std::move(moved);
+  REQUIRE(other.Done().get().ok());
+}
+
+TEST_CASE("loader: OnTensor registered late still sees every tensor once") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  std::atomic<size_t> calls{0};
+  load.OnTensor([&](const Tensor&) { ++calls; });
+  REQUIRE(load.Done().get().ok());
+  CHECK(calls.load() == ckpt.tensors().size());
+}
+
+TEST_CASE("loader: an empty checkpoint finishes at once") {
+  TempDir dir;
+  REQUIRE(WriteSafetensors(dir.Path("e.safetensors"), {}).ok());
+  auto ckpt = Checkpoint::Open(dir.Path("e.safetensors"));
+  REQUIRE(ckpt.ok());
+  auto plan = Plan(*ckpt);
+  Loader loader;
+  LoadHandle load = loader.Load(*ckpt, *plan);
+  CHECK(load.Done().get().ok());
+  CHECK(load.Tensors().empty());
+}
+
+TEST_CASE("loader: the trace holds reads, conversions and tensor events") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  PlanOptions po;
+  po.dtype = DType::kBF16;
+  auto plan = Plan(ckpt, po);
+  Loader loader;
+  LoadOptions options;
+  options.trace = true;
+  LoadHandle load = loader.Load(ckpt, *plan, options);
+  REQUIRE(load.Done().get().ok());
+  REQUIRE(load.WriteTrace(dir.Path("trace.json")).ok());
+  std::ifstream in(dir.Path("trace.json"));
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  CHECK_THAT(text, Catch::Contains("\"cat\":\"read\""));
+  CHECK_THAT(text, Catch::Contains("\"cat\":\"convert\""));
+  CHECK_THAT(text, Catch::Contains("ready model.norm.weight"));
+}
+
+}  // namespace
+}  // namespace loadstone

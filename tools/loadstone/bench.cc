@@ -1,0 +1,141 @@
+// loadstone bench PATH [--cold] [--repeat N] [--json]: loadstone against baselines, same run.
+#include <algorithm>
+#include <iostream>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tools/loadstone/bench_methods.h"
+#include "tools/loadstone/commands.h"
+#include "tools/loadstone/format.h"
+#include "tools/loadstone/load_flags.h"
+
+namespace loadstone::cli {
+namespace {
+
+struct BenchArgs {
+  LoadFlags flags;
+  bool cold = false;
+  bool json = false;
+  int repeat = 3;
+  std::string convert_to = "f32";
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
+                                 const PlanOptions& plan, const LoaderOptions& loader) {
+  std::vector<BenchMethod> methods;
+  methods.push_back({"loadstone", BenchMethod::Kind::kLoadstone, plan, loader});
+  LoaderOptions pread = loader;
+  pread.backend = ReadBackend::kPread;
+  methods.push_back({"loadstone-pread", BenchMethod::Kind::kLoadstone, plan, pread});
+  bool has_bf16 = false;
+  for (const TensorInfo& t : ckpt.tensors()) has_bf16 |= t.dtype == DType::kBF16;
+  if (has_bf16 && !plan.dtype) {
+    PlanOptions cast = plan;
+    cast.dtype = ParseDType(args.convert_to);
+    methods.push_back({"loadstone-bf16-to-" + args.convert_to, BenchMethod::Kind::kLoadstone, cast, loader});
+  }
+  methods.push_back({"read-per-tensor", BenchMethod::Kind::kReadPerTensor, {}, {}});
+  methods.push_back({"mmap-memcpy", BenchMethod::Kind::kMmapMemcpy, {}, {}});
+  methods.push_back({"raw-ceiling", BenchMethod::Kind::kRawCeiling, {}, {}});
+  return methods;
+}
+
+int RunBench(const BenchArgs& args) {
+  auto ckpt = Checkpoint::Open(args.flags.path, args.flags.open);
+  if (!ckpt.ok()) return ReportError(ckpt.status());
+  auto plan = args.flags.ToPlanOptions();
+  if (!plan.ok()) return ReportError(plan.status());
+  auto loader = args.flags.ToLoaderOptions();
+  if (!loader.ok()) return ReportError(loader.status());
+  const auto methods = Methods(*ckpt, args, *plan, *loader);
+
+  std::map<std::string, std::vector<double>> seconds;
+  std::map<std::string, uint64_t> peak_rss;
+  std::map<std::string, std::string> backends;
+  std::map<std::string, double> resident_before;
+  for (int r = 0; r < args.repeat; ++r) {
+    for (const BenchMethod& m : methods) {  // interleaved: drift hits every method alike
+      if (args.cold) {
+        if (Status s = DropFromPageCache(*ckpt); !s.ok()) return ReportError(s);
+      }
+      resident_before[m.name] = std::max(resident_before[m.name], ResidentFraction(*ckpt));
+      auto run = RunMethod(m, *ckpt);
+      if (!run.ok()) return ReportError(run.status());
+      seconds[m.name].push_back(run->seconds);
+      peak_rss[m.name] = std::max(peak_rss[m.name], run->peak_rss_bytes);
+      backends[m.name] = run->backend;
+      if (!args.json) {
+        std::cerr << fmt::format("  run {} {:<24} {:7.3f} s  {:6.2f} GB/s\n", r + 1, m.name,
+                                 run->seconds, ckpt->total_bytes() / run->seconds / 1e9);
+      }
+    }
+  }
+  const double bytes = static_cast<double>(ckpt->total_bytes());
+  auto gbps = [&](const std::string& name) { return bytes / Median(seconds[name]) / 1e9; };
+  double best_baseline = 0;
+  std::string best_name;
+  for (const char* name : {"read-per-tensor", "mmap-memcpy"}) {
+    if (gbps(name) > best_baseline) best_baseline = gbps(name), best_name = name;
+  }
+  nlohmann::ordered_json doc;
+  doc["path"] = args.flags.path;
+  doc["bytes"] = ckpt->total_bytes();
+  doc["mode"] = args.cold ? "cold" : "warm";
+  doc["repeat"] = args.repeat;
+  auto& results = doc["results"] = nlohmann::ordered_json::array();
+  for (const BenchMethod& m : methods) {
+    results.push_back({{"method", m.name},
+                       {"backend", backends[m.name]},
+                       {"seconds", seconds[m.name]},
+                       {"gbps", gbps(m.name)},
+                       {"peak_rss_bytes", peak_rss[m.name]},
+                       {"page_cache_resident_before", resident_before[m.name]}});
+  }
+  auto& ratios = doc["ratios"];
+  ratios["loadstone_vs_raw_ceiling"] = gbps("loadstone") / gbps("raw-ceiling");
+  ratios["loadstone_vs_best_baseline"] = gbps("loadstone") / best_baseline;
+  ratios["best_baseline"] = best_name;
+  for (const BenchMethod& m : methods) {
+    if (m.name.rfind("loadstone-bf16-to-", 0) == 0) {
+      ratios["conversion_vs_plain"] = gbps(m.name) / gbps("loadstone");
+    }
+  }
+  ratios["loadstone_peak_rss_over_bytes"] = peak_rss["loadstone"] / bytes;
+  if (args.json) {
+    std::cout << doc.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{} bench of {} ({}), median of {} runs:\n", doc["mode"].get<std::string>(),
+                           args.flags.path, HumanBytes(ckpt->total_bytes()), args.repeat);
+  for (const auto& r : results) {
+    std::cout << fmt::format("  {:<24} {:6.2f} GB/s  peak RSS {:>10}  {}\n",
+                             r["method"].get<std::string>(), r["gbps"].get<double>(),
+                             HumanBytes(r["peak_rss_bytes"].get<uint64_t>()),
+                             r["backend"].get<std::string>());
+  }
+  std::cout << "ratios: " << ratios.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "Time loadstone against baselines, same run");
+  args->flags.Register(cmd);
+  cmd->add_flag("--cold", args->cold, "Drop the files from the page cache before every run");
+  cmd->add_option("--repeat", args->repeat, "Runs per method (the median is reported)")
+      ->check(CLI::Range(1, 100));
+  cmd->add_option("--convert-to", args->convert_to, "Target of the conversion run (f32, f16)");
+  cmd->add_flag("--json", args->json, "Print one JSON document");
+  cmd->callback([args, exit_code] { *exit_code = RunBench(*args); });
+}
+
+}  // namespace loadstone::cli

@@ -1,0 +1,202 @@
+#include "tools/loadstone/bench_methods.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include <fmt/format.h>
+
+namespace loadstone::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Freer {
+  void operator()(void* p) const { std::free(p); }
+};
+using HostBuffer = std::unique_ptr<std::byte, Freer>;
+
+HostBuffer Allocate(uint64_t bytes) {
+  return HostBuffer(static_cast<std::byte*>(std::aligned_alloc(64, (std::max<uint64_t>(bytes, 1) + 63) / 64 * 64)));
+}
+
+Status Errno(std::string_view what, const std::string& path) {
+  return Status::IOError(fmt::format("{} '{}': {}", what, path, std::strerror(errno)));
+}
+
+// What a naive loader does: for each tensor, a fresh buffer and read() calls.
+Status ReadPerTensor(const Checkpoint& ckpt, std::vector<HostBuffer>* keep) {
+  for (size_t f = 0; f < ckpt.files().size(); ++f) {
+    const int fd = ::open(ckpt.files()[f].path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Errno("open", ckpt.files()[f].path);
+    for (const TensorInfo& t : ckpt.tensors()) {
+      if (t.file != f) continue;
+      HostBuffer buffer = Allocate(t.nbytes);
+      if (::lseek(fd, static_cast<off_t>(t.offset), SEEK_SET) < 0) return Errno("seek", ckpt.files()[f].path);
+      for (uint64_t done = 0; done < t.nbytes;) {
+        const ssize_t n = ::read(fd, buffer.get() + done, t.nbytes - done);
+        if (n <= 0) {
+          ::close(fd);
+          return Errno("read", ckpt.files()[f].path);
+        }
+        done += static_cast<uint64_t>(n);
+      }
+      keep->push_back(std::move(buffer));
+    }
+    ::close(fd);
+  }
+  return Status::OK();
+}
+
+// What safetensors does for CPU: mmap the file, copy each tensor into its own buffer.
+Status MmapMemcpy(const Checkpoint& ckpt, std::vector<HostBuffer>* keep) {
+  for (size_t f = 0; f < ckpt.files().size(); ++f) {
+    const CheckpointFile& file = ckpt.files()[f];
+    const int fd = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Errno("open", file.path);
+    void* map = ::mmap(nullptr, file.bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) return Errno("mmap", file.path);
+    for (const TensorInfo& t : ckpt.tensors()) {
+      if (t.file != f) continue;
+      HostBuffer buffer = Allocate(t.nbytes);
+      std::memcpy(buffer.get(), static_cast<const std::byte*>(map) + t.offset, t.nbytes);
+      keep->push_back(std::move(buffer));
+    }
+    ::munmap(map, file.bytes);
+  }
+  return Status::OK();
+}
+
+Status RunLoadstone(const Checkpoint& ckpt, const PlanOptions& plan_options,
+                    const LoaderOptions& loader_options, std::string* backend) {
+  LOADSTONE_ASSIGN_OR_RETURN(LoadPlan plan, Plan(ckpt, plan_options));
+  Loader loader(loader_options);
+  LoadHandle load = loader.Load(ckpt, plan);
+  Status status = load.Done().get();
+  *backend = load.backend();
+  return status;
+}
+
+// The child's report, written whole through a pipe.
+struct ChildReport {
+  double seconds = 0;
+  uint64_t bytes = 0;
+  int64_t peak_rss_kib = 0;
+  char backend[160] = {};
+  char error[512] = {};
+};
+
+ChildReport RunInChild(const BenchMethod& method, const Checkpoint& ckpt) {
+  ChildReport report;
+  std::vector<HostBuffer> keep;
+  std::string backend = method.name;
+  const auto start = Clock::now();
+  Status status;
+  switch (method.kind) {
+    case BenchMethod::Kind::kLoadstone:
+      status = RunLoadstone(ckpt, method.plan, method.loader, &backend);
+      break;
+    case BenchMethod::Kind::kReadPerTensor: status = ReadPerTensor(ckpt, &keep); break;
+    case BenchMethod::Kind::kMmapMemcpy: status = MmapMemcpy(ckpt, &keep); break;
+    case BenchMethod::Kind::kRawCeiling: {
+      std::vector<std::string> paths;
+      for (const auto& f : ckpt.files()) paths.push_back(f.path);
+      auto raw = MeasureRawRead(paths, {});
+      if (raw.ok()) backend = raw->backend;
+      status = raw.status();
+      break;
+    }
+  }
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report.bytes = ckpt.total_bytes();
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  report.peak_rss_kib = usage.ru_maxrss;
+  std::snprintf(report.backend, sizeof(report.backend), "%s", backend.c_str());
+  if (!status.ok()) std::snprintf(report.error, sizeof(report.error), "%s", status.ToString().c_str());
+  return report;
+}
+
+}  // namespace
+
+Status DropFromPageCache(const Checkpoint& ckpt) {
+  for (const CheckpointFile& f : ckpt.files()) {
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Errno("open", f.path);
+    ::fdatasync(fd);
+    const int err = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+    if (err != 0) {
+      errno = err;
+      return Errno("posix_fadvise(DONTNEED)", f.path);
+    }
+  }
+  return Status::OK();
+}
+
+double ResidentFraction(const Checkpoint& ckpt) {
+  uint64_t resident = 0, pages = 0;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  for (const CheckpointFile& f : ckpt.files()) {
+    if (f.bytes == 0) continue;
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    void* map = ::mmap(nullptr, f.bytes, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (map == MAP_FAILED) continue;
+    const size_t n = (f.bytes + page - 1) / page;
+    std::vector<unsigned char> vec(n);
+    if (::mincore(map, f.bytes, vec.data()) == 0) {
+      for (unsigned char v : vec) resident += v & 1;
+      pages += n;
+    }
+    ::munmap(map, f.bytes);
+  }
+  return pages ? double(resident) / double(pages) : 0;
+}
+
+Result<BenchRun> RunMethod(const BenchMethod& method, const Checkpoint& ckpt) {
+  int fds[2];
+  if (::pipe(fds) != 0) return Status::IOError("pipe failed");
+  const pid_t pid = ::fork();
+  if (pid < 0) return Status::IOError(fmt::format("fork failed: {}", std::strerror(errno)));
+  if (pid == 0) {
+    ::close(fds[0]);
+    const ChildReport report = RunInChild(method, ckpt);
+    ssize_t ignored = ::write(fds[1], &report, sizeof(report));
+    (void)ignored;
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  ChildReport report;
+  size_t got = 0;
+  while (got < sizeof(report)) {
+    const ssize_t n = ::read(fds[0], reinterpret_cast<char*>(&report) + got, sizeof(report) - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fds[0]);
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  if (got != sizeof(report)) {
+    return Status::IOError(fmt::format("benchmark '{}' died (wait status {})", method.name, wstatus));
+  }
+  if (report.error[0]) return Status::IOError(fmt::format("benchmark '{}': {}", method.name, report.error));
+  BenchRun run;
+  run.seconds = report.seconds;
+  run.bytes = report.bytes;
+  run.peak_rss_bytes = static_cast<uint64_t>(report.peak_rss_kib) * 1024;
+  run.backend = report.backend;
+  return run;
+}
+
+}  // namespace loadstone::cli

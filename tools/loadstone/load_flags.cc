@@ -1,0 +1,41 @@
+#include "tools/loadstone/load_flags.h"
+
+#include <fmt/format.h>
+
+namespace loadstone::cli {
+
+void LoadFlags::Register(CLI::App* cmd) {
+  cmd->add_option("path", path, "A .safetensors file, an index file or a model folder")->required();
+  cmd->add_option("--variant", open.variant, "Weight variant, e.g. fp16");
+  cmd->add_option("--subfolder", open.subfolder, "Folder inside the model, e.g. unet");
+  cmd->add_option("--dtype", dtype, "Cast floating-point tensors to f32, f16 or bf16");
+  cmd->add_option("--keep-fp32", keep_fp32,
+                  "Keep tensors whose dotted name contains this component run in float32");
+  cmd->add_option("--device-map", device_map, "Where tensors go (cpu for now)");
+  cmd->add_option("--backend", backend, "Read backend")
+      ->check(CLI::IsMember({"auto", "uring", "pread"}));
+  cmd->add_option("--queue-depth", queue_depth, "Reads in flight")->check(CLI::Range(1, 4096));
+}
+
+Result<PlanOptions> LoadFlags::ToPlanOptions() const {
+  PlanOptions options;
+  if (!dtype.empty()) {
+    auto parsed = ParseDType(dtype);
+    if (!parsed) return Status::InvalidArgument(fmt::format("--dtype {}: unknown dtype", dtype));
+    options.dtype = *parsed;
+  }
+  options.keep_in_fp32 = keep_fp32;
+  options.device_map = device_map;
+  return options;
+}
+
+Result<LoaderOptions> LoadFlags::ToLoaderOptions() const {
+  LoaderOptions options;
+  options.backend = backend == "uring"   ? ReadBackend::kUring
+                    : backend == "pread" ? ReadBackend::kPread
+                                         : ReadBackend::kAuto;
+  options.queue_depth = queue_depth;
+  return options;
+}
+
+}  // namespace loadstone::cli
