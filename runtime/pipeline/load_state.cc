@@ -75,8 +75,13 @@ void LoadHandle::State::Start() {
   if (options.mmap) {
     if (Status s = MapFiles(); !s.ok()) return Fail(s);
   }
-  const uint64_t slot_bytes = 16ULL << 20;
-  const size_t slots = std::max<uint64_t>(2, loader_options.staging_bytes / slot_bytes);
+  // A staged read lands at its file offset's phase within the slot (see EnsureDestination).
+  uint64_t largest = 0;
+  for (const ReadChunk& chunk : plan.reads) {
+    if (chunk.staged) largest = std::max(largest, chunk.length);
+  }
+  slot_bytes_ = largest + pipeline::kHostAlignment;
+  const size_t slots = std::max<uint64_t>(2, loader_options.staging_bytes / slot_bytes_);
   staging_.resize(slots);
   for (size_t i = slots; i > 0; --i) free_slots_.push_back(i - 1);
   slot_of_chunk_.assign(plan.reads.size(), -1);
@@ -118,14 +123,19 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
     slot.data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
     return Status::OK();
   }
-  auto buffer = pipeline::AllocateHost(tp.nbytes, budget_);
+  // In place: the first byte sits at the file offset's phase within a page, so that O_DIRECT
+  // reads fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
+  const bool in_phase = loader_options.direct_io && !loader_options.align_tensors &&
+                        tp.conversion == Conversion::kNone;
+  const uint64_t skew = in_phase ? src.offset % pipeline::kHostAlignment : 0;
+  auto buffer = pipeline::AllocateHost(tp.nbytes + skew, budget_);
   if (!buffer.ok()) {
     return buffer.status().WithContext(
         fmt::format("tensor '{}' ({} bytes) from '{}'", src.name, tp.nbytes,
                     checkpoint.files()[src.file].path));
   }
   slot.buffer = std::move(*buffer);
-  slot.data = slot.buffer.get();
+  slot.data = slot.buffer.get() + skew;
   return Status::OK();
 }
 
@@ -148,7 +158,7 @@ void LoadHandle::State::Pump() {
       if (free_slots_.empty()) break;
       const size_t s = free_slots_.back();
       if (!staging_[s].buffer) {
-        auto buffer = pipeline::AllocateHost(16ULL << 20, nullptr);
+        auto buffer = pipeline::AllocateHost(slot_bytes_, nullptr);
         if (!buffer.ok()) {
           if (!batch.empty()) reader_->Submit(batch);
           return Fail(buffer.status().WithContext("staging buffer"));
@@ -157,7 +167,7 @@ void LoadHandle::State::Pump() {
       }
       free_slots_.pop_back();
       slot_of_chunk_[id] = static_cast<int>(s);
-      dst = staging_[s].buffer.get();
+      dst = staging_[s].buffer.get() + chunk.offset % pipeline::kHostAlignment;
     } else if (options.mmap && first.conversion == Conversion::kNone) {
       Advance(chunk.tensors.front(), chunk.length);
       ++next_read_;
@@ -230,7 +240,7 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
 void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
-  const std::byte* staged = staging_[slot].buffer.get();
+  const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
   Status status;
   for (uint32_t t : chunk.tensors) {
     const TensorPlan& tp = plan.tensors[t];

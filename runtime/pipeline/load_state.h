@@ -97,6 +97,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   uint64_t eventfd_buffer_ = 0;
   std::vector<io::ReadCompletion> reaped_;
   std::vector<StagingSlot> staging_;
+  uint64_t slot_bytes_ = 0;
   std::vector<size_t> free_slots_;
   std::vector<int> slot_of_chunk_;  // staging slot of each chunk in flight
   std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
