@@ -1,0 +1,10 @@
+#include "runtime/device/default_devices.h"
+
+namespace loadstone::device {
+
+DeviceSet OpenDefaultDevices(std::string* log) {
+  if (log) *log = "CPU only: built without the CUDA backend";
+  return {};
+}
+
+}  // namespace loadstone::device

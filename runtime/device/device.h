@@ -1,0 +1,94 @@
+// Device: what the pipeline needs from an accelerator, and nothing more. The CUDA backend
+// (cuda/) and the simulated device (runtime/device/sim_device.h) implement it; the pipeline
+// never includes a CUDA header.
+//
+// Work is submitted as PlaceJobs: copy `bytes` from host staging memory to the device, either
+// straight into the destination or into device scratch followed by a conversion kernel that
+// writes the destination. The device calls `done` once the job finished on the device, from a
+// thread of its own — at that point the host staging memory may be reused. Jobs on one device
+// may complete out of submission order only if the implementation says so; both
+// implementations here complete them in order.
+//
+// Thread safety: every method may be called from any thread.
+#ifndef LOADSTONE_RUNTIME_DEVICE_DEVICE_H_
+#define LOADSTONE_RUNTIME_DEVICE_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loadstone/dtype.h"
+#include "loadstone/status.h"
+
+namespace loadstone::device {
+
+// Device memory: `data` is a device address (never dereferenced by the host); freed when the
+// last owner goes. Outlives every job that writes it (the pipeline keeps it alive).
+struct DeviceMemory {
+  std::shared_ptr<void> owner;
+  std::byte* data = nullptr;
+  uint64_t bytes = 0;
+};
+
+// Host memory the device can copy from fast (pinned), or pageable when pinning failed.
+struct HostStaging {
+  std::shared_ptr<std::byte> data;
+  uint64_t bytes = 0;
+  bool pinned = false;
+};
+
+struct PlaceJob {
+  const std::byte* src = nullptr;  // host staging, `bytes` long; untouched after `done`
+  uint64_t bytes = 0;
+  std::byte* dst = nullptr;        // device address inside a DeviceMemory
+  // A conversion: src holds `count` elements of `from`, dst receives them as `to`.
+  // from == to: a plain copy.
+  DType from = DType::kU8;
+  DType to = DType::kU8;
+  uint64_t count = 0;
+  std::function<void(Status)> done;  // called exactly once, from a device thread
+};
+
+struct DeviceInfo {
+  std::string name;            // "cuda:0", "sim:1"
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;
+  std::string description;     // e.g. "NVIDIA H200, 141 GiB, copy + compute streams"
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual DeviceInfo Info() const = 0;
+
+  // Errors: OutOfMemory naming the device and the size.
+  virtual Result<DeviceMemory> Allocate(uint64_t bytes) = 0;
+
+  // Host memory for staging: pinned when possible; `pinned` says which (the caller logs it).
+  virtual Result<HostStaging> AllocateStaging(uint64_t bytes) = 0;
+
+  // True when Submit can run the conversion from → to on the device.
+  virtual bool CanConvert(DType from, DType to) const = 0;
+
+  // Queues the job; returns at once. A job that cannot start (bad arguments) completes with
+  // its error through `done` as well, so that every job completes exactly once.
+  virtual void Submit(PlaceJob job) = 0;
+
+  // Copies device memory back to the host, synchronously (the check path: CRCs, tests).
+  virtual Status CopyToHost(const std::byte* device_src, uint64_t bytes, std::byte* host_dst) = 0;
+
+  // Waits until every submitted job completed. Used on teardown, never on the hot path.
+  virtual void Drain() = 0;
+};
+
+// The devices a Loader places onto, by name ("cuda:0" → index in the vector).
+using DeviceSet = std::vector<std::shared_ptr<Device>>;
+
+}  // namespace loadstone::device
+
+#endif  // LOADSTONE_RUNTIME_DEVICE_DEVICE_H_
