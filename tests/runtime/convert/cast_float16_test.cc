@@ -54,7 +54,7 @@ TEST_CASE("bf16 -> f32 is exact for all 65536 codes, NaN payloads kept", "[conve
   }
 }
 
-TEST_CASE("f16 -> f32 is exact for all 65536 codes; NaN made quiet, payload kept", "[convert]") {
+TEST_CASE("f16 -> f32 is exact for all 65536 codes, NaN made quiet with its payload", "[convert]") {
   const auto in = All16();
   const auto out = Cast<uint32_t>(DType::kF16, DType::kF32, in);
   for (uint32_t h = 0; h < 65536; ++h) {
