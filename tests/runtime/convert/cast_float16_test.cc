@@ -44,6 +44,16 @@ std::vector<uint32_t> BoundaryInputs(Format f, uint32_t max_finite) {
   return in;
 }
 
+// The element functions are constexpr; spot values, checked by the compiler.
+static_assert(F32ToF16Bits(0x7FC00000u) == 0x7E00);   // NaN
+static_assert(F32ToF16Bits(0x33000000u) == 0x0000);   // 2^-25: tie -> 0
+static_assert(F32ToF16Bits(0x33C00000u) == 0x0002);   // 3 * 2^-25: tie -> 2
+static_assert(F16ToF32Bits(0x0001) == 0x33800000u);   // 2^-24
+static_assert(F16ToF32Bits(0x7D00) == 0x7FE00000u);   // signalling NaN made quiet
+static_assert(F8E4M3ToF32Bits(0x7E) == 0x43E00000u);  // 448
+static_assert(F32ToF8E4M3Bits(0x43F00000u) == 0x7F);  // 480 -> NaN
+static_assert(F64ToF32Bits(0x3FF0000000000000u) == 0x3F800000u);
+
 TEST_CASE("bf16 -> f32 is exact for all 65536 codes, NaN payloads kept", "[convert]") {
   const auto in = All16();
   const auto out = Cast<uint32_t>(DType::kBF16, DType::kF32, in);
