@@ -21,6 +21,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,12 +43,20 @@ class Tensor {
   const std::string& name() const { return name_; }
   DType dtype() const { return dtype_; }
   const std::vector<uint64_t>& shape() const { return shape_; }
-  const std::string& device() const { return device_; }  // "cpu"
-  // Host memory, valid while any copy of this Tensor lives. Aligned to 64 bytes for converted
-  // tensors and with LoaderOptions::align_tensors; otherwise as the file aligns it.
+  const std::string& device() const { return device_; }  // "cpu", "cuda:0", ...
+  // The memory, valid while any copy of this Tensor lives: host memory for "cpu" (aligned to 64
+  // bytes for converted tensors and with LoaderOptions::align_tensors, otherwise as the file
+  // aligns it), a device address otherwise (never dereference it on the host).
   const std::byte* data() const { return data_; }
   std::byte* mutable_data() const { return data_; }
   uint64_t nbytes() const { return nbytes_; }
+
+  // Copies the bytes into `dst` (nbytes() long), from whichever device holds them. The check
+  // path (CRCs, tests), not the fast path. Errors: InvalidArgument (size), the device's error.
+  Status CopyToHost(std::span<std::byte> dst) const;
+
+  // Used by the pipeline for device tensors.
+  void SetHostCopier(std::function<Status(std::span<std::byte>)> copier) { copier_ = std::move(copier); }
 
  private:
   std::string name_;
@@ -57,6 +66,7 @@ class Tensor {
   std::shared_ptr<void> owner_;
   std::byte* data_ = nullptr;
   uint64_t nbytes_ = 0;
+  std::function<Status(std::span<std::byte>)> copier_;  // set for device tensors
 };
 
 struct Progress {
@@ -101,7 +111,9 @@ struct LoadOptions {
 class LoadHandle {
  public:
   LoadHandle() = default;
-  ~LoadHandle();  // cancels and waits, unless already done
+  // Cancels and waits, unless already done; once it returns, the load's memory is freed except
+  // the tensors the caller still holds.
+  ~LoadHandle();
   LoadHandle(LoadHandle&&) noexcept;
   LoadHandle& operator=(LoadHandle&&) noexcept;
   LoadHandle(const LoadHandle&) = delete;

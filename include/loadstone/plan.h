@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loadstone/checkpoint.h"
+#include "loadstone/device_map.h"
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
 
@@ -29,7 +30,7 @@ enum class Conversion {
 
 struct TensorPlan {
   size_t source = 0;             // index into Checkpoint::tensors()
-  std::string device = "cpu";    // "cpu" (GPUs and disk: see the GPU and offload issues)
+  std::string device = "cpu";    // "cpu" or "cuda:N" (disk: see the offload issue)
   DType dtype = DType::kF32;     // the dtype it will have once loaded
   Conversion conversion = Conversion::kNone;
   uint64_t nbytes = 0;           // bytes once loaded
@@ -51,8 +52,12 @@ struct PlanOptions {
   // Tensors kept in float32 when `dtype` is a reduced float: a pattern matches a tensor when it
   // equals one of its dotted components or a run of them ((^|\.)pattern($|\.)).
   std::vector<std::string> keep_in_fp32;
-  // Where everything goes. "cpu" for now (device maps: the planner issue).
+  // Where tensors go: "cpu" (default), one device ("cuda:1", "1"), or a mode inferred exactly as
+  // accelerate infers it ("auto", "balanced", "balanced_low_0", "sequential"; see
+  // device_map.h), with these budgets and no-split blocks.
   std::string device_map = "cpu";
+  std::optional<MaxMemory> max_memory;
+  std::optional<std::vector<std::string>> no_split;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
   // Tensors smaller than this are coalesced with their file neighbours into one staged read.
@@ -62,6 +67,8 @@ struct PlanOptions {
 struct LoadPlan {
   std::vector<TensorPlan> tensors;  // priority order: shard order, then natural name order
   std::vector<ReadChunk> reads;     // the read schedule, in priority order
+  DeviceMap device_map;             // the map used ({"": cpu} for a plain CPU load)
+  std::vector<std::string> warnings;  // from the device-map planner
   uint64_t read_bytes = 0;          // bytes read from storage
   uint64_t placed_bytes = 0;        // bytes once loaded (after conversion)
 
@@ -70,7 +77,7 @@ struct LoadPlan {
 };
 
 // Plans a load of `checkpoint`. Errors: InvalidArgument (unknown device, a dtype that cannot be
-// a cast target), Unsupported (GPU or disk targets before their issues land).
+// a cast target, a tensor no map entry covers), Unsupported (disk offload, before its issue).
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options = {});
 
 // The keep_in_fp32 rule: does `pattern` match a dotted component run of `name`?

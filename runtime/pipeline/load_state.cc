@@ -31,13 +31,16 @@ io::ReaderBackend ToIo(ReadBackend backend) {
 LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_in,
                          Checkpoint checkpoint_in, LoadPlan plan_in, LoadOptions options_in,
                          const LoaderOptions& loader_options_in,
-                         pipeline::ReaderFactory reader_factory)
+                         pipeline::ReaderFactory reader_factory, device::DeviceSet devices_in,
+                         std::string device_log_in)
     : loop(loop_in),
       workers(workers_in),
       checkpoint(std::move(checkpoint_in)),
       plan(std::move(plan_in)),
       options(std::move(options_in)),
       loader_options(loader_options_in),
+      devices(std::move(devices_in)),
+      device_log(std::move(device_log_in)),
       tensors(plan.tensors.size()),
       done(done_promise.get_future().share()),
       trace(options.trace),
@@ -59,7 +62,9 @@ void LoadHandle::State::Start() {
   ro.backend = ToIo(loader_options.backend);
   ro.queue_depth = loader_options.queue_depth;
   ro.direct = loader_options.direct_io;
-  ro.max_chunk = std::max<uint64_t>(plan.reads.empty() ? 0 : plan.reads.front().length, 1 << 20);
+  uint64_t longest = 1 << 20;  // the plan already cut reads to size: the reader need not
+  for (const ReadChunk& chunk : plan.reads) longest = std::max(longest, chunk.length);
+  ro.max_chunk = std::min<uint64_t>((longest + 4095) / 4096 * 4096, 1ULL << 30);
   std::string log;
   auto reader = reader_factory_ ? reader_factory_(paths, ro, &log) : io::OpenReader(paths, ro, &log);
   if (!reader.ok()) return Fail(reader.status());
@@ -84,6 +89,21 @@ void LoadHandle::State::Start() {
   const size_t slots = std::max<uint64_t>(2, loader_options.staging_bytes / slot_bytes_);
   staging_.resize(slots);
   for (size_t i = slots; i > 0; --i) free_slots_.push_back(i - 1);
+  chunk_parts_left_.assign(plan.reads.size(), 0);
+  tensor_device_.assign(tensors.size(), -1);
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    const std::string& name = plan.tensors[i].device;
+    if (name == "cpu") continue;
+    int ordinal = -1;
+    if (name.rfind("cuda:", 0) == 0) ordinal = std::atoi(name.c_str() + 5);
+    if (ordinal < 0 || ordinal >= static_cast<int>(devices.size())) {
+      return Fail(Status::InvalidArgument(fmt::format(
+          "tensor '{}' is planned on {}, but this Loader has {} GPU(s) ({})",
+          checkpoint.tensors()[plan.tensors[i].source].name, name, devices.size(), device_log)));
+    }
+    tensor_device_[i] = ordinal;
+    if (!staging_device_) staging_device_ = devices[ordinal];
+  }
   slot_of_chunk_.assign(plan.reads.size(), -1);
   if (trace.enabled()) submitted_at_.resize(plan.reads.size());
 
@@ -118,6 +138,16 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
   if (slot.data || slot.buffer) return Status::OK();
   const TensorPlan& tp = plan.tensors[index];
   const TensorInfo& src = checkpoint.tensors()[tp.source];
+  if (tensor_device_[index] >= 0) {
+    auto memory = devices[tensor_device_[index]]->Allocate(tp.nbytes);
+    if (!memory.ok()) {
+      return memory.status().WithContext(fmt::format("tensor '{}' ({} bytes) for {}", src.name,
+                                                     tp.nbytes, tp.device));
+    }
+    slot.buffer = std::shared_ptr<std::byte>(memory->owner, memory->data);  // aliasing
+    slot.data = memory->data;
+    return Status::OK();
+  }
   if (options.mmap && tp.conversion == Conversion::kNone && !mappings_.empty()) {
     slot.buffer = std::shared_ptr<std::byte>(mappings_[src.file], nullptr);  // aliasing: keeps the map
     slot.data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
@@ -158,12 +188,10 @@ void LoadHandle::State::Pump() {
       if (free_slots_.empty()) break;
       const size_t s = free_slots_.back();
       if (!staging_[s].buffer) {
-        auto buffer = pipeline::AllocateHost(slot_bytes_, nullptr);
-        if (!buffer.ok()) {
+        if (Status st = AllocateStagingSlot(s); !st.ok()) {
           if (!batch.empty()) reader_->Submit(batch);
-          return Fail(buffer.status().WithContext("staging buffer"));
+          return Fail(st.WithContext("staging buffer"));
         }
-        staging_[s].buffer = std::move(*buffer);
       }
       free_slots_.pop_back();
       slot_of_chunk_[id] = static_cast<int>(s);
@@ -232,9 +260,78 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
     return;
   }
   if (!chunk.staged) return Advance(chunk.tensors.front(), chunk.length);
-  ++conversions_in_flight_;
   const size_t slot = static_cast<size_t>(slot_of_chunk_[id]);
-  asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
+  const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
+  bool cpu_pieces = false;
+  for (uint32_t t : chunk.tensors) {
+    if (tensor_device_[t] < 0) {
+      cpu_pieces = true;
+      continue;
+    }
+    const TensorPlan& tp = plan.tensors[t];
+    const TensorInfo& src = checkpoint.tensors()[tp.source];
+    const uint64_t lo = std::max(chunk.offset, src.offset);
+    const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+    const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
+    device::PlaceJob job;
+    job.src = staged + (lo - chunk.offset);
+    job.bytes = hi - lo;
+    job.from = src.dtype;
+    job.to = tp.dtype;
+    job.count = src_elem ? (hi - lo) / src_elem : 0;
+    job.dst = tensors[t].data + (src_elem ? (lo - src.offset) / src_elem * dst_elem : lo - src.offset);
+    if (tp.conversion == Conversion::kNone) job.from = job.to = DType::kU8, job.count = job.bytes;
+    const auto begin = trace.Now();
+    job.done = [self = shared_from_this(), id, slot, t, bytes = hi - lo, begin](Status s) {
+      self->trace.Span(fmt::format("{} {} B", self->plan.tensors[t].device, bytes), "device", begin);
+      asio::post(self->loop, [self, id, slot, t, bytes, s = std::move(s)]() mutable {
+        self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
+      });
+    };
+    ++chunk_parts_left_[id];
+    ++conversions_in_flight_;
+    devices[tensor_device_[t]]->Submit(std::move(job));
+  }
+  if (cpu_pieces) {
+    ++chunk_parts_left_[id];
+    ++conversions_in_flight_;
+    asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
+  }
+}
+
+void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t tensor,
+                                          uint64_t bytes, Status status) {
+  --conversions_in_flight_;
+  if (!status.ok()) {
+    const TensorPlan& tp = plan.tensors[tensor];
+    Fail(status.WithContext(fmt::format("placing tensor '{}' on {}",
+                                        checkpoint.tensors()[tp.source].name, tp.device)));
+  } else if (!stopping_) {
+    Advance(tensor, bytes);
+  }
+  ChunkPartDone(id, slot);
+}
+
+void LoadHandle::State::ChunkPartDone(uint64_t id, size_t slot) {
+  if (--chunk_parts_left_[id] == 0) free_slots_.push_back(slot);
+  if (!stopping_) Pump();
+  MaybeFinish();
+}
+
+Status LoadHandle::State::AllocateStagingSlot(size_t s) {
+  if (staging_device_) {
+    LOADSTONE_ASSIGN_OR_RETURN(device::HostStaging staging,
+                               staging_device_->AllocateStaging(slot_bytes_));
+    if (!staging.pinned && !warned_pageable_) {
+      warned_pageable_ = true;
+      std::lock_guard lock(callbacks_mu);
+      backend_description += "; staging is pageable (pinning failed)";
+    }
+    staging_[s].buffer = std::move(staging.data);
+    return Status::OK();
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(staging_[s].buffer, pipeline::AllocateHost(slot_bytes_, nullptr));
+  return Status::OK();
 }
 
 void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
@@ -243,6 +340,7 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
   Status status;
   for (uint32_t t : chunk.tensors) {
+    if (tensor_device_[t] >= 0) continue;  // a device piece: its device does it
     const TensorPlan& tp = plan.tensors[t];
     const TensorInfo& src = checkpoint.tensors()[tp.source];
     const uint64_t lo = std::max(chunk.offset, src.offset);
@@ -269,20 +367,19 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
 
 void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
   --conversions_in_flight_;
-  free_slots_.push_back(slot);
   if (!status.ok()) {
     Fail(std::move(status));
   } else if (!stopping_) {
     const ReadChunk& chunk = plan.reads[id];
     for (uint32_t t : chunk.tensors) {
+      if (tensor_device_[t] >= 0) continue;
       const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
       const uint64_t lo = std::max(chunk.offset, src.offset);
       const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
       Advance(t, hi - lo);
     }
-    Pump();
   }
-  MaybeFinish();
+  ChunkPartDone(id, slot);
 }
 
 void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
@@ -296,6 +393,12 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   slot.done = true;
   loadstone::Tensor tensor(src.name, tp.dtype, src.shape, tp.device, slot.buffer, slot.data,
                            tp.nbytes);
+  if (tensor_device_[index] >= 0) {
+    tensor.SetHostCopier([device = devices[tensor_device_[index]], data = slot.data,
+                          bytes = tp.nbytes](std::span<std::byte> dst) {
+      return device->CopyToHost(data, bytes, dst.data());
+    });
+  }
   slot.promise.set_value(tensor);
   tensors_done.fetch_add(1, std::memory_order_relaxed);
   trace.Instant(fmt::format("ready {}", src.name), "tensor");

@@ -18,6 +18,7 @@
 
 #include "io/reader.h"
 #include "loadstone/loader.h"
+#include "runtime/device/device.h"
 #include "runtime/pipeline/host_buffer.h"
 #include "runtime/pipeline/testing.h"
 #include "runtime/pipeline/trace.h"
@@ -30,7 +31,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
 
   State(asio::io_context& loop, asio::thread_pool& workers, Checkpoint checkpoint, LoadPlan plan,
         LoadOptions options, const LoaderOptions& loader_options,
-        pipeline::ReaderFactory reader_factory);
+        pipeline::ReaderFactory reader_factory, device::DeviceSet devices,
+        std::string device_log);
 
   // Called once, on the loop thread: opens the reader and starts reading.
   void Start();
@@ -45,6 +47,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   const LoadOptions options;
   const LoaderOptions loader_options;
   std::unordered_map<std::string_view, uint32_t> by_name;  // → plan.tensors index
+  const device::DeviceSet devices;  // "cuda:N" = devices[N]
+  const std::string device_log;
 
   struct TensorSlot {
     std::promise<loadstone::Tensor> promise;
@@ -83,6 +87,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void OnReadDone(uint64_t chunk, Status status);
   void ConvertStaged(uint64_t chunk, size_t slot);  // runs on a worker thread
   void OnStagedDone(uint64_t chunk, size_t slot, Status status);
+  void OnDevicePieceDone(uint64_t chunk, size_t slot, uint32_t tensor, uint64_t bytes,
+                         Status status);
+  void ChunkPartDone(uint64_t chunk, size_t slot);  // frees the slot after the last part
+  Status AllocateStagingSlot(size_t slot);
   void Advance(uint32_t tensor, uint64_t source_bytes);
   Status EnsureDestination(uint32_t tensor);
   Status MapFiles();
@@ -100,6 +108,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   uint64_t slot_bytes_ = 0;
   std::vector<size_t> free_slots_;
   std::vector<int> slot_of_chunk_;  // staging slot of each chunk in flight
+  std::vector<int> chunk_parts_left_;  // CPU/device parts of a staged chunk not yet done
+  std::vector<int> tensor_device_;     // index into devices, -1 for cpu
+  std::shared_ptr<device::Device> staging_device_;  // pins the staging pool (first GPU used)
+  bool warned_pageable_ = false;
   std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
   size_t next_read_ = 0;
   size_t reads_in_flight_ = 0;

@@ -3,11 +3,13 @@
 #include <asio/executor_work_guard.hpp>
 #include <asio/post.hpp>
 
+#include <cstring>
 #include <list>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "runtime/device/default_devices.h"
 #include "runtime/pipeline/load_state.h"
 
 namespace loadstone {
@@ -22,9 +24,20 @@ Tensor::Tensor(std::string name, DType dtype, std::vector<uint64_t> shape, std::
       data_(data),
       nbytes_(nbytes) {}
 
+Status Tensor::CopyToHost(std::span<std::byte> dst) const {
+  if (dst.size() != nbytes_) {
+    return Status::InvalidArgument(fmt::format("tensor '{}' has {} bytes, the buffer {}", name_,
+                                               nbytes_, dst.size()));
+  }
+  if (copier_) return copier_(dst);
+  if (nbytes_) std::memcpy(dst.data(), data_, nbytes_);
+  return Status::OK();
+}
+
 struct Loader::Impl {
   explicit Impl(const LoaderOptions& opts)
       : options(opts),
+        devices(device::OpenDefaultDevices(&device_log)),
         workers(opts.worker_threads > 0 ? opts.worker_threads
                                         : std::max(1u, std::thread::hardware_concurrency())),
         guard(asio::make_work_guard(loop)),
@@ -47,6 +60,8 @@ struct Loader::Impl {
   }
 
   const LoaderOptions options;
+  std::string device_log;      // why there are (no) devices
+  device::DeviceSet devices;   // "cuda:N" = devices[N]
   asio::io_context loop;
   asio::thread_pool workers;
   asio::executor_work_guard<asio::io_context::executor_type> guard;
@@ -64,6 +79,11 @@ void pipeline::SetReaderFactoryForTesting(Loader& loader, ReaderFactory factory)
   LoaderTestAccess::Get(loader).reader_factory = std::move(factory);
 }
 
+void pipeline::SetDevicesForTesting(Loader& loader, device::DeviceSet devices) {
+  LoaderTestAccess::Get(loader).devices = std::move(devices);
+  LoaderTestAccess::Get(loader).device_log = "devices set by a test";
+}
+
 Loader::Loader(const LoaderOptions& options) : impl_(std::make_unique<Impl>(options)) {}
 Loader::~Loader() = default;
 
@@ -71,7 +91,8 @@ LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                         const LoadOptions& options) {
   auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers, checkpoint, plan,
                                                    options, impl_->options,
-                                                   impl_->reader_factory);
+                                                   impl_->reader_factory, impl_->devices,
+                                                   impl_->device_log);
   {
     std::lock_guard lock(impl_->mu);
     impl_->loads.remove_if([](const auto& weak) { return weak.expired(); });
@@ -93,9 +114,16 @@ LoadHandle& LoadHandle::operator=(LoadHandle&& other) noexcept {
 }
 
 LoadHandle::~LoadHandle() {
-  if (!state_ || state_->finished) return;
-  state_->RequestCancel();
-  state_->done.wait();
+  if (!state_) return;
+  if (!state_->finished) {
+    state_->RequestCancel();
+    state_->done.wait();
+  }
+  // The event loop and the workers may still hold the load for the instant after it finished:
+  // wait for them to let go, so that its memory is freed when this destructor returns.
+  for (int i = 0; i < 100000 && state_.use_count() > 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 std::shared_future<Status> LoadHandle::Done() const { return state_->done; }

@@ -34,10 +34,38 @@ bool NaturalLess(std::string_view a, std::string_view b) {
 
 bool IsReducedFloat(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16; }
 
-Result<TensorPlan> PlanTensor(const TensorInfo& t, size_t index, const PlanOptions& options) {
+// The device map: {"": cpu} for a CPU load, else the planner's (accelerate's) answer.
+Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& options) {
+  DevicePlan plan;
+  if (options.device_map == "cpu") {
+    LOADSTONE_RETURN_IF_ERROR(plan.device_map.Add("", Device::Cpu()));
+    return plan;
+  }
+  DeviceMapOptions dm;
+  dm.device_map = options.device_map;
+  dm.max_memory = options.max_memory;
+  dm.dtype = options.dtype;
+  dm.no_split = options.no_split;
+  dm.keep_in_fp32 = options.keep_in_fp32;
+  return InferDeviceMap(checkpoint, dm);
+}
+
+Result<TensorPlan> PlanTensor(const TensorInfo& t, size_t index, const PlanOptions& options,
+                              const DeviceMap& map) {
   TensorPlan plan;
   plan.source = index;
-  plan.device = "cpu";
+  const std::optional<Device> device = map.Lookup(t.name);
+  if (!device) {
+    return Status::InvalidArgument(
+        fmt::format("the device map gives no device for tensor '{}'", t.name));
+  }
+  if (device->type == Device::Type::kDisk || device->type == Device::Type::kMps) {
+    return Status::Unsupported(fmt::format(
+        "tensor '{}' is mapped to {}: disk offload and mps are not supported by the streaming "
+        "engine yet; give more memory (--max-memory) or another device map",
+        t.name, device->ToString()));
+  }
+  plan.device = device->ToString();
   plan.dtype = t.dtype;
   if (options.dtype && IsFloatingPoint(t.dtype)) {
     DType target = *options.dtype;
@@ -68,10 +96,6 @@ bool MatchesModulePattern(std::string_view name, std::string_view pattern) {
 }
 
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
-  if (options.device_map != "cpu") {
-    return Status::Unsupported(fmt::format(
-        "device map '{}': only \"cpu\" is supported by the streaming engine so far", options.device_map));
-  }
   if (options.dtype && !IsFloatingPoint(*options.dtype)) {
     return Status::InvalidArgument(fmt::format("--dtype {}: the target must be a float type",
                                                TorchName(*options.dtype)));
@@ -87,10 +111,14 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     return NaturalLess(infos[a].name, infos[b].name);
   });
 
+  LOADSTONE_ASSIGN_OR_RETURN(DevicePlan devices, MapDevices(checkpoint, options));
   LoadPlan plan;
+  plan.device_map = std::move(devices.device_map);
+  plan.warnings = std::move(devices.warnings);
   plan.tensors.reserve(order.size());
   for (size_t index : order) {
-    LOADSTONE_ASSIGN_OR_RETURN(TensorPlan tp, PlanTensor(infos[index], index, options));
+    LOADSTONE_ASSIGN_OR_RETURN(TensorPlan tp,
+                               PlanTensor(infos[index], index, options, plan.device_map));
     plan.placed_bytes += tp.nbytes;
     plan.tensors.push_back(tp);
   }
@@ -104,14 +132,14 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     const TensorInfo& src = infos[tp.source];
     plan.read_bytes += src.nbytes;
     if (src.nbytes == 0) continue;
-    const bool converted = tp.conversion != Conversion::kNone;
+    const bool staged = tp.conversion != Conversion::kNone || tp.device != "cpu";
     if (src.nbytes < options.coalesce_below) {
       small.push_back(i);
       continue;
     }
     for (uint64_t done = 0; done < src.nbytes; done += options.max_chunk) {
       keyed.push_back({i, {src.file, src.offset + done,
-                           std::min(options.max_chunk, src.nbytes - done), {i}, converted}});
+                           std::min(options.max_chunk, src.nbytes - done), {i}, staged}});
     }
   }
   std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
@@ -152,6 +180,8 @@ std::string LoadPlan::ToString() const {
   for (const ReadChunk& r : reads) staged_reads += r.staged;
   std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts\n",
                                 tensors.size(), read_bytes, placed_bytes, casts);
+  out += fmt::format("  device map: {}\n", device_map.ToJson());
+  for (const std::string& w : warnings) out += fmt::format("  warning: {}\n", w);
   for (const auto& [target, count_bytes] : per_target) {
     out += fmt::format("  {}: {} tensors, {} bytes\n", target, count_bytes.first, count_bytes.second);
   }

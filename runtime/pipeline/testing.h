@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/reader.h"
+#include "runtime/device/device.h"
 #include "loadstone/loader.h"
 
 namespace loadstone::pipeline {
@@ -18,6 +19,10 @@ using ReaderFactory = std::function<Result<std::unique_ptr<io::Reader>>(
 // Loads started after this call open their reader through `factory` (e.g. to wrap it in a
 // FaultInjectingReader). REQUIRES: no load is running on `loader`.
 void SetReaderFactoryForTesting(Loader& loader, ReaderFactory factory);
+
+// Loads started after this call place "cuda:N" tensors on devices[N] (e.g. SimDevices).
+// REQUIRES: no load is running on `loader`.
+void SetDevicesForTesting(Loader& loader, device::DeviceSet devices);
 
 }  // namespace loadstone::pipeline
 

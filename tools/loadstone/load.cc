@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <iostream>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -24,9 +25,16 @@ struct LoadArgs {
   std::string trace;
 };
 
-uint32_t Crc32(const loadstone::Tensor& t) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+// zlib's CRC-32 of the tensor's bytes, copied back from its device when it is not on the host.
+Result<uint32_t> Crc32(const loadstone::Tensor& t) {
+  std::vector<std::byte> host;
   const std::byte* p = t.data();
+  if (t.device() != "cpu") {
+    host.resize(t.nbytes());
+    LOADSTONE_RETURN_IF_ERROR(t.CopyToHost(host));
+    p = host.data();
+  }
+  uLong crc = crc32(0L, Z_NULL, 0);
   for (uint64_t left = t.nbytes(); left > 0;) {
     const uInt n = static_cast<uInt>(std::min<uint64_t>(left, 1u << 30));
     crc = crc32(crc, reinterpret_cast<const Bytef*>(p), n);
@@ -83,12 +91,20 @@ int RunLoad(const LoadArgs& args) {
   doc["gbps"] = gbps;
   doc["backend"] = load.backend();
   doc["first_tensor_ms"] = first_ms;
+  std::map<std::string, uint64_t> per_device;
   auto& tensors = doc["tensors"] = nlohmann::ordered_json::array();
   for (const loadstone::Tensor& t : load.Tensors()) {
+    auto crc = Crc32(t);
+    if (!crc.ok()) return ReportError(crc.status());
+    per_device[t.device()] += t.nbytes();
     tensors.push_back({{"name", t.name()},
                        {"dtype", SafetensorsName(t.dtype())},
                        {"shape", t.shape()},
-                       {"crc32", Crc32(t)}});
+                       {"crc32", *crc}});
+  }
+  auto& devices = doc["devices"] = nlohmann::ordered_json::object();
+  for (const auto& [device, bytes] : per_device) {
+    devices[device] = {{"bytes", bytes}, {"gbps", seconds > 0 ? bytes / seconds / 1e9 : 0}};
   }
   std::cout << doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   return 0;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "tools/loadstone/format.h"
+
 namespace loadstone::cli {
 
 void LoadFlags::Register(CLI::App* cmd) {
@@ -11,7 +13,10 @@ void LoadFlags::Register(CLI::App* cmd) {
   cmd->add_option("--dtype", dtype, "Cast floating-point tensors to f32, f16 or bf16");
   cmd->add_option("--keep-fp32", keep_fp32,
                   "Keep tensors whose dotted name contains this component run in float32");
-  cmd->add_option("--device-map", device_map, "Where tensors go (cpu for now)");
+  cmd->add_option("--device-map", device_map,
+                  "cpu (default), a device (cuda:1) or auto|balanced|balanced_low_0|sequential");
+  cmd->add_option("--max-memory", max_memory, "Budgets for the device map, e.g. 0=10GiB,cpu=30GiB");
+  cmd->add_option("--no-split", no_split, "Modules kept whole (class names or globs; none: off)");
   cmd->add_option("--backend", backend, "Read backend")
       ->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_option("--queue-depth", queue_depth, "Reads in flight")->check(CLI::Range(1, 4096));
@@ -26,6 +31,16 @@ Result<PlanOptions> LoadFlags::ToPlanOptions() const {
   }
   options.keep_in_fp32 = keep_fp32;
   options.device_map = device_map;
+  if (!max_memory.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(options.max_memory, ParseMaxMemoryFlag(max_memory));
+  }
+  if (!no_split.empty()) {
+    std::vector<std::string> entries;
+    for (const std::string& x : no_split) {
+      if (x != "none") entries.push_back(x);
+    }
+    options.no_split = entries;
+  }
   return options;
 }
 

@@ -19,6 +19,8 @@ struct LoadFlags {
   std::string dtype;
   std::vector<std::string> keep_fp32;
   std::string device_map = "cpu";
+  std::string max_memory;
+  std::vector<std::string> no_split;
   std::string backend = "auto";
   int queue_depth = 64;
 

@@ -1,6 +1,8 @@
 // Plan(): ordering, the dtype policy, keep_in_fp32, chunking and coalescing — without I/O.
 #include "loadstone/plan.h"
 
+#include <set>
+
 #include <catch2/catch.hpp>
 
 #include "test_model.h"
@@ -95,12 +97,44 @@ TEST_CASE("plan: the keep_in_fp32 rule matches dotted component runs only") {
   CHECK_FALSE(MatchesModulePattern("model.x", ""));
 }
 
+TEST_CASE("plan: device maps route tensors; GPU tensors are always staged") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  PlanOptions one;
+  one.device_map = "cuda:1";
+  auto all_on_one = Plan(ckpt, one);
+  REQUIRE(all_on_one.ok());
+  for (const TensorPlan& t : all_on_one->tensors) CHECK(t.device == "cuda:1");
+  for (const ReadChunk& r : all_on_one->reads) CHECK(r.staged);
+  CHECK(all_on_one->device_map.ToJson() == R"({"": 1})");
+
+  PlanOptions balanced;
+  balanced.device_map = "sequential";
+  balanced.max_memory = MaxMemory{{"0", std::string("28MB")}, {"1", std::string("6MB")},
+                                  {"cpu", std::string("1GB")}};
+  auto split = Plan(ckpt, balanced);
+  REQUIRE(split.ok());
+  std::set<std::string> used;
+  for (const TensorPlan& t : split->tensors) used.insert(t.device);
+  CHECK(used.count("cuda:0") == 1);
+  CHECK(used.size() >= 2);
+  for (const TensorPlan& t : split->tensors) {
+    CHECK(split->device_map.Lookup(ckpt.tensors()[t.source].name)->ToString() == t.device);
+  }
+}
+
 TEST_CASE("plan: bad options are refused") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  PlanOptions gpu;
-  gpu.device_map = "cuda:0";
-  CHECK(Plan(ckpt, gpu).status().code() == StatusCode::kUnsupported);
+  PlanOptions disk;
+  disk.device_map = "sequential";
+  disk.max_memory = MaxMemory{{"cpu", int64_t{1000}}};
+  auto offloaded = Plan(ckpt, disk);
+  CHECK(offloaded.status().code() == StatusCode::kUnsupported);
+  CHECK_THAT(std::string(offloaded.status().message()), Catch::Contains("disk"));
+  PlanOptions bad;
+  bad.device_map = "gpu7";
+  CHECK(Plan(ckpt, bad).status().code() == StatusCode::kInvalidArgument);
   PlanOptions int_target;
   int_target.dtype = DType::kI32;
   CHECK(Plan(ckpt, int_target).status().code() == StatusCode::kInvalidArgument);

@@ -1,0 +1,129 @@
+#include "runtime/device/sim_device.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/convert/cast.h"
+
+namespace loadstone::device {
+
+SimDevice::SimDevice(SimDeviceOptions options)
+    : options_(std::move(options)),
+      allocated_counter_(std::make_shared<std::atomic<uint64_t>>(0)),
+      allocated_(*allocated_counter_),
+      thread_([this] { Run(); }) {}
+
+SimDevice::~SimDevice() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+DeviceInfo SimDevice::Info() const {
+  const uint64_t used = allocated_.load();
+  return {options_.name, options_.memory_bytes, options_.memory_bytes - std::min(used, options_.memory_bytes),
+          fmt::format("simulated ({} us/job, {} B/s)", options_.latency.count(),
+                      options_.bandwidth_bytes_per_s)};
+}
+
+Result<DeviceMemory> SimDevice::Allocate(uint64_t bytes) {
+  uint64_t used = allocated_.load();
+  do {
+    if (used + bytes > options_.memory_bytes) {
+      return Status::OutOfMemory(fmt::format("{}: cannot allocate {} bytes ({} of {} in use)",
+                                             options_.name, bytes, used, options_.memory_bytes));
+    }
+  } while (!allocated_.compare_exchange_weak(used, used + bytes));
+  uint64_t peak = peak_allocated_.load();
+  while (used + bytes > peak && !peak_allocated_.compare_exchange_weak(peak, used + bytes)) {
+  }
+  void* p = std::malloc(std::max<uint64_t>(bytes, 1));
+  if (p == nullptr) {
+    allocated_ -= bytes;
+    return Status::OutOfMemory(fmt::format("{}: host malloc of {} bytes failed", options_.name, bytes));
+  }
+  DeviceMemory memory;
+  memory.owner = std::shared_ptr<void>(p, [counter = allocated_counter_, bytes](void* q) {
+    std::free(q);
+    *counter -= bytes;
+  });
+  memory.data = static_cast<std::byte*>(p);
+  memory.bytes = bytes;
+  return memory;
+}
+
+Result<HostStaging> SimDevice::AllocateStaging(uint64_t bytes) {
+  void* p = std::aligned_alloc(4096, (std::max<uint64_t>(bytes, 1) + 4095) / 4096 * 4096);
+  if (p == nullptr) return Status::OutOfMemory(fmt::format("staging of {} bytes", bytes));
+  staging_ += bytes;
+  HostStaging staging;
+  staging.data = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+  staging.bytes = bytes;
+  staging.pinned = false;
+  return staging;
+}
+
+bool SimDevice::CanConvert(DType from, DType to) const { return convert::CanCast(from, to); }
+
+void SimDevice::Submit(PlaceJob job) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(job));
+    max_queued_ = std::max(max_queued_.load(), queue_.size());
+  }
+  cv_.notify_all();
+}
+
+Status SimDevice::Execute(const PlaceJob& job) {
+  if (options_.latency.count() > 0) std::this_thread::sleep_for(options_.latency);
+  if (options_.bandwidth_bytes_per_s > 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(job.bytes / options_.bandwidth_bytes_per_s));
+  }
+  if (job.from == job.to) {
+    std::memcpy(job.dst, job.src, job.bytes);
+    return Status::OK();
+  }
+  return convert::CastBuffer(job.from, job.to, job.src, job.dst, job.count);
+}
+
+void SimDevice::Run() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ with nothing left
+    PlaceJob job = std::move(queue_.front());
+    queue_.pop_front();
+    const int64_t sequence = submitted_++;
+    ++running_;
+    lock.unlock();
+    {
+      Status status = sequence == options_.fail_job
+                          ? Status::IOError(fmt::format("{}: injected failure of job {}",
+                                                        options_.name, sequence))
+                          : Execute(job);
+      ++jobs_done_;
+      job.done(std::move(status));
+      job = PlaceJob();  // let go of the callback (and what it holds) before Drain can return
+    }
+    lock.lock();
+    --running_;
+    cv_.notify_all();
+  }
+}
+
+Status SimDevice::CopyToHost(const std::byte* device_src, uint64_t bytes, std::byte* host_dst) {
+  std::memcpy(host_dst, device_src, bytes);
+  return Status::OK();
+}
+
+void SimDevice::Drain() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && running_ == 0; });
+}
+
+}  // namespace loadstone::device
