@@ -139,6 +139,11 @@ using MaxMemory = std::map<std::string, SizeValue>;
 using GpuMemoryProbe = std::function<std::vector<uint64_t>()>;
 void SetGpuMemoryProbe(GpuMemoryProbe probe);
 
+// loadstone's keep_in_fp32 rule, used by the planner and by Plan(): `key` occurs in `name` as
+// whole dotted components, `(^|\.)key($|\.)` ("norm" matches "model.norm.weight", not
+// "model.layernorm.weight"; "layers.1" does not match "layers.10"). An empty key matches nothing.
+bool MatchesModulePattern(std::string_view name, std::string_view key);
+
 // ---- options -------------------------------------------------------------------------------
 
 enum class PlanStrategy {

@@ -80,9 +80,6 @@ struct LoadPlan {
 // a cast target, a tensor no map entry covers), Unsupported (disk offload, before its issue).
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options = {});
 
-// The keep_in_fp32 rule: does `pattern` match a dotted component run of `name`?
-bool MatchesModulePattern(std::string_view name, std::string_view pattern);
-
 }  // namespace loadstone
 
 #endif  // LOADSTONE_PLAN_H_

@@ -85,16 +85,6 @@ Result<TensorPlan> PlanTensor(const TensorInfo& t, size_t index, const PlanOptio
 
 }  // namespace
 
-bool MatchesModulePattern(std::string_view name, std::string_view pattern) {
-  if (pattern.empty()) return false;
-  for (size_t pos = name.find(pattern); pos != std::string_view::npos;
-       pos = name.find(pattern, pos + 1)) {
-    const size_t end = pos + pattern.size();
-    if ((pos == 0 || name[pos - 1] == '.') && (end == name.size() || name[end] == '.')) return true;
-  }
-  return false;
-}
-
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
   if (options.dtype && !IsFloatingPoint(*options.dtype)) {
     return Status::InvalidArgument(fmt::format("--dtype {}: the target must be a float type",

@@ -20,7 +20,7 @@ PyNum TensorSize(const Storage& storage, std::string_view full_name, std::string
   if (IsReducedFloat(*policy.dtype) && storage.type.custom == CustomType::kNone &&
       IsFloatingPoint(storage.type.dtype)) {
     for (const std::string& key : policy.keep_in_fp32) {
-      if (MatchesDottedComponent(full_name, key)) return numel * PyNum::Int(4);
+      if (MatchesModulePattern(full_name, key)) return numel * PyNum::Int(4);
     }
   }
   return numel * PyMin(ElemByteSize(ElemType{*policy.dtype, CustomType::kNone}),
@@ -48,17 +48,6 @@ PyNum ElemByteSize(ElemType type) {
 
 bool KeepsOwnSize(ElemType type) {
   return type.custom == CustomType::kNone && (type.dtype == DType::kBool || IsInteger(type.dtype));
-}
-
-bool MatchesDottedComponent(std::string_view name, std::string_view key) {
-  if (key.empty()) return false;
-  for (size_t pos = name.find(key); pos != std::string_view::npos; pos = name.find(key, pos + 1)) {
-    size_t after = pos + key.size();
-    if ((pos == 0 || name[pos - 1] == '.') && (after == name.size() || name[after] == '.')) {
-      return true;
-    }
-  }
-  return false;
 }
 
 PyNum ModuleSizes::Of(const ModuleTree::Impl& tree, std::string_view name) const {
@@ -121,3 +110,18 @@ PyNum ModuleBufferSize(const ModuleTree::Impl& tree, int32_t node, const SizePol
 }
 
 }  // namespace loadstone::planner
+
+namespace loadstone {
+
+bool MatchesModulePattern(std::string_view name, std::string_view key) {
+  if (key.empty()) return false;
+  for (size_t pos = name.find(key); pos != std::string_view::npos; pos = name.find(key, pos + 1)) {
+    size_t after = pos + key.size();
+    if ((pos == 0 || name[pos - 1] == '.') && (after == name.size() || name[after] == '.')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace loadstone

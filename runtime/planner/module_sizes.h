@@ -24,8 +24,6 @@ PyNum ElemByteSize(ElemType type);
 // True for the types accelerate never converts (torch.uint*, torch.int*, torch.bool).
 bool KeepsOwnSize(ElemType type);
 
-// `key` occurs in `name` as whole dotted components: `(^|\.)key($|\.)`.
-bool MatchesDottedComponent(std::string_view name, std::string_view key);
 
 struct SizePolicy {
   std::optional<DType> dtype;

@@ -1,5 +1,8 @@
 #include "tools/loadstone/demo_model.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -96,6 +99,14 @@ Result<std::string> EnsureDemoModel(const std::string& folder, const DemoModelSh
   options.max_shard_size = shape.max_shard_size;
   options.metadata = {{"format", "pt"}};
   LOADSTONE_ASSIGN_OR_RETURN(auto written, WriteShardedSafetensors(partial, tensors, options));
+  // On disk before the first load: O_DIRECT reads of dirty pages would wait for writeback.
+  for (const std::string& path : written) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      ::fdatasync(fd);
+      ::close(fd);
+    }
+  }
   std::filesystem::remove_all(folder, ec);
   std::filesystem::rename(partial, folder, ec);
   if (ec) {

@@ -13,18 +13,17 @@ using testing::Module;
 using testing::Tensor;
 
 TEST_CASE("keep_in_fp32: dotted components only", "[planner][fp32]") {
-  using planner::MatchesDottedComponent;
-  CHECK(MatchesDottedComponent("model.norm.weight", "norm"));
-  CHECK(MatchesDottedComponent("norm.weight", "norm"));
-  CHECK(MatchesDottedComponent("model.norm", "norm"));
-  CHECK(MatchesDottedComponent("model.layers.0.mlp.weight", "layers.0"));
-  CHECK_FALSE(MatchesDottedComponent("model.layers.10.mlp.weight", "layers.1"));
-  CHECK_FALSE(MatchesDottedComponent("model.layers.0.input_layernorm.weight", "norm"));
-  CHECK_FALSE(MatchesDottedComponent("model.normal.weight", "norm"));
-  CHECK_FALSE(MatchesDottedComponent("model.pre_norm.weight", "norm"));
-  CHECK(MatchesDottedComponent("a.wo.weight", "wo"));
-  CHECK_FALSE(MatchesDottedComponent("a.wo_x.weight", "wo"));
-  CHECK_FALSE(MatchesDottedComponent("anything", ""));
+  CHECK(MatchesModulePattern("model.norm.weight", "norm"));
+  CHECK(MatchesModulePattern("norm.weight", "norm"));
+  CHECK(MatchesModulePattern("model.norm", "norm"));
+  CHECK(MatchesModulePattern("model.layers.0.mlp.weight", "layers.0"));
+  CHECK_FALSE(MatchesModulePattern("model.layers.10.mlp.weight", "layers.1"));
+  CHECK_FALSE(MatchesModulePattern("model.layers.0.input_layernorm.weight", "norm"));
+  CHECK_FALSE(MatchesModulePattern("model.normal.weight", "norm"));
+  CHECK_FALSE(MatchesModulePattern("model.pre_norm.weight", "norm"));
+  CHECK(MatchesModulePattern("a.wo.weight", "wo"));
+  CHECK_FALSE(MatchesModulePattern("a.wo_x.weight", "wo"));
+  CHECK_FALSE(MatchesModulePattern("anything", ""));
 }
 
 // fp32 tensors: norm.weight (10), input_layernorm.weight (10), normal.weight (10), an int64
