@@ -9,25 +9,26 @@
 // still resident is checked with mincore. Destinations are one pre-faulted buffer (1 GiB at
 // most, reused round-robin), so the numbers measure reading, not page faults.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <liburing.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "io/reader.h"
 
@@ -72,26 +73,48 @@ bool EnsureFile(const std::string& path, uint64_t size) {
   return true;
 }
 
-// Drops the file from the page cache; returns the fraction still resident afterwards.
-double DropCache(const std::string& path, uint64_t size) {
+// The fraction of the file's pages in the page cache (mincore).
+double Resident(const std::string& path, uint64_t size) {
   int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return 1.0;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (fd < 0) return 0;
   double resident = 0;
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   if (map != MAP_FAILED) {
     const size_t pages = (size + 4095) / 4096;
     std::vector<unsigned char> vec(pages);
     if (::mincore(map, size, vec.data()) == 0) {
-      resident = static_cast<double>(std::count_if(vec.begin(), vec.end(),
-                                                   [](unsigned char v) { return v & 1; })) /
+      resident = static_cast<double>(
+                     std::count_if(vec.begin(), vec.end(), [](unsigned char v) { return v & 1; })) /
                  pages;
     }
     ::munmap(map, size);
   }
   ::close(fd);
   return resident;
+}
+
+// Drops the file from the page cache; returns the fraction still resident afterwards.
+double DropCache(const std::string& path, uint64_t size) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return 1.0;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  return Resident(path, size);
+}
+
+// Reads the file once through the page cache; returns the fraction resident afterwards.
+double WarmCache(const std::string& path, uint64_t size) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return 0;
+  std::vector<char> buf(16 << 20);
+  for (uint64_t off = 0; off < size;) {
+    ssize_t n = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - off), off);
+    if (n <= 0) break;
+    off += n;
+  }
+  ::close(fd);
+  return Resident(path, size);
 }
 
 // The raw device ceiling: O_DIRECT io_uring reads of `block` bytes, `depth` in flight.
@@ -184,6 +207,13 @@ double Fio(const std::string& path, uint64_t size) {
   return json["jobs"][0]["read"]["bw_bytes"].get<double>() / 1e9;
 }
 
+double CpuSeconds() {
+  rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -191,13 +221,20 @@ int main(int argc, char** argv) {
   std::string path = "/var/tmp/loadstone-bench/data4g.bin";
   double size_gib = 4;
   int repeat = 3;
-  bool sweep = false, json_out = false;
+  bool sweep = false, raw_sweep = false, json_out = false, warm = false;
   uint64_t request_mib = 64;
   app.add_option("--file", path, "file to read (created if missing)");
   app.add_option("--size-gib", size_gib, "bytes to read, GiB");
   app.add_option("--repeat", repeat, "runs per method (best and median reported)");
   app.add_option("--request-mib", request_mib, "size of each request handed to a Reader");
+  uint64_t dst_mib = 1024;
+  app.add_option("--dst-mib", dst_mib, "destination memory the requests cycle through");
   app.add_flag("--sweep", sweep, "also sweep queue depth × chunk size and bounce sizes");
+  std::string configs;
+  app.add_option("--configs", configs,
+                 "UringReader settings to compare, in phase: DEPTHxCHUNK_MIB,... e.g. 64x16,8x4");
+  app.add_flag("--raw-sweep", raw_sweep, "sweep the raw O_DIRECT reads: depth × block size");
+  app.add_flag("--warm", warm, "keep the file in the page cache instead of dropping it");
   app.add_flag("--json", json_out, "print the results as JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -207,8 +244,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const uint64_t request = request_mib << 20;
-  const uint64_t dst_bytes = std::max<uint64_t>(std::min<uint64_t>(size, 1ULL << 30),
-                                                2 * (request + 4096));
+  const uint64_t dst_bytes =
+      std::max<uint64_t>(std::min<uint64_t>(size, dst_mib << 20), 2 * (request + 4096));
   Buffer dst = AllocPrefaulted(dst_bytes + 8192);
 
   struct Method {
@@ -220,6 +257,17 @@ int main(int argc, char** argv) {
                        *d = "scratch buffer";
                        return RawUring(path, size, 32, 4 << 20);
                      }});
+  if (raw_sweep) {
+    for (unsigned qd : {1u, 2u, 4u, 8u, 16u, 32u}) {
+      for (uint64_t block : {1, 4, 16}) {
+        methods.push_back({fmt::format("raw io_uring O_DIRECT QD{} {}MiB", qd, block),
+                           [&, qd, block](std::string* d) {
+                             *d = "scratch buffer";
+                             return RawUring(path, size, qd, block << 20);
+                           }});
+      }
+    }
+  }
   auto reader = [&](std::string name, ReaderOptions o, uint64_t misalign) {
     methods.push_back({std::move(name), [&, o, misalign](std::string* d) {
                          return ThroughReader(path, size, o, dst.get(), dst_bytes, request,
@@ -228,14 +276,41 @@ int main(int argc, char** argv) {
   };
   ReaderOptions uring;
   uring.backend = ReaderBackend::kUring;
+  ReaderOptions pread;
+  pread.backend = ReaderBackend::kPread;
   reader("UringReader defaults, dst in phase", uring, 0);
   reader("UringReader defaults, dst out of phase", uring, 64);
   ReaderOptions buffered = uring;
   buffered.direct = false;
   reader("UringReader page cache (direct=false)", buffered, 0);
-  ReaderOptions pread;
-  pread.backend = ReaderBackend::kPread;
   reader("PreadReader defaults", pread, 0);
+  // --configs: [u|b|p]DEPTHxCHUNK_MIB — u: UringReader (in phase), b: UringReader with
+  // direct=false, p: PreadReader (DEPTH is then its thread count).
+  for (size_t at = 0; at < configs.size();) {
+    size_t end = configs.find(',', at);
+    if (end == std::string::npos) end = configs.size();
+    std::string one = configs.substr(at, end - at);
+    char kind = 'u';
+    if (!one.empty() && std::isalpha(static_cast<unsigned char>(one[0]))) {
+      kind = one[0];
+      one = one.substr(1);
+    }
+    int qd = 0;
+    unsigned long long chunk = 0;
+    if (std::sscanf(one.c_str(), "%dx%llu", &qd, &chunk) == 2) {
+      ReaderOptions o = kind == 'p' ? pread : uring;
+      o.direct = kind != 'b';
+      o.queue_depth = qd;
+      o.threads = qd;
+      o.max_chunk = chunk << 20;
+      const char* name = kind == 'p'   ? "PreadReader"
+                         : kind == 'b' ? "UringReader buffered"
+                                       : "UringReader";
+      reader(fmt::format("{} {}{} chunk {}MiB", name, kind == 'p' ? "threads " : "QD", qd, chunk),
+             o, 0);
+    }
+    at = end + 1;
+  }
   if (sweep) {
     for (int qd : {4, 8, 16, 32, 64}) {
       for (uint64_t chunk : {1, 2, 4, 8, 16}) {
@@ -261,25 +336,38 @@ int main(int argc, char** argv) {
                        return Fio(path, size);
                      }});
 
-  nlohmann::json results = nlohmann::json::array();
-  std::printf("file %s, %.2f GiB, cold (POSIX_FADV_DONTNEED before each run), %d runs\n",
+  // Rounds interleave the methods, so that a slow minute on a shared disk does not land on
+  // one method only.
+  std::printf("file %s, %.2f GiB, cold (POSIX_FADV_DONTNEED before each run), %d rounds\n",
               path.c_str(), size / 1073741824.0, repeat);
-  for (const Method& m : methods) {
-    std::vector<double> gbps;
-    std::string describe;
-    double resident = 0;
-    for (int i = 0; i < repeat; ++i) {
-      resident = std::max(resident, DropCache(path, size));
-      gbps.push_back(m.run(&describe));
+  std::vector<std::vector<double>> gbps(methods.size());
+  std::vector<double> cpu(methods.size());  // CPU seconds of this process per GB read
+  std::vector<std::string> details(methods.size());
+  double resident = 0;
+  for (int round = 0; round < repeat; ++round) {
+    for (size_t i = 0; i < methods.size(); ++i) {
+      resident = std::max(resident, warm ? WarmCache(path, size) : DropCache(path, size));
+      const double cpu_before = CpuSeconds();
+      gbps[i].push_back(methods[i].run(&details[i]));
+      cpu[i] += (CpuSeconds() - cpu_before) / (size / 1e9) / repeat;
     }
-    std::sort(gbps.begin(), gbps.end());
-    const double best = gbps.back(), median = gbps[gbps.size() / 2];
-    std::printf("%-44s best %5.2f GB/s  median %5.2f GB/s  (cached before run %.1f%%)  %s\n",
-                m.name.c_str(), best, median, resident * 100, describe.c_str());
-    std::fflush(stdout);
-    results.push_back({{"method", m.name}, {"best_gbps", best}, {"median_gbps", median},
-                       {"runs", gbps}, {"detail", describe}});
   }
+  nlohmann::json results = nlohmann::json::array();
+  for (size_t i = 0; i < methods.size(); ++i) {
+    std::vector<double> runs = gbps[i];
+    std::sort(runs.begin(), runs.end());
+    const double best = runs.back(), median = runs[runs.size() / 2];
+    std::printf("%-44s best %5.2f GB/s  median %5.2f GB/s  cpu %5.3f s/GB  %s\n",
+                methods[i].name.c_str(), best, median, cpu[i], details[i].c_str());
+    results.push_back({{"method", methods[i].name},
+                       {"best_gbps", best},
+                       {"median_gbps", median},
+                       {"cpu_s_per_gb", cpu[i]},
+                       {"runs", gbps[i]},
+                       {"detail", details[i]}});
+  }
+  std::printf("%s: at most %.1f%% of the file was in the page cache before a run\n",
+              warm ? "warm" : "cold", resident * 100);
   if (json_out) std::printf("%s\n", results.dump(2).c_str());
   return 0;
 }

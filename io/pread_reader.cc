@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "io/completion_queue.h"
+#include "io/direct_io.h"
 #include "io/posix_error.h"
 #include "io/read_state.h"
 
@@ -39,6 +40,7 @@ Result<std::unique_ptr<PreadReader>> PreadReader::Create(std::vector<File> files
   auto impl = std::make_unique<Impl>();
   LOADSTONE_ASSIGN_OR_RETURN(impl->completions, CompletionQueue::Create());
   impl->files = std::move(files);
+  for (const File& f : impl->files) DisableReadahead(f);
   impl->options = options;
   Impl* raw = impl.get();
   // The reader owns impl before any thread starts, so a failed start still joins the others.

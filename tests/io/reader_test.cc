@@ -61,14 +61,18 @@ TEST_CASE("reader: pieces are cut by alignment and chunk size") {
 TEST_CASE("reader: random ranges read exact bytes") {
   const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
   const uint64_t max_read_call = GENERATE(uint64_t{0}, uint64_t{3000});  // 3000: short reads
+  const bool cold = GENERATE(true, false);  // files dropped from the page cache, or not
   const uint64_t seed = TestSeed("random ranges");
-  CAPTURE(Name(backend), max_read_call, seed);
+  CAPTURE(Name(backend), max_read_call, cold, seed);
   std::mt19937_64 rng(seed);
   ScratchDir dir(kTmp);
   REQUIRE(dir.ok());
   const uint64_t sizes[2] = {(6 << 20) + 1234, (1 << 20) + 4096};
   std::vector<std::string> paths = {dir.Path("a.bin"), dir.Path("b.bin")};
-  for (uint32_t f = 0; f < 2; ++f) WritePatternFile(paths[f], f, sizes[f]);
+  for (uint32_t f = 0; f < 2; ++f) {
+    WritePatternFile(paths[f], f, sizes[f]);
+    if (cold) DropFromCache(paths[f]);
+  }
 
   ReaderOptions options = Options(backend);
   options.queue_depth = 8;        // fewer than the requests
@@ -128,6 +132,7 @@ TEST_CASE("reader: random ranges read exact bytes") {
   const ReaderStats stats = reader->stats();
   CHECK(stats.requests == kRequests);
   if (max_read_call > 0) CHECK(stats.resubmits > 0);
+  if (!cold) CHECK(stats.direct_bytes == 0);  // all of it was in the page cache
 }
 
 TEST_CASE("reader: deep queue with many more requests than the ring") {
@@ -165,6 +170,7 @@ TEST_CASE("reader: a read past the end of the file is Corruption naming path and
   WritePatternFile(path, 0, truncate_after_open ? (4 << 20) : 300'000);
   ReaderOptions options = Options(backend);
   options.max_chunk = 64 << 10;
+  DropFromCache(path);
   auto reader = OpenOrSkip({path}, options);
   if (!reader) return;
   if (truncate_after_open) REQUIRE(::truncate(path.c_str(), 300'000) == 0);
@@ -262,7 +268,7 @@ TEST_CASE("reader: concurrent submitters, one reaper") {
   }
 }
 
-TEST_CASE("reader: O_DIRECT is used on a disk file system") {
+TEST_CASE("reader: O_DIRECT is used on a disk file system for data not in the page cache") {
   const std::string base = "/var/tmp";
   if (!std::filesystem::is_directory(base) || OnTmpfs(base)) {
     WARN("skipped: /var/tmp is missing or on tmpfs, which has no O_DIRECT to use");
@@ -272,6 +278,7 @@ TEST_CASE("reader: O_DIRECT is used on a disk file system") {
   REQUIRE(dir.ok());
   const std::string path = dir.Path("direct.bin");
   WritePatternFile(path, 0, (8 << 20) + 777);
+  DropFromCache(path);
   auto reader = OpenOrSkip({path}, Options(ReaderBackend::kUring));
   if (!reader) return;
   const std::string describe = reader->Describe();
@@ -281,9 +288,9 @@ TEST_CASE("reader: O_DIRECT is used on a disk file system") {
   }
   AlignedBytes in_phase(8 << 20), out_of_phase(4 << 20), tail(4096);
   std::vector<ReadRequest> requests = {
-      {0, 0, 8 << 20, in_phase.At(0), 1},                // straight into the buffer
-      {0, 4096 + 10, 4 << 20, out_of_phase.At(3), 2},    // through a bounce buffer
-      {0, (8 << 20) - 100, 877, tail.At(5), 3},  // the tail, past the last block
+      {0, 0, 8 << 20, in_phase.At(0), 1},              // straight into the buffer
+      {0, 4096 + 10, 4 << 20, out_of_phase.At(3), 2},  // through a bounce buffer
+      {0, (8 << 20) - 100, 877, tail.At(5), 3},        // the tail, past the last block
   };
   reader->Submit(requests);
   auto done = DrainAll(*reader, requests.size());
@@ -297,6 +304,19 @@ TEST_CASE("reader: O_DIRECT is used on a disk file system") {
   CHECK(stats.direct_bytes >= (12ULL << 20));
   CHECK(stats.bounced_bytes >= (4ULL << 20) - 4096);  // a tiny tail may go buffered
   CHECK(stats.bytes == (12ULL << 20) + 877);
+
+  // Once the file is in the page cache (read through it by the pread reader), the same read
+  // is copied from the cache instead of going to the device again.
+  ReadRequest all{0, 0, (8 << 20) + 777, in_phase.At(0), 9};
+  std::vector<std::byte> scratch((8 << 20) + 777);
+  ReadRequest warm_up{0, 0, scratch.size(), scratch.data(), 10};
+  auto pread = OpenOrSkip({path}, Options(ReaderBackend::kPread));  // fills the page cache
+  pread->Submit({&warm_up, 1});
+  REQUIRE(DrainAll(*pread, 1)[10].ok());
+  reader->Submit({&all, 1});
+  REQUIRE(DrainAll(*reader, 1)[9].ok());
+  CHECK(FirstMismatch(all.dst, 0, 0, all.length) == -1);
+  CHECK(reader->stats().direct_bytes == stats.direct_bytes);  // no more device reads
 }
 
 TEST_CASE("reader: on tmpfs every read goes through the page cache") {

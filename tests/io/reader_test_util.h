@@ -3,6 +3,7 @@
 #ifndef LOADSTONE_TESTS_IO_READER_TEST_UTIL_H_
 #define LOADSTONE_TESTS_IO_READER_TEST_UTIL_H_
 
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <sys/vfs.h>
@@ -36,6 +37,15 @@ inline void WritePatternFile(const std::string& path, uint32_t file, uint64_t si
   std::vector<char> bytes(size);
   for (uint64_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(PatternByte(file, i));
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(size));
+}
+
+// Writes back and drops `path` from the page cache, so that reads go to the device.
+inline void DropFromCache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
 }
 
 // Index of the first byte of dst[0, length) that differs from the pattern, or -1.
