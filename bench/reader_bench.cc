@@ -9,14 +9,12 @@
 // still resident is checked with mincore. Destinations are one pre-faulted buffer (1 GiB at
 // most, reused round-robin), so the numbers measure reading, not page faults.
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <liburing.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -25,10 +23,13 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "io/reader.h"
 

@@ -1,40 +1,21 @@
 #include "io/completion_queue.h"
 
-#include <sys/eventfd.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdint>
 #include <iterator>
 #include <utility>
-
-#include "io/posix_error.h"
 
 namespace loadstone::io {
 
 Result<std::unique_ptr<CompletionQueue>> CompletionQueue::Create() {
-  int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", "eventfd");
-  return std::unique_ptr<CompletionQueue>(new CompletionQueue(fd));
+  LOADSTONE_ASSIGN_OR_RETURN(EventFd event, EventFd::Create());
+  return std::unique_ptr<CompletionQueue>(new CompletionQueue(std::move(event)));
 }
 
-CompletionQueue::~CompletionQueue() { ::close(fd_); }
-
-// Only the empty → non-empty transition needs a signal: the counter stays non-zero until
-// Reap() reads it.
-void CompletionQueue::SignalLocked() {
-  uint64_t one = 1;
-  ssize_t n;
-  do {
-    n = ::write(fd_, &one, sizeof one);
-  } while (n < 0 && errno == EINTR);
-}
-
+// Only the empty → non-empty transition signals: the counter stays non-zero until Reap().
 void CompletionQueue::Push(uint64_t tag, Status status) {
   std::lock_guard<std::mutex> lock(mu_);
   ready_.push_back(ReadCompletion{tag, std::move(status)});
   outstanding_.fetch_sub(1, std::memory_order_relaxed);
-  if (ready_.size() == 1) SignalLocked();
+  if (ready_.size() == 1) event_.Signal();
 }
 
 void CompletionQueue::Push(std::vector<ReadCompletion>* batch) {
@@ -45,16 +26,12 @@ void CompletionQueue::Push(std::vector<ReadCompletion>* batch) {
                 std::make_move_iterator(batch->end()));
   outstanding_.fetch_sub(batch->size(), std::memory_order_relaxed);
   batch->clear();
-  if (was_empty) SignalLocked();
+  if (was_empty) event_.Signal();
 }
 
 size_t CompletionQueue::Reap(std::vector<ReadCompletion>* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t count;
-  ssize_t n;
-  do {
-    n = ::read(fd_, &count, sizeof count);  // non-blocking: EAGAIN when already reset
-  } while (n < 0 && errno == EINTR);
+  event_.Reset();
   size_t reaped = ready_.size();
   out->insert(out->end(), std::make_move_iterator(ready_.begin()),
               std::make_move_iterator(ready_.end()));

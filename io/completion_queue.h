@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "io/event_fd.h"
 #include "io/reader.h"
 #include "loadstone/status.h"
 
@@ -21,7 +22,6 @@ class CompletionQueue {
  public:
   // Errors: IOError when no eventfd can be created.
   static Result<std::unique_ptr<CompletionQueue>> Create();
-  ~CompletionQueue();
   CompletionQueue(const CompletionQueue&) = delete;
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
@@ -36,16 +36,15 @@ class CompletionQueue {
   size_t Reap(std::vector<ReadCompletion>* out);
 
   // Readable (non-zero) while completions are waiting.
-  int fd() const { return fd_; }
+  int fd() const { return event_.fd(); }
 
   // Requests counted by AddOutstanding and not yet pushed.
   size_t outstanding() const { return outstanding_.load(std::memory_order_relaxed); }
 
  private:
-  explicit CompletionQueue(int fd) : fd_(fd) {}
-  void SignalLocked();
+  explicit CompletionQueue(EventFd event) : event_(std::move(event)) {}
 
-  const int fd_;
+  const EventFd event_;
   std::atomic<size_t> outstanding_{0};
   std::mutex mu_;
   std::vector<ReadCompletion> ready_;  // guarded by mu_

@@ -1,7 +1,6 @@
 #include "io/direct_io.h"
 
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -1,9 +1,6 @@
 #include "io/fault_reader.h"
 
-#include <fmt/format.h>
 #include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +10,10 @@
 #include <thread>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "io/completion_queue.h"
+#include "io/event_fd.h"
 #include "io/posix_error.h"
 #include "io/read_state.h"
 
@@ -35,9 +35,6 @@ struct Forwarded {
 }  // namespace
 
 struct FaultInjectingReader::State {
-  ~State() {
-    if (stop_fd >= 0) ::close(stop_fd);
-  }
   Status FaultFor(const ReadRequest& r) const;
   void Pump(Reader* inner);
   void Release(Reader* inner, std::vector<Held>* held);
@@ -45,7 +42,7 @@ struct FaultInjectingReader::State {
   std::vector<std::string> paths;
   FaultOptions options;
   std::unique_ptr<CompletionQueue> completions;
-  int stop_fd = -1;
+  EventFd stop;  // the destructor → the pump thread
   std::atomic<uint64_t> injected{0};
   std::mt19937_64 rng;  // pump thread only
 
@@ -59,8 +56,7 @@ Result<std::unique_ptr<FaultInjectingReader>> FaultInjectingReader::Create(
     std::unique_ptr<Reader> inner, std::vector<std::string> paths, FaultOptions options) {
   auto state = std::make_unique<State>();
   LOADSTONE_ASSIGN_OR_RETURN(state->completions, CompletionQueue::Create());
-  state->stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (state->stop_fd < 0) return ErrnoStatus(errno, "cannot create", "eventfd");
+  LOADSTONE_ASSIGN_OR_RETURN(state->stop, EventFd::Create());
   state->paths = std::move(paths);
   state->rng.seed(options.seed);
   state->options = std::move(options);
@@ -78,9 +74,7 @@ FaultInjectingReader::FaultInjectingReader(std::unique_ptr<Reader> inner,
 
 FaultInjectingReader::~FaultInjectingReader() {
   if (state_->pump.joinable()) {
-    uint64_t one = 1;
-    while (::write(state_->stop_fd, &one, sizeof one) < 0 && errno == EINTR) {
-    }
+    state_->stop.Signal();
     state_->pump.join();
   }
   // The wrapped reader is destroyed next (by ReaderWrapper): it cancels and waits.
@@ -136,7 +130,7 @@ void FaultInjectingReader::State::Pump(Reader* inner) {
       // Held back for reordering but not yet due to a timer: look again soon.
       if (timeout_ms == 0 && options.reorder_window > 1) timeout_ms = 1;
     }
-    pollfd fds[2] = {{inner->completion_fd(), POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    pollfd fds[2] = {{inner->completion_fd(), POLLIN, 0}, {stop.fd(), POLLIN, 0}};
     int n = ::poll(fds, 2, timeout_ms);
     if (n < 0 && errno != EINTR) return;
     if (fds[1].revents != 0) return;

@@ -1,6 +1,5 @@
 #include "io/pread_reader.h"
 
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +8,8 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "io/completion_queue.h"
 #include "io/direct_io.h"
@@ -68,30 +69,21 @@ std::string PreadReader::Describe() const {
 
 void PreadReader::Submit(std::span<const ReadRequest> requests) {
   Impl& d = *impl_;
-  d.completions->AddOutstanding(requests.size());
-  Add(d.stats.requests, requests.size());
-  size_t queued = 0;
+  std::vector<std::shared_ptr<PendingRead>> accepted =
+      Admit(requests, d.files.size(), *d.completions, d.stats);
+  if (accepted.empty()) return;
   {
     std::lock_guard<std::mutex> lock(d.mu);
-    for (const ReadRequest& r : requests) {
-      Status bad = CheckRequest(r, d.files.size());
-      if (!bad.ok()) {
-        d.completions->Push(r.tag, std::move(bad));
-      } else if (d.cancelled) {
-        d.completions->Push(r.tag, CancelledError(d.files[r.file].path(), r));
-      } else if (r.length == 0) {
-        d.completions->Push(r.tag, Status::OK());
+    for (std::shared_ptr<PendingRead>& read : accepted) {
+      if (d.cancelled) {
+        d.completions->Push(read->request.tag,
+                            CancelledError(d.files[read->request.file].path(), read->request));
       } else {
-        d.queue.push_back(std::make_shared<PendingRead>(r));
-        ++queued;
+        d.queue.push_back(std::move(read));
       }
     }
   }
-  if (queued == 1) {
-    d.cv.notify_one();
-  } else if (queued > 1) {
-    d.cv.notify_all();
-  }
+  d.cv.notify_all();
 }
 
 void PreadReader::Impl::Work() {

@@ -1,10 +1,16 @@
 #include "io/read_state.h"
 
-#include <fmt/format.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <limits>
+
+#include <fmt/format.h>
+
+#include "io/completion_queue.h"
+#include "io/posix_error.h"
 
 namespace loadstone::io {
 
@@ -27,6 +33,82 @@ PieceCut CutPiece(uint64_t offset, const std::byte* dst, uint64_t remaining,
     return {PieceKind::kBounce, std::min(remaining, policy.bounce_slot - offset % a)};
   }
   return {PieceKind::kBuffered, chunk};
+}
+
+std::unique_ptr<ReadPiece> TakePiece(const std::shared_ptr<PendingRead>& read, const PieceCut& cut,
+                                     uint64_t align, int slot, std::byte* bounce) {
+  const ReadRequest& r = read->request;
+  const uint64_t offset = r.offset + read->scheduled;
+  auto piece = std::make_unique<ReadPiece>();
+  piece->read = read;
+  piece->kind = cut.kind;
+  if (cut.kind == PieceKind::kBounce) {
+    piece->start = offset / align * align;
+    piece->base = bounce;
+    piece->want = (offset + cut.length + align - 1) / align * align - piece->start;
+    piece->need = offset + cut.length - piece->start;
+    piece->slot = slot;
+    piece->skip = offset - piece->start;
+    piece->dst = r.dst + read->scheduled;
+    piece->length = cut.length;
+  } else {
+    piece->start = offset;
+    piece->base = r.dst + read->scheduled;
+    piece->want = piece->need = cut.length;
+  }
+  read->scheduled += cut.length;
+  ++read->in_flight;
+  return piece;
+}
+
+ReadOutcome ApplyReadResult(ReadPiece& piece, int64_t res, const File& file, StatCounters& stats) {
+  PendingRead& read = *piece.read;
+  if (res == -EAGAIN || res == -EINTR || (res == -EINVAL && piece.direct_now)) {
+    Add(stats.resubmits, 1);
+    return res == -EINVAL ? ReadOutcome::kRetryBuffered : ReadOutcome::kRetry;
+  }
+  const uint64_t at = piece.start + piece.got;
+  if (res < 0) {
+    read.Fail(ErrnoStatus(static_cast<int>(-res),
+                          fmt::format("read {} bytes at offset {} of", piece.asked, at),
+                          file.path()));
+    return ReadOutcome::kFinished;
+  }
+  if (res == 0) {
+    read.Fail(TruncatedError(file, read.request, at));
+    return ReadOutcome::kFinished;
+  }
+  Add(piece.direct_now ? stats.direct_bytes : stats.buffered_bytes, static_cast<uint64_t>(res));
+  piece.got += static_cast<uint64_t>(res);
+  if (piece.got < piece.need) {  // a short read is never done: continue where it stopped
+    Add(stats.resubmits, 1);
+    return ReadOutcome::kRetry;
+  }
+  if (piece.kind == PieceKind::kBounce && !read.stopped()) {
+    std::memcpy(piece.dst, piece.base + piece.skip, piece.length);
+    Add(stats.bounced_bytes, piece.length);
+  }
+  return ReadOutcome::kFinished;
+}
+
+std::vector<std::shared_ptr<PendingRead>> Admit(std::span<const ReadRequest> requests,
+                                                size_t num_files, CompletionQueue& completions,
+                                                StatCounters& stats) {
+  completions.AddOutstanding(requests.size());
+  Add(stats.requests, requests.size());
+  std::vector<std::shared_ptr<PendingRead>> accepted;
+  accepted.reserve(requests.size());
+  for (const ReadRequest& r : requests) {
+    Status bad = CheckRequest(r, num_files);
+    if (!bad.ok()) {
+      completions.Push(r.tag, std::move(bad));
+    } else if (r.length == 0) {
+      completions.Push(r.tag, Status::OK());
+    } else {
+      accepted.push_back(std::make_shared<PendingRead>(r));
+    }
+  }
+  return accepted;
 }
 
 ReaderStats StatCounters::Snapshot() const {

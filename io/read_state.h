@@ -6,7 +6,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "io/file.h"
 #include "io/reader.h"
@@ -80,6 +83,51 @@ struct PieceCut {
 // and is `remaining` bytes long. REQUIRES: remaining > 0.
 PieceCut CutPiece(uint64_t offset, const std::byte* dst, uint64_t remaining,
                   const CutPolicy& policy);
+
+// One read handed to the OS: [start, start + want) of the file into `base`. Done once `need`
+// bytes arrived (less than `want` only for a bounce superset that runs past the end of the
+// file); a bounce piece then copies base[skip, skip + length) to `dst`.
+struct ReadPiece {
+  std::shared_ptr<PendingRead> read;
+  PieceKind kind = PieceKind::kBuffered;
+  uint64_t start = 0;
+  std::byte* base = nullptr;
+  uint64_t want = 0;
+  uint64_t need = 0;
+  uint64_t got = 0;
+  int slot = -1;  // bounce slot
+  uint64_t skip = 0;
+  std::byte* dst = nullptr;
+  uint64_t length = 0;
+  bool cached = false;      // mostly in the page cache when cut
+  bool direct_now = false;  // the submission in flight went to the O_DIRECT descriptor
+  uint64_t asked = 0;       // bytes the submission in flight asked for
+};
+
+// Schedules the next `cut.length` bytes of `read` as a piece. For a kBounce cut, `bounce` is
+// the slot's memory (index `slot`) and `align` the file's O_DIRECT alignment.
+// REQUIRES: !read->fully_scheduled().
+std::unique_ptr<ReadPiece> TakePiece(const std::shared_ptr<PendingRead>& read, const PieceCut& cut,
+                                     uint64_t align, int slot, std::byte* bounce);
+
+enum class ReadOutcome {
+  kFinished,       // every byte arrived (and was copied out of the bounce slot), or it failed
+  kRetry,          // submit the rest again (short read, EAGAIN, EINTR)
+  kRetryBuffered,  // O_DIRECT refused (EINVAL): submit again through the page cache
+};
+
+// Applies the result of one read call of `piece` (bytes, or -errno) from `file`: counts the
+// bytes, continues short reads, records failures (IOError / Corruption naming the path,
+// offset and length) on the piece's request, and copies a finished bounce piece to its dst.
+ReadOutcome ApplyReadResult(ReadPiece& piece, int64_t res, const File& file, StatCounters& stats);
+
+class CompletionQueue;
+
+// Counts `requests` as submitted and outstanding, completes at once those that need no I/O
+// (invalid ones: InvalidArgument; empty ones: OK) and returns the rest, in order.
+std::vector<std::shared_ptr<PendingRead>> Admit(std::span<const ReadRequest> requests,
+                                                size_t num_files, CompletionQueue& completions,
+                                                StatCounters& stats);
 
 // queue_depth, max_chunk, threads and bounce_bytes within their documented ranges;
 // InvalidArgument naming the option otherwise.

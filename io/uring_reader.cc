@@ -1,10 +1,7 @@
 #include "io/uring_reader.h"
 
-#include <fmt/format.h>
 #include <liburing.h>
 #include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,9 +13,11 @@
 #include <mutex>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "io/completion_queue.h"
 #include "io/direct_io.h"
-#include "io/posix_error.h"
+#include "io/event_fd.h"
 #include "io/read_state.h"
 
 namespace loadstone::io {
@@ -33,20 +32,9 @@ constexpr unsigned kCqeBatch = 64;
 
 std::string RingError(int err) {
   std::string_view hint;
-  switch (err) {
-    case ENOSYS:
-      hint = " (this kernel has no io_uring)";
-      break;
-    case EPERM:
-    case EACCES:
-      hint = " (io_uring is disabled: sysctl kernel.io_uring_disabled or seccomp)";
-      break;
-    case ENOMEM:
-      hint = " (not enough lockable memory: raise `ulimit -l`)";
-      break;
-    default:
-      break;
-  }
+  if (err == ENOSYS) hint = " (this kernel has no io_uring)";
+  if (err == EPERM || err == EACCES) hint = " (disabled: sysctl kernel.io_uring_disabled, seccomp)";
+  if (err == ENOMEM) hint = " (not enough lockable memory: raise `ulimit -l`)";
   return fmt::format("cannot create an io_uring ring: {}{}", std::strerror(err), hint);
 }
 
@@ -76,45 +64,6 @@ class Ring {
   bool live_ = false;
 };
 
-// An owned descriptor (the wake-up eventfd).
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd = -1) : fd_(fd) {}
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  int get() const { return fd_; }
-  void reset(int fd) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
-
-// One read in the kernel's hands: [start, start + want) of the file into base. Done once
-// `need` bytes arrived (less than `want` only for a bounce superset that runs past the end of
-// the file). A bounce piece then copies base[skip, skip + length) to dst.
-struct Piece {
-  std::shared_ptr<PendingRead> read;
-  PieceKind kind = PieceKind::kBuffered;
-  uint64_t start = 0;
-  std::byte* base = nullptr;
-  uint64_t want = 0;
-  uint64_t need = 0;
-  uint64_t got = 0;
-  bool cached = false;      // mostly in the page cache when cut: copied inline, not via a worker
-  bool direct_now = false;  // the submission in flight went to the O_DIRECT descriptor
-  uint64_t asked = 0;       // bytes the submission in flight asked for
-  int slot = -1;
-  uint64_t skip = 0;
-  std::byte* dst = nullptr;
-  uint64_t length = 0;
-};
-
 }  // namespace
 
 struct UringReader::Impl {
@@ -122,14 +71,13 @@ struct UringReader::Impl {
   void Run();
   bool TakeInbox();
   void Fill();
-  std::unique_ptr<Piece> CutNext();
+  std::unique_ptr<ReadPiece> CutNext();
   io_uring_sqe* GetSqe();
-  void Prep(io_uring_sqe* sqe, Piece& piece);
+  void Prep(io_uring_sqe* sqe, ReadPiece& piece);
   void ArmWake();
   void Drain();
-  void Handle(Piece* raw, int res);
-  void Retire(std::unique_ptr<Piece> piece);
-  void Wake();
+  void Handle(ReadPiece* raw, int res);
+  void Retire(std::unique_ptr<ReadPiece> piece);
 
   std::vector<File> files;
   std::vector<DirectTwin> twins;
@@ -137,7 +85,7 @@ struct UringReader::Impl {
   ReaderOptions options;
   std::unique_ptr<CompletionQueue> completions;
   StatCounters stats;
-  UniqueFd wake_fd;
+  EventFd wake;                             // Submit and Cancel → the ring thread
   std::promise<Status> ready;               // Init's result, for Create()
   std::string description;                  // written by Init, read after `ready`
   std::atomic<uint64_t> direct_refused{0};  // O_DIRECT reads the kernel refused (EINVAL)
@@ -152,10 +100,10 @@ struct UringReader::Impl {
   bool files_registered = false;
   bool buffers_registered = false;
   std::deque<std::shared_ptr<PendingRead>> queue;  // not fully scheduled, in order
-  std::deque<std::unique_ptr<Piece>> retry;        // to resubmit (short read, EAGAIN, ...)
+  std::deque<std::unique_ptr<ReadPiece>> retry;    // to resubmit (short read, EAGAIN, ...)
   unsigned in_flight = 0;                          // pieces in the kernel
   std::vector<ReadCompletion> done;
-  Ring ring;  // last: torn down first, before the bounce memory it may have registered
+  Ring ring;  // after `pool`: torn down before the memory it may have registered
 
   std::thread thread;
 };
@@ -176,8 +124,7 @@ Result<std::unique_ptr<UringReader>> UringReader::Create(std::vector<File> files
   LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
   auto impl = std::make_unique<Impl>();
   LOADSTONE_ASSIGN_OR_RETURN(impl->completions, CompletionQueue::Create());
-  impl->wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (impl->wake_fd.get() < 0) return ErrnoStatus(errno, "cannot create", "eventfd");
+  LOADSTONE_ASSIGN_OR_RETURN(impl->wake, EventFd::Create());
   impl->options = options;
   impl->files = std::move(files);
   for (const File& f : impl->files) {
@@ -204,7 +151,7 @@ UringReader::~UringReader() {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopping = true;
   }
-  impl_->Wake();
+  impl_->wake.Signal();
   impl_->thread.join();
 }
 
@@ -284,18 +231,10 @@ void UringReader::Impl::Run() {
   }
 }
 
-void UringReader::Impl::Wake() {
-  uint64_t one = 1;
-  ssize_t n;
-  do {
-    n = ::write(wake_fd.get(), &one, sizeof one);
-  } while (n < 0 && errno == EINTR);
-}
-
 void UringReader::Impl::ArmWake() {
   io_uring_sqe* sqe = GetSqe();  // in_flight ≤ queue_depth leaves one entry for this
   if (sqe == nullptr) return;
-  io_uring_prep_poll_add(sqe, wake_fd.get(), POLLIN);
+  io_uring_prep_poll_add(sqe, wake.fd(), POLLIN);
   io_uring_sqe_set_data(sqe, nullptr);
 }
 
@@ -321,7 +260,7 @@ bool UringReader::Impl::TakeInbox() {
 
 void UringReader::Impl::Fill() {
   while (in_flight < static_cast<unsigned>(options.queue_depth)) {
-    std::unique_ptr<Piece> piece;
+    std::unique_ptr<ReadPiece> piece;
     if (!retry.empty()) {
       piece = std::move(retry.front());
       retry.pop_front();
@@ -344,44 +283,26 @@ void UringReader::Impl::Fill() {
   }
 }
 
-std::unique_ptr<Piece> UringReader::Impl::CutNext() {
+std::unique_ptr<ReadPiece> UringReader::Impl::CutNext() {
   while (!queue.empty() && queue.front()->fully_scheduled()) queue.pop_front();
   if (queue.empty()) return nullptr;
   std::shared_ptr<PendingRead> read = queue.front();
   const ReadRequest& r = read->request;
   const uint64_t offset = r.offset + read->scheduled;
-  std::byte* dst = r.dst + read->scheduled;
-  const DirectTwin& twin = twins[r.file];
   CutPolicy policy;
   policy.max_chunk = options.max_chunk;
-  policy.align = twin.align;
+  policy.align = twins[r.file].align;
   policy.bounce_slot = pool.slot_bytes();
-  PieceCut cut = CutPiece(offset, dst, read->remaining(), policy);
-  auto piece = std::make_unique<Piece>();
+  PieceCut cut = CutPiece(offset, r.dst + read->scheduled, read->remaining(), policy);
   // Warm data is copied from the page cache (a device read would be slower); cold data goes
   // to the device with O_DIRECT where it can.
-  piece->cached = caches[r.file].CachedFraction(offset, cut.length) >= kCachedEnough;
-  if (piece->cached) cut.kind = PieceKind::kBuffered;
-  piece->kind = cut.kind;
-  if (cut.kind == PieceKind::kBounce) {
-    piece->slot = pool.Acquire();
-    if (piece->slot < 0) return nullptr;  // wait for a slot; order is kept
-    const uint64_t a = twin.align;
-    piece->start = offset / a * a;
-    piece->base = pool.slot(piece->slot);
-    piece->want = (offset + cut.length + a - 1) / a * a - piece->start;
-    piece->need = offset + cut.length - piece->start;
-    piece->skip = offset - piece->start;
-    piece->dst = dst;
-    piece->length = cut.length;
-  } else {
-    piece->start = offset;
-    piece->base = dst;
-    piece->want = piece->need = cut.length;
-  }
-  piece->read = read;
-  read->scheduled += cut.length;
-  ++read->in_flight;
+  const bool cached = caches[r.file].CachedFraction(offset, cut.length) >= kCachedEnough;
+  if (cached) cut.kind = PieceKind::kBuffered;
+  int slot = -1;
+  if (cut.kind == PieceKind::kBounce && (slot = pool.Acquire()) < 0) return nullptr;  // wait
+  std::unique_ptr<ReadPiece> piece =
+      TakePiece(read, cut, policy.align, slot, slot < 0 ? nullptr : pool.slot(slot));
+  piece->cached = cached;
   if (read->fully_scheduled()) queue.pop_front();
   return piece;
 }
@@ -393,7 +314,7 @@ io_uring_sqe* UringReader::Impl::GetSqe() {
   return io_uring_get_sqe(ring.get());
 }
 
-void UringReader::Impl::Prep(io_uring_sqe* sqe, Piece& piece) {
+void UringReader::Impl::Prep(io_uring_sqe* sqe, ReadPiece& piece) {
   const uint32_t file = piece.read->request.file;
   const uint64_t a = twins[file].align;
   const uint64_t at = piece.start + piece.got;
@@ -429,60 +350,36 @@ void UringReader::Impl::Drain() {
   unsigned n;
   while ((n = io_uring_peek_batch_cqe(ring.get(), cqes, kCqeBatch)) > 0) {
     for (unsigned i = 0; i < n; ++i) {
-      Handle(static_cast<Piece*>(io_uring_cqe_get_data(cqes[i])), cqes[i]->res);
+      Handle(static_cast<ReadPiece*>(io_uring_cqe_get_data(cqes[i])), cqes[i]->res);
     }
     io_uring_cq_advance(ring.get(), n);
   }
 }
 
-void UringReader::Impl::Handle(Piece* raw, int res) {
+void UringReader::Impl::Handle(ReadPiece* raw, int res) {
   if (raw == nullptr) {  // the wake-up poll fired: reset the eventfd and watch it again
-    uint64_t count;
-    ssize_t n = ::read(wake_fd.get(), &count, sizeof count);
-    (void)n;  // EAGAIN when already reset; either way it is zero now
+    wake.Reset();
     ArmWake();
     return;
   }
-  std::unique_ptr<Piece> piece(raw);
+  std::unique_ptr<ReadPiece> piece(raw);
   --in_flight;
-  PendingRead& read = *piece->read;
-  const uint32_t file = read.request.file;
-  if (res == -EAGAIN || res == -EINTR) {
-    Add(stats.resubmits, 1);
-    retry.push_back(std::move(piece));
-    return;
-  }
-  if (res == -EINVAL && piece->direct_now) {
-    // The file system refused this O_DIRECT read after all: go through the page cache.
-    twins[file].align = 0;
-    direct_refused.fetch_add(1, std::memory_order_relaxed);
-    Add(stats.resubmits, 1);
-    retry.push_back(std::move(piece));
-    return;
-  }
-  const uint64_t at = piece->start + piece->got;
-  if (res < 0) {
-    read.Fail(ErrnoStatus(-res, fmt::format("read {} bytes at offset {} of", piece->asked, at),
-                          files[file].path()));
-  } else if (res == 0) {
-    read.Fail(TruncatedError(files[file], read.request, at));
-  } else {
-    Add(piece->direct_now ? stats.direct_bytes : stats.buffered_bytes, static_cast<uint64_t>(res));
-    piece->got += static_cast<uint64_t>(res);
-    if (piece->got < piece->need) {  // a short read is never done: continue where it stopped
-      Add(stats.resubmits, 1);
+  const uint32_t file = piece->read->request.file;
+  switch (ApplyReadResult(*piece, res, files[file], stats)) {
+    case ReadOutcome::kRetryBuffered:  // the file system refused O_DIRECT after all
+      twins[file].align = 0;
+      direct_refused.fetch_add(1, std::memory_order_relaxed);
+      [[fallthrough]];
+    case ReadOutcome::kRetry:
       retry.push_back(std::move(piece));
       return;
-    }
-    if (piece->kind == PieceKind::kBounce && !read.stopped()) {
-      std::memcpy(piece->dst, piece->base + piece->skip, piece->length);
-      Add(stats.bounced_bytes, piece->length);
-    }
+    case ReadOutcome::kFinished:
+      Retire(std::move(piece));
+      return;
   }
-  Retire(std::move(piece));
 }
 
-void UringReader::Impl::Retire(std::unique_ptr<Piece> piece) {
+void UringReader::Impl::Retire(std::unique_ptr<ReadPiece> piece) {
   if (piece->slot >= 0) pool.Release(piece->slot);
   PendingRead& read = *piece->read;
   --read.in_flight;
@@ -501,20 +398,8 @@ std::string UringReader::Describe() const {
 
 void UringReader::Submit(std::span<const ReadRequest> requests) {
   Impl& d = *impl_;
-  d.completions->AddOutstanding(requests.size());
-  Add(d.stats.requests, requests.size());
-  std::vector<std::shared_ptr<PendingRead>> accepted;
-  accepted.reserve(requests.size());
-  for (const ReadRequest& r : requests) {
-    Status bad = CheckRequest(r, d.files.size());
-    if (!bad.ok()) {
-      d.completions->Push(r.tag, std::move(bad));
-    } else if (r.length == 0) {
-      d.completions->Push(r.tag, Status::OK());
-    } else {
-      accepted.push_back(std::make_shared<PendingRead>(r));
-    }
-  }
+  std::vector<std::shared_ptr<PendingRead>> accepted =
+      Admit(requests, d.files.size(), *d.completions, d.stats);
   if (accepted.empty()) return;
   bool wake = false;
   {
@@ -529,7 +414,7 @@ void UringReader::Submit(std::span<const ReadRequest> requests) {
     wake = d.inbox.empty();  // otherwise a wake-up is already on its way
     d.inbox.insert(d.inbox.end(), accepted.begin(), accepted.end());
   }
-  if (wake) d.Wake();
+  if (wake) d.wake.Signal();
 }
 
 size_t UringReader::Reap(std::vector<ReadCompletion>* out) { return impl_->completions->Reap(out); }
@@ -544,7 +429,7 @@ void UringReader::Cancel() {
     if (impl_->cancelled) return;
     impl_->cancelled = true;
   }
-  impl_->Wake();
+  impl_->wake.Signal();
 }
 
 ReaderStats UringReader::stats() const { return impl_->stats.Snapshot(); }
