@@ -1,18 +1,10 @@
 #include "runtime/pipeline/host_buffer.h"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 
 #include <fmt/format.h>
 
 namespace loadstone::pipeline {
-namespace {
-
-constexpr uint64_t kHugePage = 2ULL << 20;
-constexpr uint64_t kHugeThreshold = 4ULL << 20;
-
-}  // namespace
 
 bool HostMemoryBudget::Take(uint64_t bytes) {
   uint64_t used = used_.load(std::memory_order_relaxed);
@@ -31,12 +23,7 @@ Result<std::shared_ptr<std::byte>> AllocateHost(uint64_t bytes,
         "host memory limit reached: {} more bytes wanted, {} in use (raise the limit or load "
         "less)", rounded, budget->used()));
   }
-  // Large buffers: 2 MiB aligned and backed by transparent huge pages where the kernel allows
-  // (madvise mode), so that first-touch page faults do not dominate a warm load.
-  const bool huge = rounded >= kHugeThreshold;
-  void* p = std::aligned_alloc(huge ? kHugePage : kHostAlignment,
-                               huge ? (rounded + kHugePage - 1) / kHugePage * kHugePage : rounded);
-  if (p != nullptr && huge) ::madvise(p, rounded, MADV_HUGEPAGE);
+  void* p = std::aligned_alloc(kHostAlignment, rounded);
   if (p == nullptr) {
     if (budget) budget->Give(rounded);
     return Status::OutOfMemory(fmt::format("cannot allocate {} bytes of host memory", rounded));
