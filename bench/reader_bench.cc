@@ -2,7 +2,11 @@
 // next to the raw device ceiling (io_uring, O_DIRECT, 32 × 4 MiB in flight into a scratch
 // buffer — what fio measures) and fio itself when it is installed.
 //
-//   reader_bench [--file F] [--size-gib N] [--repeat N] [--sweep] [--json]
+//   reader_bench [--file F] [--size-gib N] [--repeat N] [--warm] [--json]
+//                [--configs u32x4,b8x16,p8x16] [--sweep] [--raw-sweep]
+//
+// Methods run in interleaved rounds (a busy minute on a shared disk hits all of them); each
+// reports its best and median GB/s and the process's CPU seconds per GB.
 //
 // The file is created (random bytes) when missing or too small. Before every run the file is
 // dropped from the page cache with posix_fadvise(POSIX_FADV_DONTNEED), and the share of it
@@ -27,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "io/reader.h"
@@ -119,20 +123,27 @@ double WarmCache(const std::string& path, uint64_t size) {
 }
 
 // The raw device ceiling: O_DIRECT io_uring reads of `block` bytes, `depth` in flight.
-double RawUring(const std::string& path, uint64_t size, unsigned depth, uint64_t block) {
+double RawUring(const std::string& path, uint64_t size, unsigned depth, uint64_t block,
+                bool fixed = false) {
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) return 0;
   io_uring ring;
   if (io_uring_queue_init(depth, &ring, 0) != 0) return 0;
   Buffer scratch(static_cast<std::byte*>(std::aligned_alloc(4096, depth * block)));
   std::memset(scratch.get(), 0, depth * block);
+  iovec iov{scratch.get(), depth * block};
+  if (fixed && io_uring_register_buffers(&ring, &iov, 1) != 0) fixed = false;
   uint64_t next = 0, done = 0;
   unsigned in_flight = 0;
   const auto start = Clock::now();
   auto queue = [&](unsigned slot) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    io_uring_prep_read(sqe, fd, scratch.get() + slot * block,
-                       static_cast<unsigned>(std::min(block, size - next)), next);
+    const auto len = static_cast<unsigned>(std::min(block, size - next));
+    if (fixed) {
+      io_uring_prep_read_fixed(sqe, fd, scratch.get() + slot * block, len, next, 0);
+    } else {
+      io_uring_prep_read(sqe, fd, scratch.get() + slot * block, len, next);
+    }
     io_uring_sqe_set_data64(sqe, slot);
     next += block;
     ++in_flight;
@@ -269,6 +280,10 @@ int main(int argc, char** argv) {
       }
     }
   }
+  methods.push_back({"raw io_uring O_DIRECT QD32 4MiB registered", [&](std::string* d) {
+                       *d = "scratch buffer registered with the ring";
+                       return RawUring(path, size, 32, 4 << 20, true);
+                     }});
   auto reader = [&](std::string name, ReaderOptions o, uint64_t misalign) {
     methods.push_back({std::move(name), [&, o, misalign](std::string* d) {
                          return ThroughReader(path, size, o, dst.get(), dst_bytes, request,
@@ -339,8 +354,10 @@ int main(int argc, char** argv) {
 
   // Rounds interleave the methods, so that a slow minute on a shared disk does not land on
   // one method only.
-  std::printf("file %s, %.2f GiB, cold (POSIX_FADV_DONTNEED before each run), %d rounds\n",
-              path.c_str(), size / 1073741824.0, repeat);
+  std::printf(
+      "file %s, %.2f GiB, %s, %d rounds\n", path.c_str(), size / 1073741824.0,
+      warm ? "warm (read once before each run)" : "cold (POSIX_FADV_DONTNEED before each run)",
+      repeat);
   std::vector<std::vector<double>> gbps(methods.size());
   std::vector<double> cpu(methods.size());  // CPU seconds of this process per GB read
   std::vector<std::string> details(methods.size());
