@@ -24,6 +24,12 @@
 // `dst % 4096 == offset % 4096`. Other requests are read with O_DIRECT into an aligned bounce
 // buffer and copied (ReaderOptions::bounce_bytes), and tiny heads and tails through the page
 // cache. On file systems without O_DIRECT (tmpfs) every read goes through the page cache.
+// Ranges already (mostly) in the page cache are copied from it rather than read again from the
+// device (a warm load runs at memory speed, not disk speed). Both backends turn kernel
+// readahead off on their own descriptors: they ask for large explicit ranges themselves.
+//
+// Tip: leave max_chunk at its default even when the caller plans bigger reads; long requests
+// are split anyway, and the chunk size bounds how much is in the kernel's hands at once.
 #ifndef LOADSTONE_IO_READER_H_
 #define LOADSTONE_IO_READER_H_
 
@@ -100,11 +106,11 @@ struct ReaderOptions {
   // keeps 128 MiB in flight (enough for far faster disks) and Cancel() quick.
   int queue_depth = 32;             // reads in flight (1..4096)
   uint64_t max_chunk = 4ULL << 20;  // a request longer than this is split (4 KiB..1 GiB)
-  bool direct = true;                // try O_DIRECT where the file system and alignment allow
+  bool direct = true;               // try O_DIRECT where the file system and alignment allow
   // O_DIRECT bounce buffers (aligned, registered with the ring when possible) for requests
   // whose `dst` is not aligned like their offset; 0 reads those through the page cache.
   uint64_t bounce_bytes = 32ULL << 20;
-  int threads = 8;                   // PreadReader's pool size (1..256)
+  int threads = 8;                  // PreadReader's pool size (1..256)
   // Testing only: each read asks the OS for at most this many bytes (0 = no cap), so every
   // chunk is continued exactly as after a short read.
   uint64_t max_read_call = 0;
