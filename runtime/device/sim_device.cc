@@ -85,7 +85,7 @@ Status SimDevice::Execute(const PlaceJob& job) {
     std::this_thread::sleep_for(std::chrono::duration<double>(job.bytes / options_.bandwidth_bytes_per_s));
   }
   if (job.from == job.to) {
-    std::memcpy(job.dst, job.src, job.bytes);
+    if (job.bytes) std::memcpy(job.dst, job.src, job.bytes);
     return Status::OK();
   }
   return convert::CastBuffer(job.from, job.to, job.src, job.dst, job.count);
@@ -117,7 +117,7 @@ void SimDevice::Run() {
 }
 
 Status SimDevice::CopyToHost(const std::byte* device_src, uint64_t bytes, std::byte* host_dst) {
-  std::memcpy(host_dst, device_src, bytes);
+  if (bytes) std::memcpy(host_dst, device_src, bytes);
   return Status::OK();
 }
 

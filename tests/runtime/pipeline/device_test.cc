@@ -43,7 +43,7 @@ void CheckOnHost(const Tensor& t) {
   std::vector<std::byte> host(t.nbytes());
   REQUIRE(t.CopyToHost(host).ok());
   REQUIRE(host.size() == expected.size());
-  CHECK(std::memcmp(host.data(), expected.data(), host.size()) == 0);
+  if (!host.empty()) CHECK(std::memcmp(host.data(), expected.data(), host.size()) == 0);
 }
 
 TEST_CASE("sim: a sequential map over two GPUs and cpu puts every tensor where the map says") {
@@ -103,7 +103,7 @@ TEST_CASE("sim: conversions run on the device and match the CPU load") {
     std::vector<std::byte> host(g.nbytes());
     REQUIRE(g.CopyToHost(host).ok());
     REQUIRE(host.size() == c.nbytes());
-    CHECK(std::memcmp(host.data(), c.data(), host.size()) == 0);
+    if (!host.empty()) CHECK(std::memcmp(host.data(), c.data(), host.size()) == 0);
   }
 }
 

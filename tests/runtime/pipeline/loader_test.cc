@@ -26,7 +26,7 @@ void CheckBytes(const Tensor& t) {
   const size_t i = SpecIndex(t.name());
   const auto expected = Expected(i, MixedTensors()[i]);
   REQUIRE(t.nbytes() == expected.size());
-  CHECK(std::memcmp(t.data(), expected.data(), expected.size()) == 0);
+  if (!expected.empty()) CHECK(std::memcmp(t.data(), expected.data(), expected.size()) == 0);
 }
 
 float F32(const std::byte* p) {
