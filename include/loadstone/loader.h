@@ -84,7 +84,7 @@ enum class ReadBackend { kAuto, kUring, kPread };
 
 struct LoaderOptions {
   ReadBackend backend = ReadBackend::kAuto;
-  int queue_depth = 64;                 // reads in flight per load
+  int queue_depth = 32;                 // reader pieces in flight per load (io/reader.h)
   int worker_threads = 0;               // conversion workers; 0 = hardware threads
   uint64_t staging_bytes = 256ULL << 20;  // staging pool per load (bounds host memory in use)
   bool direct_io = true;                // O_DIRECT where the file system and alignment allow

@@ -62,9 +62,8 @@ void LoadHandle::State::Start() {
   ro.backend = ToIo(loader_options.backend);
   ro.queue_depth = loader_options.queue_depth;
   ro.direct = loader_options.direct_io;
-  uint64_t longest = 1 << 20;  // the plan already cut reads to size: the reader need not
-  for (const ReadChunk& chunk : plan.reads) longest = std::max(longest, chunk.length);
-  ro.max_chunk = std::min<uint64_t>((longest + 4095) / 4096 * 4096, 1ULL << 30);
+  // ro.max_chunk stays the reader's default: it splits the plan's reads into the pieces the
+  // kernel handles best (io/reader.h).
   std::string log;
   auto reader = reader_factory_ ? reader_factory_(paths, ro, &log) : io::OpenReader(paths, ro, &log);
   if (!reader.ok()) return Fail(reader.status());

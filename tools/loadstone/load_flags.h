@@ -22,7 +22,7 @@ struct LoadFlags {
   std::string max_memory;
   std::vector<std::string> no_split;
   std::string backend = "auto";
-  int queue_depth = 64;
+  int queue_depth = 32;
 
   void Register(CLI::App* cmd);
   Result<PlanOptions> ToPlanOptions() const;
