@@ -14,7 +14,8 @@ static_assert(std::endian::native == std::endian::little,
 
 // Each kernel is compiled for baseline x86-64 (SSE2), x86-64-v3 (AVX2) and x86-64-v4
 // (AVX-512); the loader picks the best one the CPU runs once, at program start (an ifunc).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: its instrumented ifunc resolvers run before its runtime is up.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define LOADSTONE_CLONES \
   __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #else
