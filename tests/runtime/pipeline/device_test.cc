@@ -18,9 +18,6 @@ namespace {
 
 using device::SimDevice;
 using device::SimDeviceOptions;
-using testing::Expected;
-using testing::MixedTensors;
-using testing::SpecIndex;
 using testing::TempDir;
 
 std::vector<std::shared_ptr<SimDevice>> MakeSims(int n, SimDeviceOptions base = {}) {
@@ -35,15 +32,6 @@ std::vector<std::shared_ptr<SimDevice>> MakeSims(int n, SimDeviceOptions base = 
 
 device::DeviceSet AsSet(const std::vector<std::shared_ptr<SimDevice>>& sims) {
   return device::DeviceSet(sims.begin(), sims.end());
-}
-
-void CheckOnHost(const Tensor& t) {
-  const size_t i = SpecIndex(t.name());
-  const auto expected = Expected(i, MixedTensors()[i]);
-  std::vector<std::byte> host(t.nbytes());
-  REQUIRE(t.CopyToHost(host).ok());
-  REQUIRE(host.size() == expected.size());
-  if (!host.empty()) CHECK(std::memcmp(host.data(), expected.data(), host.size()) == 0);
 }
 
 TEST_CASE("sim: a sequential map over two GPUs and cpu puts every tensor where the map says") {
@@ -65,7 +53,7 @@ TEST_CASE("sim: a sequential map over two GPUs and cpu puts every tensor where t
     INFO(t.name());
     CHECK(t.device() == plan->device_map.Lookup(t.name())->ToString());
     bytes[t.device()] += t.nbytes();
-    CheckOnHost(t);
+    testing::CheckTensorBytes(t);
   }
   CHECK(bytes["cuda:0"] > 0);
   CHECK(bytes["cuda:1"] > 0);
@@ -100,10 +88,7 @@ TEST_CASE("sim: conversions run on the device and match the CPU load") {
     INFO(info.name);
     CHECK(g.device() == "cuda:0");
     CHECK(g.dtype() == c.dtype());
-    std::vector<std::byte> host(g.nbytes());
-    REQUIRE(g.CopyToHost(host).ok());
-    REQUIRE(host.size() == c.nbytes());
-    if (!host.empty()) CHECK(std::memcmp(host.data(), c.data(), host.size()) == 0);
+    CHECK(testing::HostBytes(g) == testing::HostBytes(c));
   }
 }
 
@@ -124,7 +109,7 @@ TEST_CASE("sim: staging stays bounded and slots are recycled under backpressure"
   pipeline::SetDevicesForTesting(loader, AsSet(sims));
   LoadHandle load = loader.Load(ckpt, *plan);
   REQUIRE(load.Done().get().ok());
-  for (const Tensor& t : load.Tensors()) CheckOnHost(t);
+  for (const Tensor& t : load.Tensors()) testing::CheckTensorBytes(t);
   const uint64_t slot = (1 << 20) + 4096;
   CHECK(sims[0]->staging_bytes() <= 3 * slot);
   size_t pieces = 1;  // device jobs per staged read (coalesced small tensors give several)

@@ -22,12 +22,6 @@ using testing::MixedTensors;
 using testing::SpecIndex;
 using testing::TempDir;
 
-void CheckBytes(const Tensor& t) {
-  const size_t i = SpecIndex(t.name());
-  const auto expected = Expected(i, MixedTensors()[i]);
-  REQUIRE(t.nbytes() == expected.size());
-  if (!expected.empty()) CHECK(std::memcmp(t.data(), expected.data(), expected.size()) == 0);
-}
 
 float F32(const std::byte* p) {
   float f;
@@ -86,7 +80,7 @@ TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire onc
   };
   LoadHandle load = loader.Load(ckpt, *plan, options);
   const Tensor& first = load.Tensor("model.layers.0.attn.q.weight").get();
-  CheckBytes(first);
+  testing::CheckTensorBytes(first);
   REQUIRE(load.Done().get().ok());
   INFO("backend: " << load.backend());
   CHECK_FALSE(load.backend().empty());
@@ -94,7 +88,7 @@ TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire onc
   REQUIRE(tensors.size() == ckpt.tensors().size());
   for (const Tensor& t : tensors) {
     INFO(t.name());
-    CheckBytes(t);
+    testing::CheckTensorBytes(t);
     CHECK(t.device() == "cpu");
     const auto address = reinterpret_cast<uintptr_t>(t.data());
     if (align_tensors) {
@@ -128,7 +122,7 @@ TEST_CASE("loader: a cast to f32 matches independent conversions; integers stay"
     const auto spec = MixedTensors()[i];
     const auto src = Expected(i, spec);
     if (!IsFloatingPoint(spec.dtype) || spec.dtype == DType::kF8E4M3) {
-      if (spec.dtype != DType::kF8E4M3) CheckBytes(t);
+      if (spec.dtype != DType::kF8E4M3) testing::CheckTensorBytes(t);
       continue;
     }
     REQUIRE(t.dtype() == DType::kF32);
@@ -153,7 +147,7 @@ TEST_CASE("loader: mmap mode maps unconverted tensors") {
   options.mmap = true;
   LoadHandle load = loader.Load(ckpt, *plan, options);
   REQUIRE(load.Done().get().ok());
-  for (const Tensor& t : load.Tensors()) CheckBytes(t);
+  for (const Tensor& t : load.Tensors()) testing::CheckTensorBytes(t);
 }
 
 TEST_CASE("loader: several loads at once on one Loader") {
@@ -169,7 +163,7 @@ TEST_CASE("loader: several loads at once on one Loader") {
   std::vector<LoadHandle> loads;
   for (int i = 0; i < 6; ++i) loads.push_back(loader.Load(ckpt, i % 2 ? *plan16 : *plan));
   for (auto& load : loads) REQUIRE(load.Done().get().ok());
-  for (const Tensor& t : loads[0].Tensors()) CheckBytes(t);
+  for (const Tensor& t : loads[0].Tensors()) testing::CheckTensorBytes(t);
 }
 
 TEST_CASE("loader: cancel at random points; the Loader keeps working") {
