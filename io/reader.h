@@ -95,6 +95,15 @@ class Reader {
   virtual void Cancel() = 0;
 
   virtual ReaderStats stats() const = 0;
+
+  // True when reading [offset, offset + length) of `file` now would go to the storage device
+  // with O_DIRECT (the file has an O_DIRECT descriptor and the range is not in the page cache).
+  // The DMA then lands in the destination's pages as they are: physically scattered 4 KiB pages
+  // cut it into small device requests, while reused huge-page staging memory makes large ones
+  // (measured in docs/pipeline.md). Thread-safe. Default: false.
+  virtual bool ReadsDirect(uint32_t /*file*/, uint64_t /*offset*/, uint64_t /*length*/) const {
+    return false;
+  }
 };
 
 enum class ReaderBackend { kAuto, kUring, kPread };

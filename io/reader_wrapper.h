@@ -24,6 +24,9 @@ class ReaderWrapper : public Reader {
   size_t pending() const override { return inner_->pending(); }
   void Cancel() override { inner_->Cancel(); }
   ReaderStats stats() const override { return inner_->stats(); }
+  bool ReadsDirect(uint32_t file, uint64_t offset, uint64_t length) const override {
+    return inner_->ReadsDirect(file, offset, length);
+  }
 
  private:
   std::unique_ptr<Reader> inner_;

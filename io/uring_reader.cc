@@ -82,6 +82,7 @@ struct UringReader::Impl {
   std::vector<File> files;
   std::vector<DirectTwin> twins;
   std::vector<CacheProbe> caches;
+  std::unique_ptr<std::atomic<bool>[]> direct_ok;  // per file: O_DIRECT open and not refused
   ReaderOptions options;
   std::unique_ptr<CompletionQueue> completions;
   StatCounters stats;
@@ -132,6 +133,8 @@ Result<std::unique_ptr<UringReader>> UringReader::Create(std::vector<File> files
     impl->twins.push_back(options.direct ? OpenDirectTwin(f) : DirectTwin{});
     impl->caches.emplace_back(f);
   }
+  impl->direct_ok = std::make_unique<std::atomic<bool>[]>(impl->files.size());
+  for (size_t i = 0; i < impl->files.size(); ++i) impl->direct_ok[i] = impl->twins[i].align > 0;
   std::future<Status> started = impl->ready.get_future();
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
@@ -368,6 +371,7 @@ void UringReader::Impl::Handle(ReadPiece* raw, int res) {
   switch (ApplyReadResult(*piece, res, files[file], stats)) {
     case ReadOutcome::kRetryBuffered:  // the file system refused O_DIRECT after all
       twins[file].align = 0;
+      direct_ok[file].store(false, std::memory_order_relaxed);
       direct_refused.fetch_add(1, std::memory_order_relaxed);
       [[fallthrough]];
     case ReadOutcome::kRetry:
@@ -433,5 +437,10 @@ void UringReader::Cancel() {
 }
 
 ReaderStats UringReader::stats() const { return impl_->stats.Snapshot(); }
+
+bool UringReader::ReadsDirect(uint32_t file, uint64_t offset, uint64_t length) const {
+  return file < impl_->files.size() && impl_->direct_ok[file].load(std::memory_order_relaxed) &&
+         impl_->caches[file].CachedFraction(offset, length) < kCachedEnough;
+}
 
 }  // namespace loadstone::io

@@ -40,6 +40,7 @@ class UringReader final : public Reader {
   size_t pending() const override;
   void Cancel() override;
   ReaderStats stats() const override;
+  bool ReadsDirect(uint32_t file, uint64_t offset, uint64_t length) const override;
 
  private:
   struct Impl;

@@ -80,6 +80,14 @@ struct Progress {
   double eta_seconds = 0;     // at the current rate; 0 when done
 };
 
+// What the reader did, known once the load is done: how the bytes came off storage.
+struct ReadStats {
+  uint64_t direct_bytes = 0;    // read from the device with O_DIRECT (page cache bypassed)
+  uint64_t buffered_bytes = 0;  // read through the page cache (copied from it when cached)
+  uint64_t bounced_bytes = 0;   // of the requested bytes, those copied out of a bounce buffer
+  uint64_t resubmits = 0;       // short reads, EAGAIN, EINTR continued
+};
+
 enum class ReadBackend { kAuto, kUring, kPread };
 
 struct LoaderOptions {
@@ -93,6 +101,13 @@ struct LoaderOptions {
   // (safetensors: to 8 bytes relative to the header's end). true: tensor data is 64-byte
   // aligned, and O_DIRECT needs a bounce copy (measured: about 3x slower cold here).
   bool align_tensors = false;
+  // true (default): a CPU tensor whose bytes must come from the device (not in the page cache,
+  // O_DIRECT possible) is read into reused huge-page staging and copied into place by the
+  // workers; a tensor in the page cache is copied from there straight into its buffer.
+  // Measured on a virtio disk: DMA into fresh 4 KiB pages makes 0.5-1.2 MiB device requests and
+  // faults every page on the reader's thread; into staging, 1.7 MiB requests and 1.3x the
+  // throughput (docs/pipeline.md).
+  bool stage_cold_reads = true;
 };
 
 struct LoadOptions {
@@ -135,6 +150,8 @@ class LoadHandle {
   Progress progress() const;
   // The read backend this load uses, e.g. "io_uring (O_DIRECT where aligned, 64 deep)".
   std::string backend() const;
+  // How the reader moved the bytes; zeros until Done() has resolved.
+  ReadStats read_stats() const;
 
   // Stops the load: outstanding reads are cancelled, Done() becomes Cancelled. Idempotent.
   void Cancel();

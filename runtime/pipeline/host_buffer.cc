@@ -1,5 +1,7 @@
 #include "runtime/pipeline/host_buffer.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -15,15 +17,17 @@ bool HostMemoryBudget::Take(uint64_t bytes) {
 }
 
 Result<std::shared_ptr<std::byte>> AllocateHost(uint64_t bytes,
-                                                std::shared_ptr<HostMemoryBudget> budget) {
-  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + kHostAlignment - 1) / kHostAlignment *
-                           kHostAlignment;
+                                                std::shared_ptr<HostMemoryBudget> budget,
+                                                HostPages pages) {
+  const uint64_t align = pages == HostPages::kHuge ? kHugePage : kHostAlignment;
+  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + align - 1) / align * align;
   if (budget && !budget->Take(rounded)) {
     return Status::OutOfMemory(fmt::format(
         "host memory limit reached: {} more bytes wanted, {} in use (raise the limit or load "
         "less)", rounded, budget->used()));
   }
-  void* p = std::aligned_alloc(kHostAlignment, rounded);
+  void* p = std::aligned_alloc(align, rounded);
+  if (p != nullptr && pages == HostPages::kHuge) ::madvise(p, rounded, MADV_HUGEPAGE);
   if (p == nullptr) {
     if (budget) budget->Give(rounded);
     return Status::OutOfMemory(fmt::format("cannot allocate {} bytes of host memory", rounded));

@@ -79,15 +79,6 @@ void LoadHandle::State::Start() {
   if (options.mmap) {
     if (Status s = MapFiles(); !s.ok()) return Fail(s);
   }
-  // A staged read lands at its file offset's phase within the slot (see EnsureDestination).
-  uint64_t largest = 0;
-  for (const ReadChunk& chunk : plan.reads) {
-    if (chunk.staged) largest = std::max(largest, chunk.length);
-  }
-  slot_bytes_ = largest + pipeline::kHostAlignment;
-  const size_t slots = std::max<uint64_t>(2, loader_options.staging_bytes / slot_bytes_);
-  staging_.resize(slots);
-  for (size_t i = slots; i > 0; --i) free_slots_.push_back(i - 1);
   chunk_parts_left_.assign(plan.reads.size(), 0);
   tensor_device_.assign(tensors.size(), -1);
   for (uint32_t i = 0; i < tensors.size(); ++i) {
@@ -104,6 +95,7 @@ void LoadHandle::State::Start() {
     if (!staging_device_) staging_device_ = devices[ordinal];
   }
   slot_of_chunk_.assign(plan.reads.size(), -1);
+  SizeStaging();
   if (trace.enabled()) submitted_at_.resize(plan.reads.size());
 
   for (uint32_t i = 0; i < tensors.size(); ++i) {
@@ -115,6 +107,26 @@ void LoadHandle::State::Start() {
   ArmCompletions();
   Pump();
   MaybeFinish();
+}
+
+void LoadHandle::State::SizeStaging() {
+  const bool stage_cold =
+      loader_options.stage_cold_reads && loader_options.direct_io && !options.mmap;
+  staged_.resize(plan.reads.size());
+  // A staged read lands at its file offset's phase within the slot (see EnsureDestination).
+  uint64_t largest = 0;
+  for (size_t i = 0; i < plan.reads.size(); ++i) {
+    staged_[i] = plan.reads[i].staged ? 1 : stage_cold ? -1 : 0;
+    if (staged_[i] != 0) largest = std::max(largest, plan.reads[i].length);
+  }
+  slot_bytes_ = largest + pipeline::kHostAlignment;
+  uint64_t pool = loader_options.staging_bytes;
+  // A CPU load keeps its staging within a tenth of what it places, so that peak memory stays
+  // near the model's size (a GPU load's host memory is its staging, whatever the model).
+  if (!staging_device_) pool = std::min<uint64_t>(pool, plan.placed_bytes / 10);
+  const size_t slots = std::max<uint64_t>(2, pool / slot_bytes_);
+  staging_.resize(slots);
+  for (size_t i = slots; i > 0; --i) free_slots_.push_back(i - 1);
 }
 
 Status LoadHandle::State::MapFiles() {
@@ -183,7 +195,9 @@ void LoadHandle::State::Pump() {
     const TensorPlan& first = plan.tensors[chunk.tensors.front()];
     const TensorInfo& first_src = checkpoint.tensors()[first.source];
     std::byte* dst = nullptr;
-    if (chunk.staged) {
+    // A cold read for the CPU goes through staging too (LoaderOptions::stage_cold_reads).
+    if (staged_[id] < 0) staged_[id] = reader_->ReadsDirect(chunk.file, chunk.offset, chunk.length);
+    if (staged_[id] > 0) {
       if (free_slots_.empty()) break;
       const size_t s = free_slots_.back();
       if (!staging_[s].buffer) {
@@ -250,15 +264,15 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
                fmt::format(R"({{"file":{},"offset":{}}})", chunk.file, chunk.offset));
   }
   if (!status.ok()) {
-    if (chunk.staged) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
+    if (staged_[id] > 0) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
     return Fail(ChunkError(id, status));
   }
   bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
   if (stopping_) {
-    if (chunk.staged) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
+    if (staged_[id] > 0) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
     return;
   }
-  if (!chunk.staged) return Advance(chunk.tensors.front(), chunk.length);
+  if (staged_[id] <= 0) return Advance(chunk.tensors.front(), chunk.length);
   const size_t slot = static_cast<size_t>(slot_of_chunk_[id]);
   const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
   bool cpu_pieces = false;
@@ -329,7 +343,9 @@ Status LoadHandle::State::AllocateStagingSlot(size_t s) {
     staging_[s].buffer = std::move(staging.data);
     return Status::OK();
   }
-  LOADSTONE_ASSIGN_OR_RETURN(staging_[s].buffer, pipeline::AllocateHost(slot_bytes_, nullptr));
+  LOADSTONE_ASSIGN_OR_RETURN(
+      staging_[s].buffer,
+      pipeline::AllocateHost(slot_bytes_, nullptr, pipeline::HostPages::kHuge));
   return Status::OK();
 }
 
@@ -358,7 +374,8 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
       break;
     }
   }
-  trace.Span(fmt::format("convert {} B", chunk.length), "convert", begin);
+  trace.Span(fmt::format("{} {} B", chunk.staged ? "convert" : "copy", chunk.length), "convert",
+             begin);
   asio::post(loop, [self = shared_from_this(), id, slot, status = std::move(status)]() mutable {
     self->OnStagedDone(id, slot, std::move(status));
   });
@@ -428,6 +445,11 @@ void LoadHandle::State::MaybeFinish() {
   final_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   finished = true;
   completion_fd_.reset();  // aborts the pending wait
+  if (reader_) {
+    const io::ReaderStats stats = reader_->stats();
+    std::lock_guard lock(callbacks_mu);
+    read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits};
+  }
   reader_.reset();         // nothing in flight: closes the ring and the files now
   Status result = error_;
   if (result.ok() && tensors_done.load() != tensors.size()) {

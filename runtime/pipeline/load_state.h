@@ -72,6 +72,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::atomic<double> final_seconds{-1};  // set when finished
   pipeline::TraceRecorder trace;
   std::string backend_description;  // set before the first read; guarded by callbacks_mu
+  ReadStats read_stats;              // set when finished; guarded by callbacks_mu
 
   mutable std::mutex callbacks_mu;
   std::vector<TensorCallback> callbacks;  // guarded by callbacks_mu
@@ -91,6 +92,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
                          Status status);
   void ChunkPartDone(uint64_t chunk, size_t slot);  // frees the slot after the last part
   Status AllocateStagingSlot(size_t slot);
+  void SizeStaging();
   void Advance(uint32_t tensor, uint64_t source_bytes);
   Status EnsureDestination(uint32_t tensor);
   Status MapFiles();
@@ -108,6 +110,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   uint64_t slot_bytes_ = 0;
   std::vector<size_t> free_slots_;
   std::vector<int> slot_of_chunk_;  // staging slot of each chunk in flight
+  // Per chunk: 1 read through staging (planned, or found cold), 0 in place, -1 not decided yet
+  // (an in-place chunk that goes through staging if it is cold when its turn comes).
+  std::vector<int8_t> staged_;
   std::vector<int> chunk_parts_left_;  // CPU/device parts of a staged chunk not yet done
   std::vector<int> tensor_device_;     // index into devices, -1 for cpu
   std::shared_ptr<device::Device> staging_device_;  // pins the staging pool (first GPU used)

@@ -184,6 +184,11 @@ std::string LoadHandle::backend() const {
   return state_->backend_description;
 }
 
+ReadStats LoadHandle::read_stats() const {
+  std::lock_guard lock(state_->callbacks_mu);
+  return state_->read_stats;
+}
+
 void LoadHandle::Cancel() {
   if (state_ && !state_->finished) state_->RequestCancel();
 }

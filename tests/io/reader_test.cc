@@ -286,6 +286,7 @@ TEST_CASE("reader: O_DIRECT is used on a disk file system for data not in the pa
     WARN("skipped: the file system under /var/tmp refuses O_DIRECT: " << describe);
     return;
   }
+  CHECK(reader->ReadsDirect(0, 0, 8 << 20));  // cold, O_DIRECT: the device would be read
   AlignedBytes in_phase(8 << 20), out_of_phase(4 << 20), tail(4096);
   std::vector<ReadRequest> requests = {
       {0, 0, 8 << 20, in_phase.At(0), 1},              // straight into the buffer
@@ -313,6 +314,8 @@ TEST_CASE("reader: O_DIRECT is used on a disk file system for data not in the pa
   auto pread = OpenOrSkip({path}, Options(ReaderBackend::kPread));  // fills the page cache
   pread->Submit({&warm_up, 1});
   REQUIRE(DrainAll(*pread, 1)[10].ok());
+  CHECK_FALSE(reader->ReadsDirect(0, 0, 8 << 20));  // cached now: copied from the cache
+  CHECK_FALSE(pread->ReadsDirect(0, 0, 8 << 20));   // the pread reader never uses O_DIRECT
   reader->Submit({&all, 1});
   REQUIRE(DrainAll(*reader, 1)[9].ok());
   CHECK(FirstMismatch(all.dst, 0, 0, all.length) == -1);
@@ -338,6 +341,7 @@ TEST_CASE("reader: on tmpfs every read goes through the page cache") {
   CHECK(FirstMismatch(buffer.At(0), 0, 0, 1 << 20) == -1);
   CHECK(reader->stats().direct_bytes == 0);
   CHECK(reader->Describe().find("in-memory file system") != std::string::npos);
+  CHECK_FALSE(reader->ReadsDirect(0, 0, 1 << 20));
 }
 
 TEST_CASE("reader: OpenReader logs its choice and names files it cannot open") {

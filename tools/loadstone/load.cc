@@ -91,6 +91,11 @@ int RunLoad(const LoadArgs& args) {
   doc["gbps"] = gbps;
   doc["backend"] = load.backend();
   doc["first_tensor_ms"] = first_ms;
+  const ReadStats rs = load.read_stats();
+  doc["read"] = {{"direct_bytes", rs.direct_bytes},
+                 {"buffered_bytes", rs.buffered_bytes},
+                 {"bounced_bytes", rs.bounced_bytes},
+                 {"resubmits", rs.resubmits}};
   std::map<std::string, uint64_t> per_device;
   auto& tensors = doc["tensors"] = nlohmann::ordered_json::array();
   for (const loadstone::Tensor& t : load.Tensors()) {
