@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -86,6 +87,32 @@ Status RunLoadstone(const Checkpoint& ckpt, const PlanOptions& plan_options,
   return status;
 }
 
+// The cost of fresh memory alone: the destinations a load with `plan_options` fills, allocated
+// as the Loader allocates them and written once, split over every core. A load that converts
+// can go no faster than this (the kernel zeroes and maps each new page on first touch).
+Status FirstTouch(const Checkpoint& ckpt, const PlanOptions& plan_options,
+                  std::vector<HostBuffer>* keep) {
+  LOADSTONE_ASSIGN_OR_RETURN(LoadPlan plan, Plan(ckpt, plan_options));
+  keep->resize(plan.tensors.size());
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (unsigned k = 0; k < threads; ++k) {
+    pool.emplace_back([&, k] {
+      for (size_t i = k; i < plan.tensors.size(); i += threads) {
+        (*keep)[i] = Allocate(plan.tensors[i].nbytes);
+        if ((*keep)[i]) std::memset((*keep)[i].get(), 0x5A, plan.tensors[i].nbytes);
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    if (!(*keep)[i] && plan.tensors[i].nbytes > 0) {
+      return Status::OutOfMemory(fmt::format("{} bytes", plan.tensors[i].nbytes));
+    }
+  }
+  return Status::OK();
+}
+
 // The child's report, written whole through a pipe.
 struct ChildReport {
   double seconds = 0;
@@ -107,6 +134,7 @@ ChildReport RunInChild(const BenchMethod& method, const Checkpoint& ckpt) {
       break;
     case BenchMethod::Kind::kReadPerTensor: status = ReadPerTensor(ckpt, &keep); break;
     case BenchMethod::Kind::kMmapMemcpy: status = MmapMemcpy(ckpt, &keep); break;
+    case BenchMethod::Kind::kFirstTouch: status = FirstTouch(ckpt, method.plan, &keep); break;
     case BenchMethod::Kind::kRawCeiling: {
       std::vector<std::string> paths;
       for (const auto& f : ckpt.files()) paths.push_back(f.path);
@@ -138,6 +166,26 @@ Status DropFromPageCache(const Checkpoint& ckpt) {
     if (err != 0) {
       errno = err;
       return Errno("posix_fadvise(DONTNEED)", f.path);
+    }
+  }
+  return Status::OK();
+}
+
+Status WarmPageCache(const Checkpoint& ckpt) {
+  constexpr size_t kChunk = 8 << 20;
+  HostBuffer buffer = Allocate(kChunk);
+  for (const CheckpointFile& f : ckpt.files()) {
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Errno("open", f.path);
+    ssize_t n;
+    do {
+      n = ::read(fd, buffer.get(), kChunk);
+    } while (n > 0 || (n < 0 && errno == EINTR));
+    const int err = errno;
+    ::close(fd);
+    if (n < 0) {
+      errno = err;
+      return Errno("read", f.path);
     }
   }
   return Status::OK();

@@ -18,6 +18,7 @@ struct BenchMethod {
     kReadPerTensor,  // naive: a fresh buffer and read() per tensor
     kMmapMemcpy,     // safetensors on CPU: mmap + memcpy per tensor
     kRawCeiling,     // io_uring O_DIRECT, 32 deep, 4 MiB, into scratch (nothing kept)
+    kFirstTouch,     // no I/O: allocate `plan`'s destinations and write them on every core
   };
   std::string name;
   Kind kind = Kind::kLoadstone;
@@ -40,6 +41,9 @@ Status DropFromPageCache(const Checkpoint& ckpt);
 
 // Fraction of the files' pages resident in the page cache now (mincore).
 double ResidentFraction(const Checkpoint& ckpt);
+
+// Reads the checkpoint's files through the page cache, so that a warm run finds them there.
+Status WarmPageCache(const Checkpoint& ckpt);
 
 }  // namespace loadstone::cli
 
