@@ -97,6 +97,16 @@ def expected(arr, target, keep):
     return target, as_f32.astype(out).tobytes()
 
 
+def drop_cache(folder):
+    for name in os.listdir(folder):
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def run_load(cli, folder, extra):
     cmd = [cli, "load", folder, "--json"] + extra
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -119,13 +129,22 @@ def main():
             (["--dtype", "f16", "--keep-fp32", "input_layernorm", "--keep-fp32", "norm"], "F16",
              ["input_layernorm", "norm"]),
             (["--backend", "pread", "--dtype", "bf16"], "BF16", []),
-            (["--mmap"], None, [])]
+            (["--mmap"], None, []),
+            # cold (dropped from the page cache): through staging, and straight into place
+            (["--staging", "8MiB"], None, []), (["--no-stage-cold"], None, []),
+            (["--dtype", "f32"], "F32", [])]
+    cold_from = len(runs) - 3
     with tempfile.TemporaryDirectory(prefix="loadstone-crc-") as tmp:
         folder = os.path.join(tmp, "model")
         n_shards = write_sharded(folder, tensors, shard_bytes=6 << 20)
         print(f"load_crc_check: {len(tensors)} tensors in {n_shards} shards")
-        for extra, target, keep in runs:
+        for i, (extra, target, keep) in enumerate(runs):
+            if i >= cold_from:
+                drop_cache(folder)
             doc = run_load(args.loadstone, folder, extra)
+            if i >= cold_from and "O_DIRECT on" in doc["backend"] and doc["read"]["direct_bytes"] == 0:
+                print(f"FAILED {extra}: a cold load read nothing with O_DIRECT: {doc['read']}")
+                failures += 1
             got = {t["name"]: t for t in doc["tensors"]}
             if set(got) != set(tensors):
                 print(f"FAILED {extra}: tensor names differ: {sorted(set(got) ^ set(tensors))[:5]}")

@@ -20,6 +20,9 @@ void LoadFlags::Register(CLI::App* cmd) {
   cmd->add_option("--backend", backend, "Read backend")
       ->check(CLI::IsMember({"auto", "uring", "pread"}));
   cmd->add_option("--queue-depth", queue_depth, "Reads in flight")->check(CLI::Range(1, 4096));
+  cmd->add_option("--staging", staging, "Staging pool per load, e.g. 64MiB (default 256MiB)");
+  cmd->add_flag("--no-stage-cold", no_stage_cold,
+                "Read cold CPU tensors straight into place instead of through staging");
 }
 
 Result<PlanOptions> LoadFlags::ToPlanOptions() const {
@@ -50,6 +53,10 @@ Result<LoaderOptions> LoadFlags::ToLoaderOptions() const {
                     : backend == "pread" ? ReadBackend::kPread
                                          : ReadBackend::kAuto;
   options.queue_depth = queue_depth;
+  options.stage_cold_reads = !no_stage_cold;
+  if (!staging.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(options.staging_bytes, ParseSizeString(staging));
+  }
   return options;
 }
 

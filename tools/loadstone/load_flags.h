@@ -23,6 +23,8 @@ struct LoadFlags {
   std::vector<std::string> no_split;
   std::string backend = "auto";
   int queue_depth = 32;
+  std::string staging;      // size string; empty: the Loader's default
+  bool no_stage_cold = false;
 
   void Register(CLI::App* cmd);
   Result<PlanOptions> ToPlanOptions() const;
