@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "io/reader.h"
+#include "testing/temp_dir.h"
 
 namespace loadstone::io::testing {
 
@@ -41,11 +42,7 @@ inline void WritePatternFile(const std::string& path, uint32_t file, uint64_t si
 
 // Writes back and drops `path` from the page cache, so that reads go to the device.
 inline void DropFromCache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  REQUIRE(fd >= 0);
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
+  REQUIRE(loadstone::testing::DropFromPageCache(path));
 }
 
 // Index of the first byte of dst[0, length) that differs from the pattern, or -1.

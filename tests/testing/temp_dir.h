@@ -2,6 +2,9 @@
 #ifndef LOADSTONE_TESTS_TESTING_TEMP_DIR_H_
 #define LOADSTONE_TESTS_TESTING_TEMP_DIR_H_
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -49,6 +52,17 @@ inline std::string LE64(uint64_t v) {
 // [LE64(json.size())][json][data_bytes zero bytes]
 inline std::string SafetensorsBytes(std::string_view json, size_t data_bytes) {
   return LE64(json.size()) + std::string(json) + std::string(data_bytes, '\0');
+}
+
+// Writes `path` back and drops it from the page cache, so that reads go to the device.
+// False when the file cannot be opened.
+inline bool DropFromPageCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  return true;
 }
 
 }  // namespace loadstone::testing

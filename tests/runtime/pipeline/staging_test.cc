@@ -1,8 +1,5 @@
 // Cold reads through staging (LoaderOptions::stage_cold_reads): tensors the reader would fetch
 // from the device are read into reused staging and copied into place by the workers.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <fstream>
 
@@ -123,13 +120,7 @@ TEST_CASE("staging: EIO in a cold staged read fails cleanly; the slot and Loader
 TEST_CASE("staging: a real cold load reads with O_DIRECT into staging, bytes exact") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  for (const CheckpointFile& f : ckpt.files()) {
-    const int fd = ::open(f.path.c_str(), O_RDONLY);
-    REQUIRE(fd >= 0);
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
+  for (const CheckpointFile& f : ckpt.files()) REQUIRE(testing::DropFromPageCache(f.path));
   auto plan = Plan(ckpt);
   REQUIRE(plan.ok());
   Loader loader;
