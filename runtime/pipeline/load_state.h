@@ -92,6 +92,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
                          Status status);
   void ChunkPartDone(uint64_t chunk, size_t slot);  // frees the slot after the last part
   Status AllocateStagingSlot(size_t slot);
+  void PrepareSlots();                           // host staging: a worker allocates and touches
+  void OnSlotPrepared(size_t slot, Result<std::shared_ptr<std::byte>> buffer);
   void SizeStaging();
   void Advance(uint32_t tensor, uint64_t source_bytes);
   Status EnsureDestination(uint32_t tensor);
@@ -108,7 +110,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::vector<io::ReadCompletion> reaped_;
   std::vector<StagingSlot> staging_;
   uint64_t slot_bytes_ = 0;
-  std::vector<size_t> free_slots_;
+  std::vector<size_t> free_slots_;      // allocated (host: and touched) slots not in use
+  std::vector<size_t> unprepared_slots_;  // host slots not allocated yet
+  size_t slots_preparing_ = 0;            // host slots being allocated and touched by workers
   std::vector<int> slot_of_chunk_;  // staging slot of each chunk in flight
   // Per chunk: 1 read through staging (planned, or found cold), 0 in place, -1 not decided yet
   // (an in-place chunk that goes through staging if it is cold when its turn comes).
