@@ -92,7 +92,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
                          Status status);
   void ChunkPartDone(uint64_t chunk, size_t slot);  // frees the slot after the last part
   Status AllocateStagingSlot(size_t slot);
-  void PrepareSlots();                           // host staging: a worker allocates and touches
+  // Host staging: workers allocate slots, and first-touch them when `touch` (a read that fills
+  // most of a slot would otherwise fault it in on the ring thread, with O_DIRECT).
+  void PrepareSlots(bool touch);
   void OnSlotPrepared(size_t slot, Result<std::shared_ptr<std::byte>> buffer);
   void SizeStaging();
   void Advance(uint32_t tensor, uint64_t source_bytes);
