@@ -74,6 +74,11 @@ int RunDemo(const DemoArgs& args) {
       "demo: read backend: {}\n",
       p.tensors_done, HumanBytes(plan->read_bytes), p.seconds,
       plan->read_bytes / p.seconds / 1e9, first_ns.load() / 1e6, first_name, load.backend());
+  const ReadStats rs = load.read_stats();
+  std::cout << fmt::format(
+      "demo: {} from the device with O_DIRECT (cold data goes through huge-page staging), {} "
+      "copied from the page cache\n",
+      HumanBytes(rs.direct_bytes), HumanBytes(rs.buffered_bytes));
   std::cout << "demo: try `loadstone load " << folder
             << " --dtype f32 --trace /tmp/trace.json` or `loadstone bench " << folder
             << " --cold`\n";
