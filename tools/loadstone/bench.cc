@@ -114,12 +114,9 @@ int RunBench(const BenchArgs& args) {
       gbps("loadstone") / std::min(gbps("raw-ceiling"), gbps("first-touch"));
   ratios["loadstone_vs_best_baseline"] = gbps("loadstone") / best_baseline;
   ratios["best_baseline"] = best_name;
-  for (const BenchMethod& m : methods) {
-    if (m.name.rfind("loadstone-bf16-to-", 0) == 0) {
-      ratios["conversion_vs_plain"] = gbps(m.name) / gbps("loadstone");
-      const std::string touch = "first-touch-" + m.name.substr(m.name.rfind('-') + 1);
-      ratios["conversion_vs_first_touch"] = gbps(m.name) / gbps(touch);
-    }
+  if (const std::string cast = "loadstone-bf16-to-" + args.convert_to; seconds.count(cast)) {
+    ratios["conversion_vs_plain"] = gbps(cast) / gbps("loadstone");
+    ratios["conversion_vs_first_touch"] = gbps(cast) / gbps("first-touch-" + args.convert_to);
   }
   ratios["loadstone_peak_rss_over_bytes"] = peak_rss["loadstone"] / bytes;
   if (args.json) {
