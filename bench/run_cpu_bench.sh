@@ -2,10 +2,10 @@
 # The CPU benchmark of bench/README.md, in one run:
 #   bench/run_cpu_bench.sh [MODEL_DIR] [REPEAT]
 # Makes (once) a 40-layer synthetic Llama-shaped bf16 checkpoint (3.6 GiB) unless MODEL_DIR is
-# given, runs `loadstone bench` (loadstone, its pread backend, bf16→f32, read-per-tensor,
-# mmap+memcpy, the raw O_DIRECT ceiling) cold and warm, then the Python peers (safetensors,
-# Run:ai's streamer) cold and warm from a pinned venv, and writes everything to
-# bench/results/cpu-DATE.json. VENV=DIR reuses a venv that already has the pins.
+# given, runs `loadstone bench` cold and warm: loadstone, its pread backend, bf16→f32, the
+# first-touch bounds, read-per-tensor, mmap+memcpy, the raw O_DIRECT ceiling and the Python peers
+# (safetensors, Run:ai's streamer, from a pinned venv) interleaved in one loop, and writes both
+# documents to bench/results/cpu-DATE.json. VENV=DIR reuses a venv that already has the pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-/var/tmp/loadstone-bench-llama40}
@@ -23,20 +23,14 @@ fi
 out=bench/results/cpu-$(date +%Y-%m-%d).json
 mkdir -p bench/results
 tmp=$(mktemp -d)
-./build/loadstone bench "$model" --cold --repeat "$repeat" --json > "$tmp/cold.json"
-./build/loadstone bench "$model" --repeat "$repeat" --json > "$tmp/warm.json"
-"$venv/bin/python" bench/peers.py "$model" --cold --repeat "$repeat" > "$tmp/peers-cold.json"
-"$venv/bin/python" bench/peers.py "$model" --repeat "$repeat" > "$tmp/peers-warm.json"
+peers="$venv/bin/python bench/peers.py"
+./build/loadstone bench "$model" --cold --repeat "$repeat" --peers "$peers" --json > "$tmp/cold.json"
+./build/loadstone bench "$model" --repeat "$repeat" --peers "$peers" --json > "$tmp/warm.json"
 python3 - "$tmp" "$out" <<'PY'
 import json, os, platform, sys
 tmp, out = sys.argv[1], sys.argv[2]
-doc = {name: json.load(open(os.path.join(tmp, name + ".json")))
-       for name in ("cold", "warm", "peers-cold", "peers-warm")}
+doc = {mode: json.load(open(os.path.join(tmp, mode + ".json"))) for mode in ("cold", "warm")}
 doc["machine"] = {"cpus": os.cpu_count(), "kernel": platform.release()}
-for mode in ("cold", "warm"):
-    ls = next(r["gbps"] for r in doc[mode]["results"] if r["method"] == "loadstone")
-    peers = {r["method"]: r.get("gbps") for r in doc["peers-" + mode]["results"]}
-    doc[mode]["ratios"]["loadstone_vs_peers"] = {k: (ls / v if v else None) for k, v in peers.items()}
 json.dump(doc, open(out, "w"), indent=2)
 print(out)
 PY

@@ -1,12 +1,14 @@
-// loadstone bench PATH [--cold] [--repeat N] [--json]: loadstone against baselines, same run.
+// loadstone bench PATH [--cold] [--repeat N] [--peers CMD] [--json]: loadstone against baselines
+// and peers, interleaved in one run.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <map>
-#include <thread>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
 
 #include "tools/loadstone/bench_methods.h"
 #include "tools/loadstone/commands.h"
@@ -22,11 +24,22 @@ struct BenchArgs {
   bool json = false;
   int repeat = 3;
   std::string convert_to = "f32";
+  std::string peers;  // external peer program (argv prefix, split at spaces); empty: none
+  double settle_seconds = 2;
 };
 
+std::vector<std::string> SplitWords(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
 double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
 }
 
 std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
@@ -42,7 +55,8 @@ std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
   if (has_bf16 && !plan.dtype) {
     PlanOptions cast = plan;
     cast.dtype = ParseDType(args.convert_to);
-    methods.push_back({"loadstone-bf16-to-" + args.convert_to, BenchMethod::Kind::kLoadstone, cast, loader});
+    methods.push_back(
+        {"loadstone-bf16-to-" + args.convert_to, BenchMethod::Kind::kLoadstone, cast, loader});
     methods.push_back({"first-touch-" + args.convert_to, BenchMethod::Kind::kFirstTouch, cast, {}});
   }
   methods.push_back({"read-per-tensor", BenchMethod::Kind::kReadPerTensor, {}, {}});
@@ -58,17 +72,24 @@ int RunBench(const BenchArgs& args) {
   if (!plan.ok()) return ReportError(plan.status());
   auto loader = args.flags.ToLoaderOptions();
   if (!loader.ok()) return ReportError(loader.status());
-  const auto methods = Methods(*ckpt, args, *plan, *loader);
+  auto methods = Methods(*ckpt, args, *plan, *loader);
+  if (!args.peers.empty()) {
+    auto peers = ListExternalPeers(SplitWords(args.peers));
+    if (!peers.ok()) return ReportError(peers.status());
+    methods.insert(methods.end(), peers->begin(), peers->end());
+  }
 
   std::map<std::string, std::vector<double>> seconds;
   std::map<std::string, uint64_t> peak_rss;
   std::map<std::string, std::string> backends;
   std::map<std::string, double> resident_before;
+  std::map<std::string, std::string> errors;  // a peer that fails is reported, not retried
   for (int r = 0; r < args.repeat; ++r) {
     for (const BenchMethod& m : methods) {  // interleaved: drift hits every method alike
+      if (errors.count(m.name)) continue;
       // The previous child's memory is still being handed back (on a VM with free-page
       // reporting, for seconds): let it settle, so that every run starts alike.
-      std::this_thread::sleep_for(std::chrono::seconds(2));
+      std::this_thread::sleep_for(std::chrono::duration<double>(args.settle_seconds));
       // Cold: nothing of the files in the page cache; warm: all of them (an O_DIRECT run
       // before leaves nothing there).
       if (Status s = args.cold ? DropFromPageCache(*ckpt) : WarmPageCache(*ckpt); !s.ok()) {
@@ -76,22 +97,37 @@ int RunBench(const BenchArgs& args) {
       }
       resident_before[m.name] = std::max(resident_before[m.name], ResidentFraction(*ckpt));
       auto run = RunMethod(m, *ckpt);
+      if (!run.ok() && m.kind == BenchMethod::Kind::kExternal) {
+        errors[m.name] = run.status().message();
+        if (!args.json) std::cerr << fmt::format("  peer {} failed: {}\n", m.name, errors[m.name]);
+        continue;
+      }
       if (!run.ok()) return ReportError(run.status());
       seconds[m.name].push_back(run->seconds);
       peak_rss[m.name] = std::max(peak_rss[m.name], run->peak_rss_bytes);
       backends[m.name] = run->backend;
       if (!args.json) {
-        std::cerr << fmt::format("  run {} {:<24} {:7.3f} s  {:6.2f} GB/s\n", r + 1, m.name,
+        std::cerr << fmt::format("  run {} {:<34} {:7.3f} s  {:6.2f} GB/s\n", r + 1, m.name,
                                  run->seconds, ckpt->total_bytes() / run->seconds / 1e9);
       }
     }
   }
   const double bytes = static_cast<double>(ckpt->total_bytes());
-  auto gbps = [&](const std::string& name) { return bytes / Median(seconds[name]) / 1e9; };
-  double best_baseline = 0;
-  std::string best_name;
+  auto gbps = [&](const std::string& name) {
+    return seconds[name].empty() ? 0.0 : bytes / Median(seconds[name]) / 1e9;
+  };
+  // The best of the baselines and peers that do loadstone's work (each tensor in its own host
+  // memory); mmap views and the like are reported, not compared.
+  double best_baseline = 0, best_same_work = 0;
+  std::string best_name, best_same_work_name;
   for (const char* name : {"read-per-tensor", "mmap-memcpy"}) {
     if (gbps(name) > best_baseline) best_baseline = gbps(name), best_name = name;
+  }
+  best_same_work = best_baseline, best_same_work_name = best_name;
+  for (const BenchMethod& m : methods) {
+    if (m.kind == BenchMethod::Kind::kExternal && m.same_work && gbps(m.name) > best_same_work) {
+      best_same_work = gbps(m.name), best_same_work_name = m.name;
+    }
   }
   nlohmann::ordered_json doc;
   doc["path"] = args.flags.path;
@@ -100,12 +136,18 @@ int RunBench(const BenchArgs& args) {
   doc["repeat"] = args.repeat;
   auto& results = doc["results"] = nlohmann::ordered_json::array();
   for (const BenchMethod& m : methods) {
-    results.push_back({{"method", m.name},
-                       {"backend", backends[m.name]},
-                       {"seconds", seconds[m.name]},
-                       {"gbps", gbps(m.name)},
-                       {"peak_rss_bytes", peak_rss[m.name]},
-                       {"page_cache_resident_before", resident_before[m.name]}});
+    nlohmann::ordered_json r = {{"method", m.name},
+                                {"backend", backends[m.name]},
+                                {"seconds", seconds[m.name]},
+                                {"gbps", gbps(m.name)},
+                                {"peak_rss_bytes", peak_rss[m.name]},
+                                {"page_cache_resident_before", resident_before[m.name]}};
+    if (m.kind == BenchMethod::Kind::kExternal) {
+      r["backend"] = "peer";
+      r["same_work"] = m.same_work;
+    }
+    if (errors.count(m.name)) r["error"] = errors[m.name];
+    results.push_back(std::move(r));
   }
   auto& ratios = doc["ratios"];
   ratios["loadstone_vs_raw_ceiling"] = gbps("loadstone") / gbps("raw-ceiling");
@@ -114,6 +156,14 @@ int RunBench(const BenchArgs& args) {
       gbps("loadstone") / std::min(gbps("raw-ceiling"), gbps("first-touch"));
   ratios["loadstone_vs_best_baseline"] = gbps("loadstone") / best_baseline;
   ratios["best_baseline"] = best_name;
+  ratios["loadstone_vs_best_same_work"] = gbps("loadstone") / best_same_work;
+  ratios["best_same_work"] = best_same_work_name;
+  for (const BenchMethod& m : methods) {
+    if (m.kind != BenchMethod::Kind::kExternal) continue;
+    ratios["loadstone_vs_peer"][m.name] =
+        gbps(m.name) > 0 ? nlohmann::ordered_json(gbps("loadstone") / gbps(m.name))
+                         : nlohmann::ordered_json(nullptr);
+  }
   if (const std::string cast = "loadstone-bf16-to-" + args.convert_to; seconds.count(cast)) {
     ratios["conversion_vs_plain"] = gbps(cast) / gbps("loadstone");
     ratios["conversion_vs_first_touch"] = gbps(cast) / gbps("first-touch-" + args.convert_to);
@@ -123,10 +173,16 @@ int RunBench(const BenchArgs& args) {
     std::cout << doc.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("{} bench of {} ({}), median of {} runs:\n", doc["mode"].get<std::string>(),
-                           args.flags.path, HumanBytes(ckpt->total_bytes()), args.repeat);
+  std::cout << fmt::format("{} bench of {} ({}), median of {} runs:\n",
+                           doc["mode"].get<std::string>(), args.flags.path,
+                           HumanBytes(ckpt->total_bytes()), args.repeat);
   for (const auto& r : results) {
-    std::cout << fmt::format("  {:<24} {:6.2f} GB/s  peak RSS {:>10}  {}\n",
+    if (r.contains("error")) {
+      std::cout << fmt::format("  {:<34} failed: {}\n", r["method"].get<std::string>(),
+                               r["error"].get<std::string>());
+      continue;
+    }
+    std::cout << fmt::format("  {:<34} {:6.2f} GB/s  peak RSS {:>10}  {}\n",
                              r["method"].get<std::string>(), r["gbps"].get<double>(),
                              HumanBytes(r["peak_rss_bytes"].get<uint64_t>()),
                              r["backend"].get<std::string>());
@@ -145,6 +201,11 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--repeat", args->repeat, "Runs per method (the median is reported)")
       ->check(CLI::Range(1, 100));
   cmd->add_option("--convert-to", args->convert_to, "Target of the conversion run (f32, f16)");
+  cmd->add_option("--peers", args->peers,
+                  "Peer program run in the same loop (e.g. 'VENV/bin/python bench/peers.py'): "
+                  "'CMD --list' names its peers, 'CMD --run NAME FILE...' times one");
+  cmd->add_option("--settle", args->settle_seconds, "Seconds to wait before every run")
+      ->check(CLI::Range(0.0, 60.0));
   cmd->add_flag("--json", args->json, "Print one JSON document");
   cmd->callback([args, exit_code] { *exit_code = RunBench(*args); });
 }

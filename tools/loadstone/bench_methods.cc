@@ -1,6 +1,7 @@
 #include "tools/loadstone/bench_methods.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -11,9 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
-
-#include <fmt/format.h>
 
 namespace loadstone::cli {
 namespace {
@@ -26,7 +27,8 @@ struct Freer {
 using HostBuffer = std::unique_ptr<std::byte, Freer>;
 
 HostBuffer Allocate(uint64_t bytes) {
-  return HostBuffer(static_cast<std::byte*>(std::aligned_alloc(64, (std::max<uint64_t>(bytes, 1) + 63) / 64 * 64)));
+  return HostBuffer(static_cast<std::byte*>(
+      std::aligned_alloc(64, (std::max<uint64_t>(bytes, 1) + 63) / 64 * 64)));
 }
 
 Status Errno(std::string_view what, const std::string& path) {
@@ -41,7 +43,8 @@ Status ReadPerTensor(const Checkpoint& ckpt, std::vector<HostBuffer>* keep) {
     for (const TensorInfo& t : ckpt.tensors()) {
       if (t.file != f) continue;
       HostBuffer buffer = Allocate(t.nbytes);
-      if (::lseek(fd, static_cast<off_t>(t.offset), SEEK_SET) < 0) return Errno("seek", ckpt.files()[f].path);
+      if (::lseek(fd, static_cast<off_t>(t.offset), SEEK_SET) < 0)
+        return Errno("seek", ckpt.files()[f].path);
       for (uint64_t done = 0; done < t.nbytes;) {
         const ssize_t n = ::read(fd, buffer.get() + done, t.nbytes - done);
         if (n <= 0) {
@@ -113,6 +116,83 @@ Status FirstTouch(const Checkpoint& ckpt, const PlanOptions& plan_options,
   return Status::OK();
 }
 
+// Runs `argv` to completion; its stdout and stderr together, and its exit status.
+struct ProgramOutput {
+  std::string text;
+  int wait_status = 0;
+};
+Result<ProgramOutput> RunProgram(const std::vector<std::string>& argv) {
+  if (argv.empty()) return Status::InvalidArgument("empty peer command");
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Errno("pipe", argv[0]);
+  const pid_t pid = ::fork();
+  if (pid < 0) return Errno("fork for", argv[0]);
+  if (pid == 0) {
+    ::dup2(fds[1], STDOUT_FILENO);
+    ::dup2(fds[1], STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    const std::string msg =
+        fmt::format("{{\"error\": \"cannot run {}: {}\"}}\n", argv[0], std::strerror(errno));
+    ssize_t ignored = ::write(STDOUT_FILENO, msg.data(), msg.size());
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  ProgramOutput out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    out.text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  while (::waitpid(pid, &out.wait_status, 0) < 0 && errno == EINTR) {
+  }
+  return out;
+}
+
+// The JSON document that ends `text`: the longest run of its last lines that parses (a peer may
+// print warnings before it, and its document over several lines).
+Result<nlohmann::json> TrailingJson(const std::string& text, const std::string& program) {
+  std::optional<nlohmann::json> found;
+  for (size_t from = text.size(); from > 0;) {
+    from = text.rfind('\n', from - 1);
+    from = from == std::string::npos ? 0 : from;
+    auto doc = nlohmann::json::parse(text.substr(from), nullptr, false);
+    if (!doc.is_discarded())
+      found = std::move(doc);
+    else if (found)
+      break;
+  }
+  if (found && !found->is_null()) return *std::move(found);
+  const std::string tail = text.size() > 300 ? text.substr(text.size() - 300) : text;
+  return Status::IOError(
+      fmt::format("peer program '{}' printed no JSON; its output ends: {}", program, tail));
+}
+
+// One timed run of an external peer; the time is the one the peer reports (its imports and
+// start-up excluded), the peak RSS that of the peer's process.
+Status RunExternal(const BenchMethod& method, const Checkpoint& ckpt, double* seconds) {
+  std::vector<std::string> argv = method.command;
+  argv.insert(argv.end(), {"--run", method.name});
+  for (const CheckpointFile& f : ckpt.files()) argv.push_back(f.path);
+  LOADSTONE_ASSIGN_OR_RETURN(ProgramOutput out, RunProgram(argv));
+  LOADSTONE_ASSIGN_OR_RETURN(nlohmann::json doc, TrailingJson(out.text, argv[0]));
+  if (doc.contains("error")) {
+    return Status::IOError(doc["error"].is_string() ? doc["error"].get<std::string>()
+                                                    : doc["error"].dump());
+  }
+  if (!doc.contains("seconds") || !doc["seconds"].is_number()) {
+    return Status::IOError(
+        fmt::format("peer '{}' reported no seconds: {}", method.name, doc.dump()));
+  }
+  *seconds = doc["seconds"].get<double>();
+  return Status::OK();
+}
+
 // The child's report, written whole through a pipe.
 struct ChildReport {
   double seconds = 0;
@@ -126,15 +206,22 @@ ChildReport RunInChild(const BenchMethod& method, const Checkpoint& ckpt) {
   ChildReport report;
   std::vector<HostBuffer> keep;
   std::string backend = method.name;
+  double external_seconds = 0;
   const auto start = Clock::now();
   Status status;
   switch (method.kind) {
     case BenchMethod::Kind::kLoadstone:
       status = RunLoadstone(ckpt, method.plan, method.loader, &backend);
       break;
-    case BenchMethod::Kind::kReadPerTensor: status = ReadPerTensor(ckpt, &keep); break;
-    case BenchMethod::Kind::kMmapMemcpy: status = MmapMemcpy(ckpt, &keep); break;
-    case BenchMethod::Kind::kFirstTouch: status = FirstTouch(ckpt, method.plan, &keep); break;
+    case BenchMethod::Kind::kReadPerTensor:
+      status = ReadPerTensor(ckpt, &keep);
+      break;
+    case BenchMethod::Kind::kMmapMemcpy:
+      status = MmapMemcpy(ckpt, &keep);
+      break;
+    case BenchMethod::Kind::kFirstTouch:
+      status = FirstTouch(ckpt, method.plan, &keep);
+      break;
     case BenchMethod::Kind::kRawCeiling: {
       std::vector<std::string> paths;
       for (const auto& f : ckpt.files()) paths.push_back(f.path);
@@ -143,14 +230,20 @@ ChildReport RunInChild(const BenchMethod& method, const Checkpoint& ckpt) {
       status = raw.status();
       break;
     }
+    case BenchMethod::Kind::kExternal:
+      status = RunExternal(method, ckpt, &external_seconds);
+      break;
   }
-  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report.seconds = method.kind == BenchMethod::Kind::kExternal
+                       ? external_seconds
+                       : std::chrono::duration<double>(Clock::now() - start).count();
   report.bytes = ckpt.total_bytes();
   rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
+  ::getrusage(method.kind == BenchMethod::Kind::kExternal ? RUSAGE_CHILDREN : RUSAGE_SELF, &usage);
   report.peak_rss_kib = usage.ru_maxrss;
   std::snprintf(report.backend, sizeof(report.backend), "%s", backend.c_str());
-  if (!status.ok()) std::snprintf(report.error, sizeof(report.error), "%s", status.ToString().c_str());
+  if (!status.ok())
+    std::snprintf(report.error, sizeof(report.error), "%s", status.ToString().c_str());
   return report;
 }
 
@@ -236,15 +329,42 @@ Result<BenchRun> RunMethod(const BenchMethod& method, const Checkpoint& ckpt) {
   int wstatus = 0;
   ::waitpid(pid, &wstatus, 0);
   if (got != sizeof(report)) {
-    return Status::IOError(fmt::format("benchmark '{}' died (wait status {})", method.name, wstatus));
+    return Status::IOError(
+        fmt::format("benchmark '{}' died (wait status {})", method.name, wstatus));
   }
-  if (report.error[0]) return Status::IOError(fmt::format("benchmark '{}': {}", method.name, report.error));
+  if (report.error[0])
+    return Status::IOError(fmt::format("benchmark '{}': {}", method.name, report.error));
   BenchRun run;
   run.seconds = report.seconds;
   run.bytes = report.bytes;
   run.peak_rss_bytes = static_cast<uint64_t>(report.peak_rss_kib) * 1024;
   run.backend = report.backend;
   return run;
+}
+
+Result<std::vector<BenchMethod>> ListExternalPeers(const std::vector<std::string>& command) {
+  std::vector<std::string> argv = command;
+  argv.push_back("--list");
+  LOADSTONE_ASSIGN_OR_RETURN(ProgramOutput out, RunProgram(argv));
+  LOADSTONE_ASSIGN_OR_RETURN(nlohmann::json doc, TrailingJson(out.text, argv[0]));
+  if (!doc.is_array()) {
+    return Status::IOError(fmt::format("'{} --list' printed {}, not a JSON array of peers", argv[0],
+                                       doc.dump().substr(0, 300)));
+  }
+  std::vector<BenchMethod> peers;
+  for (const auto& entry : doc) {
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string()) {
+      return Status::IOError(
+          fmt::format("'{} --list': a peer without a name: {}", argv[0], entry.dump()));
+    }
+    BenchMethod m;
+    m.name = entry["name"].get<std::string>();
+    m.kind = BenchMethod::Kind::kExternal;
+    m.command = command;
+    m.same_work = entry.value("same_work", false);
+    peers.push_back(std::move(m));
+  }
+  return peers;
 }
 
 }  // namespace loadstone::cli
