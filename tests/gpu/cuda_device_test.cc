@@ -180,7 +180,7 @@ TEST_CASE("cuda device: staging is reusable when done runs (next job submitted f
   CHECK(got == expect);
 }
 
-TEST_CASE("cuda device: concurrent Submit keeps each thread's order; destructor drains") {
+TEST_CASE("cuda device: concurrent Submit keeps each thread's order, destructor drains") {
   LOADSTONE_SKIP_WITHOUT_GPU();
   constexpr int kThreads = 4, kPerThread = 50;
   constexpr uint64_t kBytes = 256 << 10;

@@ -169,7 +169,7 @@ TEST_CASE("reader: Cancel at random points completes every request once") {
   }
 }
 
-TEST_CASE("reader: destruction waits for reads in flight; nothing is written afterwards") {
+TEST_CASE("reader: destruction waits for reads in flight, nothing is written afterwards") {
   const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
   const bool wrapped = GENERATE(false, true);
   CAPTURE(Name(backend), wrapped);

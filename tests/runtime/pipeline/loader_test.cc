@@ -106,7 +106,7 @@ TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire onc
   CHECK_THROWS_AS(load.Tensor("no.such.tensor").get(), Error);
 }
 
-TEST_CASE("loader: a cast to f32 matches independent conversions; integers stay") {
+TEST_CASE("loader: a cast to f32 matches independent conversions, integers stay") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   PlanOptions po;
@@ -166,7 +166,7 @@ TEST_CASE("loader: several loads at once on one Loader") {
   for (const Tensor& t : loads[0].Tensors()) testing::CheckTensorBytes(t);
 }
 
-TEST_CASE("loader: cancel at random points; the Loader keeps working") {
+TEST_CASE("loader: cancel at random points, the Loader keeps working") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   PlanOptions po;
