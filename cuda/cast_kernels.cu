@@ -13,6 +13,7 @@
 #include "cuda/cuda_error.h"
 #include "cuda/launch_geometry.h"
 #include "runtime/convert/float_bits.h"
+#include "runtime/convert/fp8_block.h"
 
 namespace loadstone::cuda {
 namespace {
@@ -159,6 +160,76 @@ EnqueueFn Find(DType from, DType to) {
   }
 }
 
+// Block-scaled float8 dequant: the encoders of the targets, as functors (device code cannot
+// take a host function's address as a template argument).
+struct EncodeF32 {
+  using Out = uint32_t;
+  __device__ __forceinline__ Out operator()(uint32_t f) const { return f; }
+};
+struct EncodeF16 {
+  using Out = uint16_t;
+  __device__ __forceinline__ Out operator()(uint32_t f) const { return cv::F32ToF16Bits(f); }
+};
+struct EncodeBF16 {
+  using Out = uint16_t;
+  __device__ __forceinline__ Out operator()(uint32_t f) const { return cv::F32ToBF16Bits(f); }
+};
+
+// One element per step; Index is uint32_t when first + count fits (cheaper divisions).
+template <bool kE5M2, typename Encode, typename Index>
+__global__ void DequantFp8Elements(const uint8_t* __restrict__ src, std::byte* __restrict__ dst,
+                                   uint64_t first, uint64_t count,
+                                   const std::byte* __restrict__ scales, Index cols,
+                                   Index block_rows, Index block_cols, Index scale_cols) {
+  using Out = typename Encode::Out;
+  const Encode encode;
+  for (uint64_t i = GlobalThread(); i < count; i += GridStride()) {
+    const auto e = static_cast<Index>(first + i);
+    const Index row = e / cols, col = e % cols;
+    uint32_t scale;
+    memcpy(&scale, scales + (uint64_t{row / block_rows} * scale_cols + col / block_cols) * 4, 4);
+    const Out y = encode(cv::Fp8ScaledF32Bits(src[i], kE5M2, scale));
+    memcpy(dst + i * sizeof(Out), &y, sizeof(Out));
+  }
+}
+
+template <bool kE5M2, typename Encode>
+void EnqueueDequant(const std::byte* src, std::byte* dst, uint64_t first, uint64_t count,
+                    const cv::Fp8BlockScales& l, cudaStream_t stream, uint32_t sm_count) {
+  // One element per thread step (odd addresses ask PlanCast for its scalar geometry).
+  const CastGeometry g = PlanCast(count, 1, sizeof(typename Encode::Out), 1, 1, sm_count);
+  if (g.blocks == 0) return;
+  const auto* codes = reinterpret_cast<const uint8_t*>(src);
+  if (first + count <= UINT32_MAX) {
+    DequantFp8Elements<kE5M2, Encode, uint32_t><<<g.blocks, g.threads, 0, stream>>>(
+        codes, dst, first, count, l.scales, static_cast<uint32_t>(l.cols),
+        static_cast<uint32_t>(l.block_rows), static_cast<uint32_t>(l.block_cols),
+        static_cast<uint32_t>(l.scale_cols));
+  } else {
+    DequantFp8Elements<kE5M2, Encode, uint64_t><<<g.blocks, g.threads, 0, stream>>>(
+        codes, dst, first, count, l.scales, l.cols, l.block_rows, l.block_cols, l.scale_cols);
+  }
+}
+
+using EnqueueDequantFn = void (*)(const std::byte*, std::byte*, uint64_t, uint64_t,
+                                  const cv::Fp8BlockScales&, cudaStream_t, uint32_t);
+
+template <bool kE5M2>
+EnqueueDequantFn FindDequant(DType to) {
+  switch (to) {
+    case DType::kF32: return EnqueueDequant<kE5M2, EncodeF32>;
+    case DType::kF16: return EnqueueDequant<kE5M2, EncodeF16>;
+    case DType::kBF16: return EnqueueDequant<kE5M2, EncodeBF16>;
+    default: return nullptr;
+  }
+}
+
+EnqueueDequantFn FindDequant(DType from, DType to) {
+  if (from == DType::kF8E4M3) return FindDequant<false>(to);
+  if (from == DType::kF8E5M2) return FindDequant<true>(to);
+  return nullptr;
+}
+
 }  // namespace
 
 bool CanCastOnDevice(DType from, DType to) { return Find(from, to) != nullptr; }
@@ -178,6 +249,32 @@ Status LaunchCast(DType from, DType to, const std::byte* src, std::byte* dst, ui
     return Status::InvalidArgument(DeviceName(device) + ": " + what + " with a null pointer");
   }
   fn(src, dst, count, static_cast<cudaStream_t>(stream), sm_count);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? Status::OK()
+                            : CudaErrorStatus(static_cast<int>(err), {what, device});
+}
+
+bool CanDequantFp8BlockOnDevice(DType from, DType to) { return FindDequant(from, to) != nullptr; }
+
+Status LaunchDequantFp8Block(DType from, DType to, const std::byte* src, std::byte* dst,
+                             uint64_t first, uint64_t count, const convert::Fp8BlockScales& layout,
+                             void* stream, uint32_t sm_count, int device) {
+  const EnqueueDequantFn fn = FindDequant(from, to);
+  const std::string what = "fp8 block dequant kernel " + std::string(TorchName(from)) + "->" +
+                           std::string(TorchName(to));
+  if (fn == nullptr) {
+    return Status::InvalidArgument(DeviceName(device) + ": no " + what +
+                                   ": only float8_e4m3fn/float8_e5m2 to float32/float16/bfloat16");
+  }
+  if (layout.cols == 0 || layout.block_rows == 0 || layout.block_cols == 0 ||
+      layout.scale_cols != (layout.cols + layout.block_cols - 1) / layout.block_cols) {
+    return Status::InvalidArgument(DeviceName(device) + ": " + what + " with a bad block layout");
+  }
+  if (count == 0) return Status::OK();
+  if (src == nullptr || dst == nullptr || layout.scales == nullptr) {
+    return Status::InvalidArgument(DeviceName(device) + ": " + what + " with a null pointer");
+  }
+  fn(src, dst, first, count, layout, static_cast<cudaStream_t>(stream), sm_count);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? Status::OK()
                             : CudaErrorStatus(static_cast<int>(err), {what, device});

@@ -13,6 +13,7 @@
 
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
+#include "runtime/convert/fp8_block.h"
 
 namespace loadstone::cuda {
 
@@ -28,6 +29,18 @@ bool CanCastOnDevice(DType from, DType to);
 // Errors: InvalidArgument when !CanCastOnDevice(from, to); a launch error as its Status.
 Status LaunchCast(DType from, DType to, const std::byte* src, std::byte* dst, uint64_t count,
                   void* stream, uint32_t sm_count, int device);
+
+// True when LaunchDequantFp8Block converts from -> to: equals runtime/convert's
+// CanDequantFp8Block.
+bool CanDequantFp8BlockOnDevice(DType from, DType to);
+
+// Enqueues the block dequant of `count` float8 elements at device address `src` — elements
+// first .. first + count of the row-major weight that `layout` describes, whose `scales` is a
+// device address — into `dst` (dtype `to`), bit-exact with convert::DequantFp8Block. Same
+// stream, device and error rules as LaunchCast. Compiled, not yet run on a GPU.
+Status LaunchDequantFp8Block(DType from, DType to, const std::byte* src, std::byte* dst,
+                             uint64_t first, uint64_t count, const convert::Fp8BlockScales& layout,
+                             void* stream, uint32_t sm_count, int device);
 
 }  // namespace loadstone::cuda
 

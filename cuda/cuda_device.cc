@@ -155,7 +155,9 @@ class CudaDevice::Impl {
   int ordinal_;
 
  private:
-  static bool Converts(const PlaceJob& job) { return job.from != job.to; }
+  static bool Converts(const PlaceJob& job) {
+    return job.from != job.to || job.fp8.scales != nullptr;
+  }
 
   Status Validate(const PlaceJob& job) const {
     const std::string dev = DeviceName(ordinal_);
@@ -164,7 +166,8 @@ class CudaDevice::Impl {
                                      " bytes with a null source or destination");
     }
     if (!Converts(job)) return Status::OK();
-    if (!CanCastOnDevice(job.from, job.to)) {
+    const bool fp8 = job.fp8.scales != nullptr;
+    if (fp8 ? !CanDequantFp8BlockOnDevice(job.from, job.to) : !CanCastOnDevice(job.from, job.to)) {
       return Status::InvalidArgument(dev + ": cannot convert " + std::string(TorchName(job.from)) +
                                      " to " + std::string(TorchName(job.to)) + " on the device");
     }
@@ -209,7 +212,11 @@ class CudaDevice::Impl {
         Check(cudaEventRecord(copied_.get(), copy_.get()), {"cudaEventRecord", dev}));
     LOADSTONE_RETURN_IF_ERROR(Check(cudaStreamWaitEvent(compute_.get(), copied_.get(), 0),
                                     {"cudaStreamWaitEvent", dev}));
-    if (Converts(job)) {
+    if (job.fp8.scales != nullptr) {
+      LOADSTONE_RETURN_IF_ERROR(LaunchDequantFp8Block(job.from, job.to, target, job.dst, job.first,
+                                                      job.count, job.fp8, compute_.get(),
+                                                      sm_count_, dev));
+    } else if (Converts(job)) {
       LOADSTONE_RETURN_IF_ERROR(
           LaunchCast(job.from, job.to, target, job.dst, job.count, compute_.get(), sm_count_, dev));
     }
@@ -342,6 +349,9 @@ Result<HostStaging> CudaDevice::AllocateStaging(uint64_t bytes) {
 }
 bool CudaDevice::CanConvert(DType from, DType to) const {
   return from == to || CanCastOnDevice(from, to);
+}
+bool CudaDevice::CanDequantFp8Block(DType from, DType to) const {
+  return CanDequantFp8BlockOnDevice(from, to);
 }
 void CudaDevice::Submit(PlaceJob job) { impl_->Submit(std::move(job)); }
 Status CudaDevice::CopyToHost(const std::byte* src, uint64_t bytes, std::byte* dst) {

@@ -51,6 +51,7 @@ class CudaDevice final : public device::Device {
   // then StagingNote() says why (also appended to Info().description).
   Result<device::HostStaging> AllocateStaging(uint64_t bytes) override;
   bool CanConvert(DType from, DType to) const override;
+  bool CanDequantFp8Block(DType from, DType to) const override;
   void Submit(device::PlaceJob job) override;
   Status CopyToHost(const std::byte* device_src, uint64_t bytes, std::byte* host_dst) override;
   void Drain() override;

@@ -22,13 +22,15 @@ import json
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import time
 import traceback
 
 ROWS, COLS = 4096, 4096
-DTYPE_BYTES = {"BF16": 2, "F32": 4}
+DTYPE_BYTES = {"BF16": 2, "F32": 4, "F8_E4M3": 1}
+BLOCK = 128  # DeepSeek-V3 float8 weights: one f32 `_scale_inv` per 128 x 128 block
 
 
 # ---- checkpoint ---------------------------------------------------------------------------
@@ -51,11 +53,18 @@ def write_checkpoint(folder, total_bytes, dtype, shard_bytes):
         name = f"model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
         first, last = s * per_shard, min(n_tensors, (s + 1) * per_shard)
         header, offset = {"__metadata__": {"format": "pt"}}, 0
+        scale_bytes = (ROWS // BLOCK) * (COLS // BLOCK) * 4
         for i in range(first, last):
             header[f"layers.{i}.weight"] = {"dtype": dtype, "shape": [ROWS, COLS],
                                             "data_offsets": [offset, offset + tensor_bytes]}
             weight_map[f"layers.{i}.weight"] = name
             offset += tensor_bytes
+            if dtype == "F8_E4M3":
+                header[f"layers.{i}.weight_scale_inv"] = {
+                    "dtype": "F32", "shape": [ROWS // BLOCK, COLS // BLOCK],
+                    "data_offsets": [offset, offset + scale_bytes]}
+                weight_map[f"layers.{i}.weight_scale_inv"] = name
+                offset += scale_bytes
         text = json.dumps(header, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)
         path = os.path.join(folder, name)
@@ -65,6 +74,8 @@ def write_checkpoint(folder, total_bytes, dtype, shard_bytes):
             for i in range(first, last):
                 start = (i * 4099 * 64) % tensor_bytes
                 f.write(memoryview(pool)[start:start + tensor_bytes])
+                if dtype == "F8_E4M3":
+                    f.write(struct.pack("<f", 2.0 ** -8) * (scale_bytes // 4))
         files.append(path)
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": n_tensors * tensor_bytes},
@@ -215,6 +226,7 @@ def main(argv=None):
         "disk": (os.path.join(args.disk, "bf16"), "BF16"),
         "shm": (os.path.join(args.shm, "bf16"), "BF16"),
         "shm-f32": (os.path.join(args.shm, "f32"), "F32"),
+        "shm-fp8": (os.path.join(args.shm, "fp8"), "F8_E4M3"),
     }
     files = {}
     for key, (folder, dtype) in ckpts.items():
@@ -233,9 +245,11 @@ def main(argv=None):
     ceiling = doc["ceiling"]["gbps"]
 
     methods = [
-        ("loadstone", loadstone_cli(args.loadstone, None), ["disk", "shm"]),
+        ("loadstone", loadstone_cli(args.loadstone, None), ["disk", "shm", "shm-fp8"]),
         ("loadstone-bf16-to-f16", loadstone_cli(args.loadstone, "f16"), ["shm"]),
         ("loadstone-f32-to-bf16", loadstone_cli(args.loadstone, "bf16"), ["shm-f32"]),
+        # the float8 weights times their block scales, into bf16 (vs "loadstone" on shm-fp8)
+        ("loadstone-fp8-block-to-bf16", loadstone_cli(args.loadstone, "bf16"), ["shm-fp8"]),
         ("safetensors-load_file-cuda", m_safetensors, ["disk", "shm"]),
         ("accelerate-load_checkpoint_and_dispatch", m_accelerate, ["disk", "shm"]),
         ("instanttensor", m_instanttensor, ["disk", "shm"]),

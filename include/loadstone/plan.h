@@ -11,6 +11,7 @@
 #ifndef LOADSTONE_PLAN_H_
 #define LOADSTONE_PLAN_H_
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,6 +27,8 @@ namespace loadstone {
 enum class Conversion {
   kNone,  // bytes land as they are in the file
   kCast,  // a float cast (f32/f16/bf16/f64/float8 → f32/f16/bf16), exact as PyTorch
+  // A float8 weight times its block scales (specs/quant.md, "FP8 weights"), into `dtype`.
+  kDequantFp8Block,
 };
 
 struct TensorPlan {
@@ -34,6 +37,11 @@ struct TensorPlan {
   DType dtype = DType::kF32;     // the dtype it will have once loaded
   Conversion conversion = Conversion::kNone;
   uint64_t nbytes = 0;           // bytes once loaded
+  // kDequantFp8Block: the scales (an index into LoadPlan::tensors, planned and read before this
+  // tensor, loaded as stored) and the rows x columns of the weight that one scale covers.
+  uint32_t scale = 0;
+  uint64_t block_rows = 0;
+  uint64_t block_cols = 0;
 };
 
 // One read: `length` bytes at `offset` of `file`, covering the given tensors' bytes (whole
@@ -58,6 +66,11 @@ struct PlanOptions {
   std::string device_map = "cpu";
   std::optional<MaxMemory> max_memory;
   std::optional<std::vector<std::string>> no_split;
+  // DeepSeek-style float8 weights: a 2-D float8 tensor `W` with an f32 sibling `W_scale_inv` of
+  // ceil(rows / block[0]) x ceil(cols / block[1]) scales. With `dtype` set, each such weight is
+  // dequantized into `dtype` (the scales stay as stored); without, both load as stored. The
+  // block is the checkpoint's quantization_config.weight_block_size.
+  std::array<uint64_t, 2> fp8_block = {128, 128};
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
   // Tensors smaller than this are coalesced with their file neighbours into one staged read.
@@ -77,7 +90,8 @@ struct LoadPlan {
 };
 
 // Plans a load of `checkpoint`. Errors: InvalidArgument (unknown device, a dtype that cannot be
-// a cast target, a tensor no map entry covers), Unsupported (disk offload, before its issue).
+// a cast target, a tensor no map entry covers, float8 scales that do not fit `fp8_block`),
+// Unsupported (disk offload, before its issue; a float8 weight and its scales on two devices).
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options = {});
 
 }  // namespace loadstone

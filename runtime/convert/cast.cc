@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "runtime/convert/buffer_map.h"
 #include "runtime/convert/float_bits.h"
 
 namespace loadstone::convert {
@@ -11,28 +12,6 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little,
               "buffers are little-endian; a big-endian host needs byte swaps here");
-
-// Each kernel is compiled for baseline x86-64 (SSE2), x86-64-v3 (AVX2) and x86-64-v4
-// (AVX-512); the loader picks the best one the CPU runs once, at program start (an ifunc).
-// Not under ThreadSanitizer: its instrumented ifunc resolvers run before its runtime is up.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define LOADSTONE_CLONES \
-  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define LOADSTONE_CLONES
-#endif
-
-// Applies `fn` to each element. Loads and stores go through memcpy, so neither pointer needs
-// alignment; GCC turns the loop into vector code (it checks src/dst overlap once at run time).
-template <typename In, typename Out, typename Fn>
-inline void Map(const std::byte* src, std::byte* dst, uint64_t count, Fn fn) {
-  for (uint64_t i = 0; i < count; ++i) {
-    In x;
-    std::memcpy(&x, src + i * sizeof(In), sizeof(In));
-    const Out y = fn(x);
-    std::memcpy(dst + i * sizeof(Out), &y, sizeof(Out));
-  }
-}
 
 using Kernel = void (*)(const std::byte*, std::byte*, uint64_t);
 

@@ -23,6 +23,7 @@
 
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
+#include "runtime/convert/fp8_block.h"
 
 namespace loadstone::device {
 
@@ -50,6 +51,10 @@ struct PlaceJob {
   DType from = DType::kU8;
   DType to = DType::kU8;
   uint64_t count = 0;
+  // A float8 weight's block dequant instead of a cast when `fp8.scales` is set (a device
+  // address): src holds elements first .. first + count of the row-major weight.
+  convert::Fp8BlockScales fp8;
+  uint64_t first = 0;
   std::function<void(Status)> done;  // called exactly once, from a device thread
 };
 
@@ -74,6 +79,8 @@ class Device {
 
   // True when Submit can run the conversion from → to on the device.
   virtual bool CanConvert(DType from, DType to) const = 0;
+  // True when Submit can run a float8 block dequant from → to (PlaceJob::fp8).
+  virtual bool CanDequantFp8Block(DType from, DType to) const = 0;
 
   // Queues the job; returns at once. A job that cannot start (bad arguments) completes with
   // its error through `done` as well, so that every job completes exactly once.

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "runtime/convert/cast.h"
+#include "runtime/convert/fp8_block.h"
 
 namespace loadstone::device {
 
@@ -69,6 +70,9 @@ Result<HostStaging> SimDevice::AllocateStaging(uint64_t bytes) {
 }
 
 bool SimDevice::CanConvert(DType from, DType to) const { return convert::CanCast(from, to); }
+bool SimDevice::CanDequantFp8Block(DType from, DType to) const {
+  return convert::CanDequantFp8Block(from, to);
+}
 
 void SimDevice::Submit(PlaceJob job) {
   {
@@ -83,6 +87,10 @@ Status SimDevice::Execute(const PlaceJob& job) {
   if (options_.latency.count() > 0) std::this_thread::sleep_for(options_.latency);
   if (options_.bandwidth_bytes_per_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(job.bytes / options_.bandwidth_bytes_per_s));
+  }
+  if (job.fp8.scales != nullptr) {
+    return convert::DequantFp8Block(job.from, job.to, job.src, job.dst, job.first, job.count,
+                                    job.fp8);
   }
   if (job.from == job.to) {
     if (job.bytes) std::memcpy(job.dst, job.src, job.bytes);

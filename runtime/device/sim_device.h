@@ -33,6 +33,7 @@ class SimDevice final : public Device {
   Result<DeviceMemory> Allocate(uint64_t bytes) override;
   Result<HostStaging> AllocateStaging(uint64_t bytes) override;
   bool CanConvert(DType from, DType to) const override;
+  bool CanDequantFp8Block(DType from, DType to) const override;
   void Submit(PlaceJob job) override;
   Status CopyToHost(const std::byte* device_src, uint64_t bytes, std::byte* host_dst) override;
   void Drain() override;

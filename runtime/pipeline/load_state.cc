@@ -13,6 +13,7 @@
 
 #include "io/posix_error.h"
 #include "runtime/convert/cast.h"
+#include "runtime/convert/fp8_block.h"
 
 namespace loadstone {
 namespace {
@@ -278,6 +279,26 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
     return;
   }
   if (staged_[id] <= 0) return Advance(chunk.tensors.front(), chunk.length);
+  for (uint32_t t : chunk.tensors) {
+    const TensorPlan& tp = plan.tensors[t];
+    if (tp.conversion == Conversion::kDequantFp8Block && !tensors[tp.scale].done) {
+      // The scales' read was issued before this one (plan.cc): it is in flight or being placed.
+      waiting_for_scales_[tp.scale].push_back(id);
+      return;
+    }
+  }
+  DispatchStaged(id);
+}
+
+convert::Fp8BlockScales LoadHandle::State::Fp8Layout(uint32_t t) const {
+  const TensorPlan& tp = plan.tensors[t];
+  const uint64_t cols = checkpoint.tensors()[tp.source].shape.at(1);
+  return {tensors[tp.scale].data, cols, tp.block_rows, tp.block_cols,
+          (cols + tp.block_cols - 1) / tp.block_cols};
+}
+
+void LoadHandle::State::DispatchStaged(uint64_t id) {
+  const ReadChunk& chunk = plan.reads[id];
   const size_t slot = static_cast<size_t>(slot_of_chunk_[id]);
   const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
   bool cpu_pieces = false;
@@ -299,6 +320,10 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
     job.count = src_elem ? (hi - lo) / src_elem : 0;
     job.dst = tensors[t].data + (src_elem ? (lo - src.offset) / src_elem * dst_elem : lo - src.offset);
     if (tp.conversion == Conversion::kNone) job.from = job.to = DType::kU8, job.count = job.bytes;
+    if (tp.conversion == Conversion::kDequantFp8Block) {
+      job.fp8 = Fp8Layout(t);
+      job.first = (lo - src.offset) / src_elem;
+    }
     const auto begin = trace.Now();
     job.done = [self = shared_from_this(), id, slot, t, bytes = hi - lo, begin](Status s) {
       self->trace.Span(fmt::format("{} {} B", self->plan.tensors[t].device, bytes), "device", begin);
@@ -404,8 +429,11 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
     }
     const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
     const uint64_t first = (lo - src.offset) / src_elem;
-    status = convert::CastBuffer(src.dtype, tp.dtype, from, tensors[t].data + first * dst_elem,
-                                 (hi - lo) / src_elem);
+    std::byte* to = tensors[t].data + first * dst_elem;
+    status = tp.conversion == Conversion::kDequantFp8Block
+                 ? convert::DequantFp8Block(src.dtype, tp.dtype, from, to, first,
+                                            (hi - lo) / src_elem, Fp8Layout(t))
+                 : convert::CastBuffer(src.dtype, tp.dtype, from, to, (hi - lo) / src_elem);
     if (!status.ok()) {
       status = status.WithContext(fmt::format("converting tensor '{}'", src.name));
       break;
@@ -454,6 +482,9 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   }
   slot.promise.set_value(tensor);
   tensors_done.fetch_add(1, std::memory_order_relaxed);
+  if (auto waiting = waiting_for_scales_.extract(index)) {
+    for (uint64_t id : waiting.mapped()) DispatchStaged(id);
+  }
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
   std::vector<TensorCallback> to_call;
   {

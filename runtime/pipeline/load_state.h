@@ -18,6 +18,7 @@
 
 #include "io/reader.h"
 #include "loadstone/loader.h"
+#include "runtime/convert/fp8_block.h"
 #include "runtime/device/device.h"
 #include "runtime/pipeline/host_buffer.h"
 #include "runtime/pipeline/testing.h"
@@ -86,6 +87,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void ArmCompletions();
   void OnCompletions();
   void OnReadDone(uint64_t chunk, Status status);
+  // Hands a staged chunk's pieces to the workers and devices.
+  void DispatchStaged(uint64_t chunk);
+  // The block layout of dequantized tensor `tensor`, its scales already in place.
+  convert::Fp8BlockScales Fp8Layout(uint32_t tensor) const;
   void ConvertStaged(uint64_t chunk, size_t slot);  // runs on a worker thread
   void OnStagedDone(uint64_t chunk, size_t slot, Status status);
   void OnDevicePieceDone(uint64_t chunk, size_t slot, uint32_t tensor, uint64_t bytes,
@@ -121,6 +126,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::vector<int8_t> staged_;
   std::vector<int> chunk_parts_left_;  // CPU/device parts of a staged chunk not yet done
   std::vector<int> tensor_device_;     // index into devices, -1 for cpu
+  // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
+  std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
   std::shared_ptr<device::Device> staging_device_;  // pins the staging pool (first GPU used)
   bool warned_pageable_ = false;
   std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode

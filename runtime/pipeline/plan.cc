@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "runtime/convert/cast.h"
 
@@ -83,6 +84,46 @@ Result<TensorPlan> PlanTensor(const TensorInfo& t, size_t index, const PlanOptio
   return plan;
 }
 
+std::string ShapeString(const std::vector<uint64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+bool IsFloat8(DType dtype) { return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2; }
+
+// The DeepSeek-style float8 weights to dequantize: weight index → its scales' index (indices
+// into Checkpoint::tensors). Only with a target dtype; a scale that does not fit is an error.
+Result<std::map<size_t, size_t>> PairFp8Scales(const Checkpoint& checkpoint,
+                                               const PlanOptions& options) {
+  std::map<size_t, size_t> pairs;
+  if (!options.dtype) return pairs;
+  const auto& infos = checkpoint.tensors();
+  const auto [block_rows, block_cols] = options.fp8_block;
+  if (block_rows == 0 || block_cols == 0) {
+    return Status::InvalidArgument("the float8 block size must be positive in both dimensions");
+  }
+  for (size_t w = 0; w < infos.size(); ++w) {
+    const TensorInfo& weight = infos[w];
+    const TensorInfo* scale = IsFloat8(weight.dtype) ? checkpoint.Find(weight.name + "_scale_inv")
+                                                     : nullptr;
+    if (scale == nullptr) continue;
+    const auto ceil = [](uint64_t n, uint64_t d) { return (n + d - 1) / d; };
+    if (weight.shape.size() != 2 || scale->shape.size() != 2 || scale->dtype != DType::kF32 ||
+        scale->shape[0] != ceil(weight.shape[0], block_rows) ||
+        scale->shape[1] != ceil(weight.shape[1], block_cols)) {
+      return Status::InvalidArgument(fmt::format(
+          "float8 tensor '{}' {} {} has scales '{}' {} {}, which do not fit blocks of {} x {} (2-D "
+          "f32 scales of ceil(rows / {}) x ceil(cols / {}) expected); give the checkpoint's "
+          "quantization_config.weight_block_size (--fp8-block ROWS,COLS), or load without --dtype "
+          "to keep the float8 bytes as stored",
+          weight.name, TorchName(weight.dtype), ShapeString(weight.shape), scale->name,
+          TorchName(scale->dtype), ShapeString(scale->shape), block_rows, block_cols, block_rows,
+          block_cols));
+    }
+    pairs[w] = static_cast<size_t>(scale - infos.data());
+  }
+  return pairs;
+}
+
 }  // namespace
 
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
@@ -102,15 +143,49 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   });
 
   LOADSTONE_ASSIGN_OR_RETURN(DevicePlan devices, MapDevices(checkpoint, options));
+  LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs, PairFp8Scales(checkpoint, options));
+  std::vector<bool> is_scale(infos.size());
+  for (const auto& [w, s] : fp8_pairs) is_scale[s] = true;
   LoadPlan plan;
   plan.device_map = std::move(devices.device_map);
   plan.warnings = std::move(devices.warnings);
   plan.tensors.reserve(order.size());
-  for (size_t index : order) {
+  auto add = [&](size_t index) -> Result<uint32_t> {
     LOADSTONE_ASSIGN_OR_RETURN(TensorPlan tp,
                                PlanTensor(infos[index], index, options, plan.device_map));
     plan.placed_bytes += tp.nbytes;
     plan.tensors.push_back(tp);
+    return static_cast<uint32_t>(plan.tensors.size() - 1);
+  };
+  for (size_t index : order) {
+    if (is_scale[index]) continue;  // planned just before its weight
+    const auto pair = fp8_pairs.find(index);
+    if (pair == fp8_pairs.end()) {
+      LOADSTONE_RETURN_IF_ERROR(add(index).status());
+      continue;
+    }
+    // A dequantized weight: its scales come first, as stored, on the same device.
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, add(pair->second));
+    TensorPlan& scale = plan.tensors[s];
+    plan.placed_bytes -= scale.nbytes;
+    scale.dtype = infos[pair->second].dtype;
+    scale.conversion = Conversion::kNone;
+    scale.nbytes = infos[pair->second].nbytes;
+    plan.placed_bytes += scale.nbytes;
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, add(index));
+    TensorPlan& weight = plan.tensors[w];
+    if (weight.device != plan.tensors[s].device) {
+      return Status::Unsupported(fmt::format(
+          "float8 tensor '{}' is mapped to {} but its scales '{}' to {}; map them together",
+          infos[index].name, weight.device, infos[pair->second].name, plan.tensors[s].device));
+    }
+    if (weight.conversion == Conversion::kNone) {  // a float8 target: nothing to dequantize
+      continue;
+    }
+    weight.conversion = Conversion::kDequantFp8Block;
+    weight.scale = s;
+    weight.block_rows = options.fp8_block[0];
+    weight.block_cols = options.fp8_block[1];
   }
   // Large tensors: pieces of max_chunk, in place unless converted. Small ones (or small converted
   // ones): gathered, then coalesced with their file neighbours into staged reads. Reads are then
@@ -123,7 +198,10 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     plan.read_bytes += src.nbytes;
     if (src.nbytes == 0) continue;
     const bool staged = tp.conversion != Conversion::kNone || tp.device != "cpu";
-    if (src.nbytes < options.coalesce_below) {
+    // A dequantized weight and its scales are never coalesced: the scales' read then comes
+    // before every read of the weight, whose conversion waits for them.
+    const bool fp8_pair = tp.conversion == Conversion::kDequantFp8Block || is_scale[tp.source];
+    if (src.nbytes < options.coalesce_below && !fp8_pair) {
       small.push_back(i);
       continue;
     }
@@ -165,7 +243,7 @@ std::string LoadPlan::ToString() const {
     auto& entry = per_target[fmt::format("{} {}", t.device, SafetensorsName(t.dtype))];
     ++entry.first;
     entry.second += t.nbytes;
-    if (t.conversion == Conversion::kCast) ++casts;
+    if (t.conversion != Conversion::kNone) ++casts;
   }
   for (const ReadChunk& r : reads) staged_reads += r.staged;
   std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts\n",

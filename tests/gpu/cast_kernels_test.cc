@@ -3,6 +3,7 @@
 // by one element (scalar path) and by one byte (unaligned path), with tails.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -12,6 +13,7 @@
 #include "cuda/cuda_handles.h"
 #include "gpu_test_util.h"
 #include "runtime/convert/cast.h"
+#include "runtime/convert/fp8_block.h"
 
 namespace loadstone::cuda {
 namespace {
@@ -139,6 +141,63 @@ TEST_CASE("cast kernels: bit-exact with the CPU reference, every pair, every pat
       CheckPair(from, to, in, 0, 1);                // unaligned destination: byte path
     }
   }
+}
+
+TEST_CASE("fp8 block dequant kernel: bit-exact with the CPU reference, ragged, in pieces") {
+  LOADSTONE_SKIP_WITHOUT_GPU();
+  const uint64_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const uint64_t rows = 1000, cols = 520;  // 8 x 5 blocks of 128, the last ones partial
+  const uint64_t scale_cols = (cols + 127) / 128;
+  std::vector<uint8_t> codes(rows * cols);
+  for (uint64_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i % 256 ^ rng() % 7);
+  std::vector<float> scales(8 * scale_cols);
+  for (float& x : scales) {
+    const auto exponent = -static_cast<int>(rng() % 30);
+    x = std::ldexp(1.0f + static_cast<float>(rng() % 4096) / 4096.0f, exponent);
+  }
+  scales[3] = 1e-38f;  // subnormal products
+  cudaDeviceProp prop{};
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  auto d_codes = DeviceBuffer::Allocate(0, codes.size());
+  auto d_scales = DeviceBuffer::Allocate(0, scales.size() * 4);
+  auto d_out = DeviceBuffer::Allocate(0, codes.size() * 4 + 8);
+  REQUIRE(d_codes.ok());
+  REQUIRE(d_scales.ok());
+  REQUIRE(d_out.ok());
+  REQUIRE(cudaMemcpy(d_codes->data(), codes.data(), codes.size(), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+  REQUIRE(cudaMemcpy(d_scales->data(), scales.data(), scales.size() * 4, cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+  const convert::Fp8BlockScales host_layout{reinterpret_cast<const std::byte*>(scales.data()), cols,
+                                            128, 128, scale_cols};
+  convert::Fp8BlockScales device_layout = host_layout;
+  device_layout.scales = d_scales->data();
+  for (DType from : {DType::kF8E4M3, DType::kF8E5M2}) {
+    for (DType to : {DType::kF32, DType::kF16, DType::kBF16}) {
+      INFO(TorchName(from) << " -> " << TorchName(to));
+      REQUIRE(CanDequantFp8BlockOnDevice(from, to));
+      // The whole weight, and a piece that starts mid-row, mid-block (odd addresses).
+      for (auto [first, count] : {std::pair<uint64_t, uint64_t>{0, rows * cols}, {777, 99'001}}) {
+        const uint64_t out_size = convert::ElementBytes(to, 1);
+        std::vector<std::byte> expect(count * out_size), got(count * out_size);
+        const auto* host_codes = reinterpret_cast<const std::byte*>(codes.data());
+        REQUIRE(convert::DequantFp8Block(from, to, host_codes + first, expect.data(), first, count,
+                                         host_layout)
+                    .ok());
+        REQUIRE(LaunchDequantFp8Block(from, to, d_codes->data() + first, d_out->data() + 1, first,
+                                      count, device_layout, nullptr,
+                                      static_cast<uint32_t>(prop.multiProcessorCount), 0)
+                    .ok());
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        REQUIRE(cudaMemcpy(got.data(), d_out->data() + 1, got.size(), cudaMemcpyDeviceToHost) ==
+                cudaSuccess);
+        CHECK(got == expect);
+      }
+    }
+  }
+  CHECK_FALSE(CanDequantFp8BlockOnDevice(DType::kF16, DType::kF32));
 }
 
 }  // namespace

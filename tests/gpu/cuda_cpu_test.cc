@@ -11,6 +11,7 @@
 #include "cuda/probe.h"
 #include "loadstone/device_map.h"
 #include "runtime/convert/cast.h"
+#include "runtime/convert/fp8_block.h"
 #include "runtime/device/default_devices.h"
 
 namespace loadstone::cuda {
@@ -102,6 +103,23 @@ TEST_CASE("cast launcher: the same pairs as the CPU reference, errors for the re
   const Status s = LaunchCast(DType::kI32, DType::kF32, nullptr, nullptr, 4, nullptr, 1, 0);
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK(Contains(s.message(), "int32"));
+}
+
+TEST_CASE("fp8 block dequant launcher: the CPU reference's pairs, bad layouts refused") {
+  for (int f = 0; f < kNumDTypes; ++f) {
+    for (int t = 0; t < kNumDTypes; ++t) {
+      const auto from = static_cast<DType>(f), to = static_cast<DType>(t);
+      INFO(TorchName(from) << " -> " << TorchName(to));
+      CHECK(CanDequantFp8BlockOnDevice(from, to) == convert::CanDequantFp8Block(from, to));
+    }
+  }
+  const convert::Fp8BlockScales bad{nullptr, 300, 128, 128, 2};  // 300 columns need 3 scales
+  const Status s = LaunchDequantFp8Block(DType::kF8E4M3, DType::kBF16, nullptr, nullptr, 0, 4, bad,
+                                         nullptr, 1, 0);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(Contains(s.message(), "layout"));
+  CHECK(LaunchDequantFp8Block(DType::kF16, DType::kBF16, nullptr, nullptr, 0, 4, bad, nullptr, 1, 0)
+            .code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("default devices: one per GPU, or none with the reason, and the memory probe") {

@@ -43,6 +43,10 @@ def make_tensors(rng, layers):
         t[p + "mlp.up.weight"] = floats((512, 256), BF16)
         t[p + "mlp.fp8.weight"] = floats((64, 64), E4M3)
         t[p + "mlp.fp8_e5m2.weight"] = floats((32, 16), E5M2)
+        # DeepSeek-V3 block-wise float8: 128 x 128 blocks, ragged edges, f32 scales
+        t[p + "mlp.down_proj.weight"] = floats((300, 200), E4M3, 64.0)
+        t[p + "mlp.down_proj.weight_scale_inv"] = (
+            np.exp2(rng.integers(-14, -4, (3, 2))) * rng.uniform(1, 2, (3, 2))).astype(np.float32)
         t[p + "input_layernorm.weight"] = floats((256,), np.float64)
         t[p + "steps"] = np.array(rng.integers(0, 1 << 40), dtype=np.int64)
         t[p + "mask"] = rng.integers(0, 2, (7, 5)).astype(np.bool_)
@@ -83,11 +87,19 @@ def keep_fp32(name, patterns):
     return False
 
 
-def expected(arr, target, keep):
-    """(dtype name, bytes) after loadstone's dtype policy, computed with numpy/ml_dtypes."""
+def expected(arr, target, keep, scale=None):
+    """(dtype name, bytes) after loadstone's dtype policy, computed with numpy/ml_dtypes.
+    `scale`: the f32 block scales (DeepSeek `_scale_inv`, 128 x 128) of a float8 weight, which
+    a load with a dtype dequantizes; the scales themselves stay as stored."""
     src = NAMES[arr.dtype]
     if target is None or src not in FLOATS:
         return src, arr.tobytes()
+    if scale is not None:
+        full = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:arr.shape[0], :arr.shape[1]]
+        value = arr.astype(np.float32) * full  # f32 product, rounded once
+        out = {"F32": np.float32, "F16": np.float16, "BF16": BF16}["F32" if keep else target]
+        return NAMES[np.dtype(out)], value.astype(out).tobytes()
+
     if keep and target in ("F16", "BF16"):
         target = "F32"
     if src == target:
@@ -152,7 +164,11 @@ def main():
                 continue
             bad = 0
             for name, arr in tensors.items():
-                dtype, data = expected(arr, target, keep_fp32(name, keep))
+                if name.endswith("_scale_inv") and target is not None:
+                    dtype, data = NAMES[arr.dtype], arr.tobytes()  # scales stay as stored
+                else:
+                    dtype, data = expected(arr, target, keep_fp32(name, keep),
+                                           tensors.get(name + "_scale_inv"))
                 t = got[name]
                 if (t["dtype"], t["shape"], t["crc32"]) != (dtype, list(arr.shape), zlib.crc32(data)):
                     bad += 1

@@ -13,6 +13,11 @@ void LoadFlags::Register(CLI::App* cmd) {
   cmd->add_option("--dtype", dtype, "Cast floating-point tensors to f32, f16 or bf16");
   cmd->add_option("--keep-fp32", keep_fp32,
                   "Keep tensors whose dotted name contains this component run in float32");
+  cmd->add_option("--fp8-block", fp8_block,
+                  "Rows,cols of one float8 weight scale (quantization_config.weight_block_size); "
+                  "with --dtype, weights with a _scale_inv sibling are dequantized")
+      ->delimiter(',')
+      ->expected(2);
   cmd->add_option("--device-map", device_map,
                   "cpu (default), a device (cuda:1) or auto|balanced|balanced_low_0|sequential");
   cmd->add_option("--max-memory", max_memory, "Budgets for the device map, e.g. 0=10GiB,cpu=30GiB");
@@ -33,6 +38,7 @@ Result<PlanOptions> LoadFlags::ToPlanOptions() const {
     options.dtype = *parsed;
   }
   options.keep_in_fp32 = keep_fp32;
+  if (!fp8_block.empty()) options.fp8_block = {fp8_block[0], fp8_block[1]};
   options.device_map = device_map;
   if (!max_memory.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(options.max_memory, ParseMaxMemoryFlag(max_memory));

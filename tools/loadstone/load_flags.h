@@ -18,6 +18,7 @@ struct LoadFlags {
   OpenOptions open;
   std::string dtype;
   std::vector<std::string> keep_fp32;
+  std::vector<uint64_t> fp8_block;  // rows, cols; empty: the planner's default
   std::string device_map = "cpu";
   std::string max_memory;
   std::vector<std::string> no_split;

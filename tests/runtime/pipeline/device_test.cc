@@ -92,6 +92,39 @@ TEST_CASE("sim: conversions run on the device and match the CPU load") {
   }
 }
 
+TEST_CASE("sim: float8 block dequant runs on the device with its scales, as on the CPU") {
+  TempDir dir;
+  const auto m = testing::WriteFp8Checkpoint(dir);
+  PlanOptions gpu;
+  gpu.device_map = "cuda:0";
+  gpu.dtype = DType::kBF16;
+  gpu.max_chunk = 64 << 10;
+  PlanOptions cpu = gpu;
+  cpu.device_map = "cpu";
+  auto gpu_plan = Plan(m.ckpt, gpu);
+  auto cpu_plan = Plan(m.ckpt, cpu);
+  REQUIRE(gpu_plan.ok());
+  REQUIRE(cpu_plan.ok());
+  auto sims = MakeSims(1, {.latency = std::chrono::microseconds(300)});
+  REQUIRE(sims[0]->CanDequantFp8Block(DType::kF8E4M3, DType::kBF16));
+  Loader loader;
+  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  LoadHandle on_gpu = loader.Load(m.ckpt, *gpu_plan);
+  LoadHandle on_cpu = loader.Load(m.ckpt, *cpu_plan);
+  REQUIRE(on_gpu.Done().get().ok());
+  REQUIRE(on_cpu.Done().get().ok());
+  int dequantized = 0;
+  for (const TensorPlan& tp : gpu_plan->tensors) {
+    const std::string& name = m.ckpt.tensors()[tp.source].name;
+    INFO(name);
+    const Tensor& g = on_gpu.Tensor(name).get();
+    CHECK(g.device() == "cuda:0");
+    CHECK(testing::HostBytes(g) == testing::HostBytes(on_cpu.Tensor(name).get()));
+    dequantized += tp.conversion == Conversion::kDequantFp8Block;
+  }
+  CHECK(dequantized == 4);
+}
+
 TEST_CASE("sim: staging stays bounded and slots are recycled under backpressure") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
@@ -118,7 +151,7 @@ TEST_CASE("sim: staging stays bounded and slots are recycled under backpressure"
   CHECK(sims[0]->jobs_done() >= plan->reads.size());
 }
 
-TEST_CASE("sim: cancel with device jobs in flight; device memory is given back") {
+TEST_CASE("sim: cancel with device jobs in flight, device memory is given back") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   PlanOptions po;

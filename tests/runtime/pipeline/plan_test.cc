@@ -64,7 +64,7 @@ TEST_CASE("plan: small neighbours are coalesced into one staged read") {
   CHECK(multi > 0);
 }
 
-TEST_CASE("plan: --dtype casts floats, never integers or bool; keep_in_fp32 is anchored") {
+TEST_CASE("plan: --dtype casts floats, never integers or bool, keep_in_fp32 is anchored") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   PlanOptions options;
@@ -87,7 +87,7 @@ TEST_CASE("plan: --dtype casts floats, never integers or bool; keep_in_fp32 is a
   }
 }
 
-TEST_CASE("plan: device maps route tensors; GPU tensors are always staged") {
+TEST_CASE("plan: device maps route tensors, GPU tensors are always staged") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   PlanOptions one;
@@ -131,6 +131,56 @@ TEST_CASE("plan: bad options are refused") {
   PlanOptions odd_chunk;
   odd_chunk.max_chunk = 1000;
   CHECK(Plan(ckpt, odd_chunk).status().code() == StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace loadstone
+
+namespace loadstone {
+namespace {
+
+TEST_CASE("plan: float8 scales that do not fit the block are refused, the right block fits") {
+  TempDir dir;
+  const auto m = testing::WriteFp8Checkpoint(dir);
+  PlanOptions po;
+  po.dtype = DType::kBF16;
+  po.fp8_block = {64, 64};  // down_proj [700, 300] would need 11 x 5 scales, not 6 x 3
+  auto plan = Plan(m.ckpt, po);
+  REQUIRE(plan.status().code() == StatusCode::kInvalidArgument);
+  const std::string msg(plan.status().message());
+  CHECK_THAT(msg, Catch::Contains("do not fit blocks of 64 x 64"));
+  CHECK_THAT(msg, Catch::Contains("--fp8-block"));
+  CHECK_THAT(msg, Catch::Contains("_scale_inv"));
+  po.fp8_block = {0, 128};
+  CHECK(Plan(m.ckpt, po).status().code() == StatusCode::kInvalidArgument);
+
+  // The same scales read with another block size: 128 x 128 here, [6, 3] for [700, 300] also
+  // fits 120 x 100 (ceil(700 / 120) = 6, ceil(300 / 100) = 3) — a checkpoint's own block wins.
+  TempDir one;
+  std::vector<std::byte> codes(700 * 300), scales(6 * 3 * 4);
+  REQUIRE(WriteSafetensors(one.Path("m.safetensors"),
+                           {{"w", DType::kF8E4M3, {700, 300}, codes, {}},
+                            {"w_scale_inv", DType::kF32, {6, 3}, scales, {}}})
+              .ok());
+  auto ckpt = Checkpoint::Open(one.Path("m.safetensors"));
+  REQUIRE(ckpt.ok());
+  po.fp8_block = {120, 100};
+  auto fits = Plan(*ckpt, po);
+  REQUIRE(fits.ok());
+  CHECK(fits->tensors[1].conversion == Conversion::kDequantFp8Block);
+  CHECK(fits->tensors[1].block_rows == 120);
+  CHECK(fits->tensors[1].block_cols == 100);
+  // A scale that is not f32 is refused by name.
+  TempDir bad;
+  std::vector<std::byte> half_scales(6 * 3 * 2);
+  REQUIRE(WriteSafetensors(bad.Path("m.safetensors"),
+                           {{"w", DType::kF8E4M3, {700, 300}, codes, {}},
+                            {"w_scale_inv", DType::kBF16, {6, 3}, half_scales, {}}})
+              .ok());
+  auto bad_ckpt = Checkpoint::Open(bad.Path("m.safetensors"));
+  REQUIRE(bad_ckpt.ok());
+  po.fp8_block = {128, 128};
+  CHECK(Plan(*bad_ckpt, po).status().code() == StatusCode::kInvalidArgument);
 }
 
 }  // namespace

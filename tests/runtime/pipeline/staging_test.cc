@@ -9,38 +9,14 @@
 #include "io/reader_wrapper.h"
 #include "loadstone/loader.h"
 #include "runtime/pipeline/testing.h"
+#include "cold_reader.h"
 #include "test_model.h"
 
 namespace loadstone {
 namespace {
 
 using testing::TempDir;
-
-// Says every range is cold (as on a disk after a cache drop), whatever the page cache holds.
-class ColdReader final : public io::ReaderWrapper {
- public:
-  ColdReader(std::unique_ptr<io::Reader> inner, std::atomic<int>* asked)
-      : ReaderWrapper(std::move(inner)), asked_(asked) {}
-  bool ReadsDirect(uint32_t, uint64_t, uint64_t) const override {
-    asked_->fetch_add(1);
-    return true;
-  }
-
- private:
-  std::atomic<int>* asked_;
-};
-
-// Makes every load on `loader` see cold files; `faults` (if any) are injected under that.
-void UseColdReader(Loader& loader, std::atomic<int>* asked, io::FaultOptions faults = {}) {
-  pipeline::SetReaderFactoryForTesting(
-      loader, [asked, faults](const std::vector<std::string>& paths, const io::ReaderOptions& o,
-                              std::string* log) -> Result<std::unique_ptr<io::Reader>> {
-        LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, o, log));
-        LOADSTONE_ASSIGN_OR_RETURN(
-            auto faulty, io::FaultInjectingReader::Create(std::move(inner), paths, faults));
-        return std::unique_ptr<io::Reader>(std::make_unique<ColdReader>(std::move(faulty), asked));
-      });
-}
+using testing::UseColdReader;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -53,7 +29,7 @@ size_t Count(const std::string& text, const std::string& what) {
   return n;
 }
 
-TEST_CASE("staging: cold tensors are staged and copied byte-exact; off means in place") {
+TEST_CASE("staging: cold tensors are staged and copied byte-exact, off means in place") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   auto plan = Plan(ckpt);
@@ -89,7 +65,7 @@ TEST_CASE("staging: cold tensors are staged and copied byte-exact; off means in 
   }
 }
 
-TEST_CASE("staging: EIO in a cold staged read fails cleanly; the slot and Loader are reusable") {
+TEST_CASE("staging: EIO in a cold staged read fails cleanly, the slot and Loader are reusable") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   auto plan = Plan(ckpt);

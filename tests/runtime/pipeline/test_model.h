@@ -3,7 +3,9 @@
 #define LOADSTONE_TESTS_RUNTIME_PIPELINE_TEST_MODEL_H_
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -109,6 +111,61 @@ inline void CheckTensorBytes(const Tensor& t) {
   const size_t i = SpecIndex(t.name());
   const auto expected = Expected(i, MixedTensors()[i]);
   CHECK(HostBytes(t) == expected);
+}
+
+// DeepSeek-V3-style float8 weights with `_scale_inv` siblings (ragged 128 x 128 blocks, one of
+// them e5m2, one small enough to be coalesced were it not paired), a float8 weight without
+// scales, and bf16 neighbours. The scales are written last, so that small shards put them in
+// other files than their weights. Contents: random codes (NaN included), DeepSeek-like scales.
+struct Fp8Checkpoint {
+  Checkpoint ckpt;
+  std::map<std::string, std::vector<std::byte>> bytes;  // as written
+};
+
+inline std::vector<TestTensor> Fp8Tensors() {
+  return {
+      {"model.layers.0.input_layernorm.weight", DType::kBF16, {300}},
+      {"model.layers.0.mlp.down_proj.weight", DType::kF8E4M3, {700, 300}},
+      {"model.layers.0.mlp.up_proj.weight", DType::kF8E4M3, {256, 384}},
+      {"model.layers.0.self_attn.o_proj.weight", DType::kF8E5M2, {130, 129}},
+      {"model.layers.1.mlp.gate_proj.weight", DType::kF8E4M3, {1000, 520}},
+      {"model.layers.1.plain_fp8.weight", DType::kF8E4M3, {64, 64}},
+      {"lm_head.weight", DType::kBF16, {100, 300}},
+      {"model.layers.0.mlp.down_proj.weight_scale_inv", DType::kF32, {6, 3}},
+      {"model.layers.0.mlp.up_proj.weight_scale_inv", DType::kF32, {2, 3}},
+      {"model.layers.0.self_attn.o_proj.weight_scale_inv", DType::kF32, {2, 2}},
+      {"model.layers.1.mlp.gate_proj.weight_scale_inv", DType::kF32, {8, 5}},
+  };
+}
+
+inline Fp8Checkpoint WriteFp8Checkpoint(const TempDir& dir, uint64_t max_shard = 400'000) {
+  std::map<std::string, std::vector<std::byte>> bytes;
+  const auto specs = Fp8Tensors();
+  std::vector<TensorToWrite> tensors;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::vector<std::byte> data = Expected(100 + i, specs[i]);
+    if (specs[i].dtype == DType::kF32) {  // scales: 2^-14 .. 2^-6, mantissas from the pattern
+      for (size_t k = 0; k < data.size() / 4; ++k) {
+        const float s = std::ldexp(1.0f + static_cast<float>(data[4 * k]) / 256.0f,
+                                   -6 - static_cast<int>(data[4 * k + 1]) % 9);
+        std::memcpy(&data[4 * k], &s, 4);
+      }
+    } else if (specs[i].dtype == DType::kF8E4M3) {
+      data = std::vector<std::byte>(data.size());  // Expected() avoids NaN codes: use all codes
+      for (size_t k = 0; k < data.size(); ++k) data[k] = PatternByte(100 + i, k);
+    }
+    bytes[specs[i].name] = std::move(data);
+  }
+  for (const TestTensor& t : specs) {
+    tensors.push_back({t.name, t.dtype, t.shape, bytes[t.name], {}});
+  }
+  ShardedWriteOptions options;
+  options.max_shard_size = max_shard;
+  auto written = WriteShardedSafetensors(dir.path(), tensors, options);
+  REQUIRE(written.ok());
+  auto ckpt = Checkpoint::Open(dir.path());
+  REQUIRE(ckpt.ok());
+  return {*std::move(ckpt), std::move(bytes)};
 }
 
 }  // namespace loadstone::testing
