@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -86,6 +87,20 @@ TEST_CASE("bench --peers: peers in the interleaved loop, same-work ranking, fail
   size_t broken_runs = 0;
   for (size_t at = 0; (at = log.find("--run broken", at)) != std::string::npos; ++at) ++broken_runs;
   CHECK(broken_runs == 1);
+
+  // Every round runs every method once, in a shuffled order that its seed replays.
+  REQUIRE(doc["order"].size() == 2);
+  for (const auto& round : doc["order"]) {
+    std::set<std::string> names(round.begin(), round.end());
+    CHECK(names.size() == results.size());
+    for (const auto& [name, r] : results) CHECK(names.count(name) == 1);
+  }
+  const std::string replay = std::string(LOADSTONE_BINARY_DIR) + "/loadstone bench " +
+                             dir.Path("model") + " --repeat 2 --settle 0 --json --peers 'sh " +
+                             peer + "' --seed " + doc["seed"].dump() + " >" + dir.Path("replay") +
+                             " 2>/dev/null";
+  REQUIRE(std::system(replay.c_str()) == 0);
+  CHECK(nlohmann::json::parse(Slurp(dir.Path("replay")))["order"] == doc["order"]);
 
   // "views" is faster but does less work: the same-work best is "fast".
   const auto& ratios = doc["ratios"];

@@ -6,6 +6,9 @@
 #include <chrono>
 #include <iostream>
 #include <map>
+#include <numeric>
+#include <optional>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -26,6 +29,7 @@ struct BenchArgs {
   std::string convert_to = "f32";
   std::string peers;  // external peer program (argv prefix, split at spaces); empty: none
   double settle_seconds = 2;
+  std::optional<uint64_t> seed;  // of the per-round method order; random when unset
 };
 
 std::vector<std::string> SplitWords(const std::string& text) {
@@ -79,13 +83,31 @@ int RunBench(const BenchArgs& args) {
     methods.insert(methods.end(), peers->begin(), peers->end());
   }
 
+  nlohmann::ordered_json doc;
   std::map<std::string, std::vector<double>> seconds;
   std::map<std::string, uint64_t> peak_rss;
   std::map<std::string, std::string> backends;
   std::map<std::string, double> resident_before;
   std::map<std::string, std::string> errors;  // a peer that fails is reported, not retried
+  // Interleaved, so that drift hits every method alike, in a fresh random order each round:
+  // on a VM that hands freed memory back to the host, a run is slower right after one that
+  // freed gigabytes than after one that freed little, so no method may keep one predecessor.
+  const uint64_t seed = args.seed ? *args.seed : std::random_device{}();
+  std::mt19937_64 rng(seed);
+  doc["path"] = args.flags.path;
+  doc["bytes"] = ckpt->total_bytes();
+  doc["mode"] = args.cold ? "cold" : "warm";
+  doc["repeat"] = args.repeat;
+  doc["seed"] = seed;
+  std::vector<size_t> order(methods.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto& rounds = doc["order"] = nlohmann::ordered_json::array();
   for (int r = 0; r < args.repeat; ++r) {
-    for (const BenchMethod& m : methods) {  // interleaved: drift hits every method alike
+    std::shuffle(order.begin(), order.end(), rng);
+    auto& names = rounds.emplace_back(nlohmann::ordered_json::array());
+    for (size_t i : order) names.push_back(methods[i].name);
+    for (size_t i : order) {
+      const BenchMethod& m = methods[i];
       if (errors.count(m.name)) continue;
       // The previous child's memory is still being handed back (on a VM with free-page
       // reporting, for seconds): let it settle, so that every run starts alike.
@@ -129,11 +151,6 @@ int RunBench(const BenchArgs& args) {
       best_same_work = gbps(m.name), best_same_work_name = m.name;
     }
   }
-  nlohmann::ordered_json doc;
-  doc["path"] = args.flags.path;
-  doc["bytes"] = ckpt->total_bytes();
-  doc["mode"] = args.cold ? "cold" : "warm";
-  doc["repeat"] = args.repeat;
   auto& results = doc["results"] = nlohmann::ordered_json::array();
   for (const BenchMethod& m : methods) {
     nlohmann::ordered_json r = {{"method", m.name},
@@ -204,6 +221,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--peers", args->peers,
                   "Peer program run in the same loop (e.g. 'VENV/bin/python bench/peers.py'): "
                   "'CMD --list' names its peers, 'CMD --run NAME FILE...' times one");
+  cmd->add_option("--seed", args->seed, "Seed of the per-round method order (replays an order)");
   cmd->add_option("--settle", args->settle_seconds, "Seconds to wait before every run")
       ->check(CLI::Range(0.0, 60.0));
   cmd->add_flag("--json", args->json, "Print one JSON document");
