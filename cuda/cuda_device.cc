@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "cuda/cast_kernels.h"
 #include "cuda/cuda_handles.h"
@@ -31,6 +32,9 @@ class CudaDevice::Impl {
     int slot = -1;          // scratch slot while converting
     bool finished = false;  // set by the host function (or at once for errors)
     Status status;
+    // A traced job (job.timed): copy begin/end on the copy stream, kernel begin/end on the
+    // compute stream.
+    std::vector<Event> marks;
   };
 
   Impl(int ordinal, CudaDeviceOptions options) : ordinal_(ordinal), options_(options) {}
@@ -46,6 +50,13 @@ class CudaDevice::Impl {
     LOADSTONE_ASSIGN_OR_RETURN(copy_, Stream::Create(ordinal_));
     LOADSTONE_ASSIGN_OR_RETURN(compute_, Stream::Create(ordinal_));
     LOADSTONE_ASSIGN_OR_RETURN(copied_, Event::Create(ordinal_));
+    // The epoch of traced jobs' event times: an event that completed at a known host time.
+    LOADSTONE_ASSIGN_OR_RETURN(epoch_, Event::Create(ordinal_, /*timing=*/true));
+    LOADSTONE_RETURN_IF_ERROR(
+        Check(cudaEventRecord(epoch_.get(), copy_.get()), {"cudaEventRecord", ordinal_}));
+    LOADSTONE_RETURN_IF_ERROR(
+        Check(cudaEventSynchronize(epoch_.get()), {"cudaEventSynchronize", ordinal_}));
+    epoch_host_ = std::chrono::steady_clock::now();
     const int slots = std::max(options_.scratch_slots, 1);
     slots_.resize(static_cast<size_t>(slots));
     for (int i = slots - 1; i >= 0; --i) free_slots_.push_back(i);
@@ -196,6 +207,17 @@ class CudaDevice::Impl {
     const PlaceJob& job = j->job;
     const int dev = ordinal_;
     std::byte* target = job.dst;
+    if (job.timed) {
+      for (int k = 0; k < 4; ++k) {
+        LOADSTONE_ASSIGN_OR_RETURN(Event e, Event::Create(dev, /*timing=*/true));
+        j->marks.push_back(std::move(e));
+      }
+    }
+    auto mark = [&](int k, const Stream& stream) {
+      return j->marks.empty() ? Status::OK()
+                              : Check(cudaEventRecord(j->marks[k].get(), stream.get()),
+                                      {"cudaEventRecord", dev});
+    };
     if (Converts(job)) {
       DeviceBuffer& slot = slots_[static_cast<size_t>(j->slot)];
       if (slot.bytes() < job.bytes) {
@@ -205,13 +227,16 @@ class CudaDevice::Impl {
       }
       target = slot.data();
     }
+    LOADSTONE_RETURN_IF_ERROR(mark(0, copy_));
     LOADSTONE_RETURN_IF_ERROR(
         Check(cudaMemcpyAsync(target, job.src, job.bytes, cudaMemcpyHostToDevice, copy_.get()),
               {"cudaMemcpyAsync (host to device)", dev, job.bytes}));
+    LOADSTONE_RETURN_IF_ERROR(mark(1, copy_));
     LOADSTONE_RETURN_IF_ERROR(
         Check(cudaEventRecord(copied_.get(), copy_.get()), {"cudaEventRecord", dev}));
     LOADSTONE_RETURN_IF_ERROR(Check(cudaStreamWaitEvent(compute_.get(), copied_.get(), 0),
                                     {"cudaStreamWaitEvent", dev}));
+    LOADSTONE_RETURN_IF_ERROR(mark(2, compute_));
     if (job.fp8.scales != nullptr) {
       LOADSTONE_RETURN_IF_ERROR(LaunchDequantFp8Block(job.from, job.to, target, job.dst, job.first,
                                                       job.count, job.fp8, compute_.get(),
@@ -220,8 +245,24 @@ class CudaDevice::Impl {
       LOADSTONE_RETURN_IF_ERROR(
           LaunchCast(job.from, job.to, target, job.dst, job.count, compute_.get(), sm_count_, dev));
     }
+    LOADSTONE_RETURN_IF_ERROR(mark(3, compute_));
     return Check(cudaLaunchHostFunc(compute_.get(), &Impl::HostDone, j),
                  {"cudaLaunchHostFunc", dev});
+  }
+
+  // A finished traced job's event times on the host clock (the events have completed).
+  device::JobTiming Timing(const Job& j) const {
+    device::JobTiming t;
+    std::chrono::steady_clock::time_point* at[] = {&t.copy_begin, &t.copy_end, &t.kernel_begin,
+                                                    &t.kernel_end};
+    for (size_t k = 0; k < 4; ++k) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, epoch_.get(), j.marks[k].get());
+      *at[k] = epoch_host_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                 std::chrono::duration<double, std::milli>(ms));
+    }
+    if (!Converts(j.job)) t.kernel_end = t.kernel_begin;  // a plain copy ran no kernel
+    return t;
   }
 
   // A failed dispatch may have left a copy or kernel running that reads the staging memory or
@@ -259,6 +300,7 @@ class CudaDevice::Impl {
         lk.unlock();
         auto done = std::move(j->job.done);
         Status status = std::move(j->status);
+        if (status.ok() && j->job.timed && j->marks.size() == 4) j->job.timed(Timing(*j));
         j.reset();
         if (done) done(std::move(status));
         lk.lock();
@@ -305,6 +347,8 @@ class CudaDevice::Impl {
   uint32_t sm_count_ = 1;
   Stream copy_, compute_;
   Event copied_;                     // recorded per job on copy_, waited on by compute_
+  Event epoch_;                      // traced jobs' times are measured from it
+  std::chrono::steady_clock::time_point epoch_host_;  // when epoch_ completed
   std::vector<DeviceBuffer> slots_;  // touched by the worker thread only
 
   std::mutex mu_;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loadstone/checkpoint.h"
@@ -30,6 +31,9 @@ enum class Conversion {
   // A float8 weight times its block scales (specs/quant.md, "FP8 weights"), into `dtype`.
   kDequantFp8Block,
 };
+
+// "none", "cast", "fp8-block-dequant".
+std::string_view ConversionName(Conversion conversion);
 
 struct TensorPlan {
   size_t source = 0;             // index into Checkpoint::tensors()

@@ -13,6 +13,7 @@
 #ifndef LOADSTONE_RUNTIME_DEVICE_DEVICE_H_
 #define LOADSTONE_RUNTIME_DEVICE_DEVICE_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -42,6 +43,12 @@ struct HostStaging {
   bool pinned = false;
 };
 
+// When a job's work ran on the device, on the host's steady clock (a GPU converts its event
+// times). The kernel span is empty (begin == end) for a plain copy.
+struct JobTiming {
+  std::chrono::steady_clock::time_point copy_begin, copy_end, kernel_begin, kernel_end;
+};
+
 struct PlaceJob {
   const std::byte* src = nullptr;  // host staging, `bytes` long; untouched after `done`
   uint64_t bytes = 0;
@@ -56,6 +63,9 @@ struct PlaceJob {
   convert::Fp8BlockScales fp8;
   uint64_t first = 0;
   std::function<void(Status)> done;  // called exactly once, from a device thread
+  // Set by a traced load only: called once before `done`, from a device thread, when the job
+  // ran. Costs the device a few events per job.
+  std::function<void(const JobTiming&)> timed;
 };
 
 struct DeviceInfo {

@@ -83,11 +83,22 @@ void SimDevice::Submit(PlaceJob job) {
   cv_.notify_all();
 }
 
-Status SimDevice::Execute(const PlaceJob& job) {
+Status SimDevice::Execute(const PlaceJob& job, JobTiming* timing) {
+  // The simulated transfer is the latency and bandwidth wait; the conversion is the "kernel".
+  timing->copy_begin = std::chrono::steady_clock::now();
   if (options_.latency.count() > 0) std::this_thread::sleep_for(options_.latency);
   if (options_.bandwidth_bytes_per_s > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(job.bytes / options_.bandwidth_bytes_per_s));
   }
+  timing->copy_end = timing->kernel_begin = std::chrono::steady_clock::now();
+  const Status status = Place(job);
+  timing->kernel_end = job.from == job.to && job.fp8.scales == nullptr
+                           ? timing->kernel_begin
+                           : std::chrono::steady_clock::now();
+  return status;
+}
+
+Status SimDevice::Place(const PlaceJob& job) {
   if (job.fp8.scales != nullptr) {
     return convert::DequantFp8Block(job.from, job.to, job.src, job.dst, job.first, job.count,
                                     job.fp8);
@@ -110,11 +121,13 @@ void SimDevice::Run() {
     ++running_;
     lock.unlock();
     {
+      JobTiming timing;
       Status status = sequence == options_.fail_job
                           ? Status::IOError(fmt::format("{}: injected failure of job {}",
                                                         options_.name, sequence))
-                          : Execute(job);
+                          : Execute(job, &timing);
       ++jobs_done_;
+      if (status.ok() && job.timed) job.timed(timing);
       job.done(std::move(status));
       job = PlaceJob();  // let go of the callback (and what it holds) before Drain can return
     }

@@ -48,7 +48,8 @@ class SimDevice final : public Device {
 
  private:
   void Run();
-  Status Execute(const PlaceJob& job);
+  Status Execute(const PlaceJob& job, JobTiming* timing);
+  Status Place(const PlaceJob& job);  // the copy or conversion itself
 
   const SimDeviceOptions options_;
   std::mutex mu_;

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "io/posix_error.h"
 #include "runtime/convert/cast.h"
@@ -323,6 +324,21 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     if (tp.conversion == Conversion::kDequantFp8Block) {
       job.fp8 = Fp8Layout(t);
       job.first = (lo - src.offset) / src_elem;
+    }
+    if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
+      job.timed = [self = shared_from_this(), t, bytes = hi - lo](const device::JobTiming& at) {
+        const TensorPlan& p = self->plan.tensors[t];
+        const std::string args = fmt::format(
+            R"({{"tensor":{}}})", nlohmann::json(self->checkpoint.tensors()[p.source].name).dump());
+        self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", p.device + " copy",
+                                at.copy_begin, at.copy_end, args);
+        if (at.kernel_end > at.kernel_begin) {
+          self->trace.SpanOnTrack(fmt::format("{} {}", ConversionName(p.conversion),
+                                              TorchName(p.dtype)),
+                                  "device", p.device + " compute", at.kernel_begin, at.kernel_end,
+                                  args);
+        }
+      };
     }
     const auto begin = trace.Now();
     job.done = [self = shared_from_this(), id, slot, t, bytes = hi - lo, begin](Status s) {

@@ -126,6 +126,15 @@ Result<std::map<size_t, size_t>> PairFp8Scales(const Checkpoint& checkpoint,
 
 }  // namespace
 
+std::string_view ConversionName(Conversion conversion) {
+  switch (conversion) {
+    case Conversion::kNone: return "none";
+    case Conversion::kCast: return "cast";
+    case Conversion::kDequantFp8Block: return "fp8-block-dequant";
+  }
+  return "?";
+}
+
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
   if (options.dtype && !IsFloatingPoint(*options.dtype)) {
     return Status::InvalidArgument(fmt::format("--dtype {}: the target must be a float type",

@@ -14,8 +14,16 @@ uint64_t TraceRecorder::ThreadId() {  // REQUIRES: mu_ held
   for (const auto& [id, n] : threads_) {
     if (id == self) return n;
   }
-  threads_.emplace_back(self, threads_.size() + 1);
-  return threads_.size();
+  threads_.emplace_back(self, next_tid_);
+  return next_tid_++;
+}
+
+uint64_t TraceRecorder::TrackId(const std::string& track) {  // REQUIRES: mu_ held
+  for (const auto& [name, n] : tracks_) {
+    if (name == track) return n;
+  }
+  tracks_.emplace_back(track, next_tid_);
+  return next_tid_++;
 }
 
 void TraceRecorder::Span(std::string name, const char* category, Clock::time_point begin,
@@ -27,6 +35,16 @@ void TraceRecorder::Span(std::string name, const char* category, Clock::time_poi
                      std::chrono::duration<double, std::micro>(begin - start_).count(),
                      std::chrono::duration<double, std::micro>(end - begin).count(), ThreadId(),
                      std::move(args)});
+}
+
+void TraceRecorder::SpanOnTrack(std::string name, const char* category, const std::string& track,
+                                Clock::time_point begin, Clock::time_point end, std::string args) {
+  if (!enabled_) return;
+  std::lock_guard lock(mu_);
+  events_.push_back({std::move(name), category, 'X',
+                     std::chrono::duration<double, std::micro>(begin - start_).count(),
+                     std::chrono::duration<double, std::micro>(end - begin).count(),
+                     TrackId(track), std::move(args)});
 }
 
 void TraceRecorder::Instant(std::string name, const char* category) {
@@ -44,6 +62,10 @@ Status TraceRecorder::WriteJson(const std::string& path) const {
   if (!out) return io::ErrnoStatus(errno, "cannot create", path);
   std::lock_guard lock(mu_);
   out << "{\"traceEvents\":[\n";
+  for (const auto& [track, tid] : tracks_) {  // names for the tracks that are not threads
+    out << fmt::format(R"({{"name":"thread_name","ph":"M","pid":1,"tid":{},)", tid)
+        << fmt::format(R"("args":{{"name":{}}}}},)", nlohmann::json(track).dump()) << "\n";
+  }
   for (size_t i = 0; i < events_.size(); ++i) {
     const Event& e = events_[i];
     out << fmt::format(R"({{"name":{},"cat":"{}","ph":"{}","ts":{:.3f},"pid":1,"tid":{})",

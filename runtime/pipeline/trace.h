@@ -23,6 +23,10 @@ class TraceRecorder {
 
   // A complete event ("ph":"X") from `begin` to now on the calling thread. Thread-safe.
   void Span(std::string name, const char* category, Clock::time_point begin, std::string args = "");
+  // A complete event from `begin` to `end` on the named track (e.g. "cuda:0 copy stream"),
+  // which the file labels with that name. Thread-safe.
+  void SpanOnTrack(std::string name, const char* category, const std::string& track,
+                   Clock::time_point begin, Clock::time_point end, std::string args = "");
   // An instant event ("ph":"i") now on the calling thread.
   void Instant(std::string name, const char* category);
 
@@ -38,13 +42,16 @@ class TraceRecorder {
     uint64_t tid;
     std::string args;  // a JSON object's text, or empty
   };
-  uint64_t ThreadId();
+  uint64_t ThreadId();                        // REQUIRES: mu_ held
+  uint64_t TrackId(const std::string& track);  // REQUIRES: mu_ held
 
   const bool enabled_;
   const Clock::time_point start_;
   mutable std::mutex mu_;
   std::vector<Event> events_;  // guarded by mu_
   std::vector<std::pair<std::thread::id, uint64_t>> threads_;  // guarded by mu_
+  std::vector<std::pair<std::string, uint64_t>> tracks_;       // guarded by mu_
+  uint64_t next_tid_ = 1;                                      // guarded by mu_
 };
 
 }  // namespace loadstone::pipeline

@@ -2,11 +2,14 @@
 // the device map, conversions on the device, bounded staging, recycling under backpressure,
 // cancellation and injected faults — what CI can test without a GPU.
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <set>
 #include <random>
 #include <thread>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "loadstone/loader.h"
 #include "runtime/device/sim_device.h"
@@ -123,6 +126,50 @@ TEST_CASE("sim: float8 block dequant runs on the device with its scales, as on t
     dequantized += tp.conversion == Conversion::kDequantFp8Block;
   }
   CHECK(dequantized == 4);
+}
+
+TEST_CASE("sim: the trace shows each device's copy and compute streams, job by job") {
+  TempDir dir;
+  const auto m = testing::WriteFp8Checkpoint(dir);
+  PlanOptions po;
+  po.device_map = "cuda:0";
+  po.dtype = DType::kBF16;
+  auto plan = Plan(m.ckpt, po);
+  REQUIRE(plan.ok());
+  auto sims = MakeSims(1, {.latency = std::chrono::microseconds(200)});
+  Loader loader;
+  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  LoadOptions options;
+  options.trace = true;
+  LoadHandle load = loader.Load(m.ckpt, *plan, options);
+  REQUIRE(load.Done().get().ok());
+  REQUIRE(load.WriteTrace(dir.Path("trace.json")).ok());
+  std::ifstream in(dir.Path("trace.json"));
+  const auto doc = nlohmann::json::parse(in);
+  std::map<uint64_t, std::string> tracks;  // tid → name, from the metadata events
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "M") tracks[e["tid"].get<uint64_t>()] = e["args"]["name"].get<std::string>();
+  }
+  std::map<std::string, int> spans;  // "track|name prefix" → count
+  std::set<std::string> dequant_track;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] != "X" || e["cat"] != "device" || !tracks.count(e["tid"].get<uint64_t>())) continue;
+    const std::string track = tracks[e["tid"].get<uint64_t>()];
+    const std::string name = e["name"].get<std::string>();
+    CHECK(e["dur"].get<double>() >= 0);
+    const std::string tensor = e["args"]["tensor"].get<std::string>();
+    CHECK(m.ckpt.Find(tensor) != nullptr);
+    ++spans[track + "|" + name.substr(0, name.find(' '))];
+    if (name.starts_with("fp8-block-dequant")) dequant_track.insert(tensor);
+  }
+  // One copy per device job; a kernel only for the converted tensors: the float8 weight
+  // without scales (a cast) and the four with scales (dequants). The bf16 tensors (already the
+  // target) and the scales (kept as stored) are copied only.
+  CHECK(spans["cuda:0 copy|h2d"] == static_cast<int>(sims[0]->jobs_done()));
+  CHECK(spans["cuda:0 compute|cast"] == 1);
+  CHECK(spans["cuda:0 compute|fp8-block-dequant"] == 4);
+  CHECK(dequant_track.size() == 4);
+  CHECK(spans.size() == 3);
 }
 
 TEST_CASE("sim: staging stays bounded and slots are recycled under backpressure") {
