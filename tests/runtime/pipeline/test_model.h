@@ -72,6 +72,18 @@ inline std::vector<std::byte> Expected(size_t index, const TestTensor& t) {
   return out;
 }
 
+// Writes `tensors` as Hugging Face shards of at most `max_shard` bytes into `dir`; opens them.
+inline Checkpoint WriteAndOpen(const TempDir& dir, const std::vector<TensorToWrite>& tensors,
+                               uint64_t max_shard) {
+  ShardedWriteOptions options;
+  options.max_shard_size = max_shard;
+  auto written = WriteShardedSafetensors(dir.path(), tensors, options);
+  REQUIRE(written.ok());
+  auto ckpt = Checkpoint::Open(dir.path());
+  REQUIRE(ckpt.ok());
+  return *std::move(ckpt);
+}
+
 // Writes MixedTensors() as a sharded checkpoint (~8 MB shards) into `dir` and opens it.
 inline Checkpoint WriteMixedCheckpoint(const TempDir& dir, uint64_t max_shard = 8'000'000) {
   const auto specs = MixedTensors();
@@ -81,13 +93,7 @@ inline Checkpoint WriteMixedCheckpoint(const TempDir& dir, uint64_t max_shard = 
   for (size_t i = 0; i < specs.size(); ++i) {
     tensors.push_back({specs[i].name, specs[i].dtype, specs[i].shape, data[i], {}});
   }
-  ShardedWriteOptions options;
-  options.max_shard_size = max_shard;
-  auto written = WriteShardedSafetensors(dir.path(), tensors, options);
-  REQUIRE(written.ok());
-  auto ckpt = Checkpoint::Open(dir.path());
-  REQUIRE(ckpt.ok());
-  return *ckpt;
+  return WriteAndOpen(dir, tensors, max_shard);
 }
 
 inline size_t SpecIndex(const std::string& name) {
@@ -159,13 +165,7 @@ inline Fp8Checkpoint WriteFp8Checkpoint(const TempDir& dir, uint64_t max_shard =
   for (const TestTensor& t : specs) {
     tensors.push_back({t.name, t.dtype, t.shape, bytes[t.name], {}});
   }
-  ShardedWriteOptions options;
-  options.max_shard_size = max_shard;
-  auto written = WriteShardedSafetensors(dir.path(), tensors, options);
-  REQUIRE(written.ok());
-  auto ckpt = Checkpoint::Open(dir.path());
-  REQUIRE(ckpt.ok());
-  return {*std::move(ckpt), std::move(bytes)};
+  return {WriteAndOpen(dir, tensors, max_shard), std::move(bytes)};
 }
 
 }  // namespace loadstone::testing
