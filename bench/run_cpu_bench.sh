@@ -5,7 +5,8 @@
 # given, runs `loadstone bench` cold and warm: loadstone, its pread backend, bf16→f32, the
 # first-touch bounds, read-per-tensor, mmap+memcpy, the raw O_DIRECT ceiling and the Python peers
 # (safetensors, Run:ai's streamer, from a pinned venv) interleaved in one loop, and writes both
-# documents to bench/results/cpu-DATE.json. VENV=DIR reuses a venv that already has the pins.
+# documents to bench/results/cpu-DATE.json (cpu-DATE-HHMM.json when that exists).
+# VENV=DIR reuses a venv that already has the pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-/var/tmp/loadstone-bench-llama40}
@@ -21,6 +22,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/pip" install -q $pins
 fi
 out=bench/results/cpu-$(date +%Y-%m-%d).json
+[ -e "$out" ] && out=bench/results/cpu-$(date +%Y-%m-%d-%H%M).json  # never overwrite a record
 mkdir -p bench/results
 tmp=$(mktemp -d)
 peers="$venv/bin/python bench/peers.py"
