@@ -247,16 +247,19 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
 
 std::string LoadPlan::ToString() const {
   std::map<std::string, std::pair<size_t, uint64_t>> per_target;
-  size_t casts = 0, staged_reads = 0;
+  size_t casts = 0, dequants = 0, staged_reads = 0;
   for (const TensorPlan& t : tensors) {
     auto& entry = per_target[fmt::format("{} {}", t.device, SafetensorsName(t.dtype))];
     ++entry.first;
     entry.second += t.nbytes;
-    if (t.conversion != Conversion::kNone) ++casts;
+    casts += t.conversion == Conversion::kCast;
+    dequants += t.conversion == Conversion::kDequantFp8Block;
   }
   for (const ReadChunk& r : reads) staged_reads += r.staged;
-  std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts\n",
+  std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts",
                                 tensors.size(), read_bytes, placed_bytes, casts);
+  if (dequants > 0) out += fmt::format(", {} float8 block dequants", dequants);
+  out += "\n";
   out += fmt::format("  device map: {}\n", device_map.ToJson());
   for (const std::string& w : warnings) out += fmt::format("  warning: {}\n", w);
   for (const auto& [target, count_bytes] : per_target) {

@@ -105,6 +105,7 @@ TEST_CASE("fp8 block: the plan reads each weight's scales first, as stored, neve
     }
   }
   CHECK(pairs == 4);
+  CHECK_THAT(plan->ToString(), Catch::Contains("1 casts, 4 float8 block dequants"));
   // The float8 weight without scales is a plain cast.
   for (const TensorPlan& tp : plan->tensors) {
     if (m.ckpt.tensors()[tp.source].name == "model.layers.1.plain_fp8.weight") {
