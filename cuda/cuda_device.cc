@@ -18,6 +18,7 @@
 
 namespace loadstone::cuda {
 
+using device::Converts;
 using device::DeviceInfo;
 using device::DeviceMemory;
 using device::HostStaging;
@@ -166,10 +167,6 @@ class CudaDevice::Impl {
   int ordinal_;
 
  private:
-  static bool Converts(const PlaceJob& job) {
-    return job.from != job.to || job.fp8.scales != nullptr;
-  }
-
   Status Validate(const PlaceJob& job) const {
     const std::string dev = DeviceName(ordinal_);
     if (job.bytes != 0 && (job.src == nullptr || job.dst == nullptr)) {

@@ -8,7 +8,7 @@
 // edges: the scale has ceil(M / 128) x ceil(N / 128) entries. Per-tensor, per-channel and
 // per-group scales are the same rule with block_rows = M or 1 and block_cols = N or the group.
 //
-// The scalar contract (Fp8BlockElementBits) is what the CPU loop here and the CUDA kernel
+// The scalar contract (Fp8ScaledF32Bits) is what the CPU loop here and the CUDA kernel
 // (cuda/cast_kernels.cu) both apply, so that the GPU result is bit-exact with the CPU reference.
 #ifndef LOADSTONE_RUNTIME_CONVERT_FP8_BLOCK_H_
 #define LOADSTONE_RUNTIME_CONVERT_FP8_BLOCK_H_

@@ -68,6 +68,11 @@ struct PlaceJob {
   std::function<void(const JobTiming&)> timed;
 };
 
+// True when the job runs a kernel (a cast or a float8 dequant), not only a copy.
+inline bool Converts(const PlaceJob& job) {
+  return job.from != job.to || job.fp8.scales != nullptr;
+}
+
 struct DeviceInfo {
   std::string name;            // "cuda:0", "sim:1"
   uint64_t total_bytes = 0;

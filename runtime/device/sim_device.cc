@@ -92,9 +92,7 @@ Status SimDevice::Execute(const PlaceJob& job, JobTiming* timing) {
   }
   timing->copy_end = timing->kernel_begin = std::chrono::steady_clock::now();
   const Status status = Place(job);
-  timing->kernel_end = job.from == job.to && job.fp8.scales == nullptr
-                           ? timing->kernel_begin
-                           : std::chrono::steady_clock::now();
+  timing->kernel_end = Converts(job) ? std::chrono::steady_clock::now() : timing->kernel_begin;
   return status;
 }
 

@@ -159,9 +159,11 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   plan.device_map = std::move(devices.device_map);
   plan.warnings = std::move(devices.warnings);
   plan.tensors.reserve(order.size());
-  auto add = [&](size_t index) -> Result<uint32_t> {
+  PlanOptions as_stored = options;  // for float8 scales: loaded as they are
+  as_stored.dtype.reset();
+  auto add = [&](size_t index, const PlanOptions& opts) -> Result<uint32_t> {
     LOADSTONE_ASSIGN_OR_RETURN(TensorPlan tp,
-                               PlanTensor(infos[index], index, options, plan.device_map));
+                               PlanTensor(infos[index], index, opts, plan.device_map));
     plan.placed_bytes += tp.nbytes;
     plan.tensors.push_back(tp);
     return static_cast<uint32_t>(plan.tensors.size() - 1);
@@ -170,18 +172,12 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     if (is_scale[index]) continue;  // planned just before its weight
     const auto pair = fp8_pairs.find(index);
     if (pair == fp8_pairs.end()) {
-      LOADSTONE_RETURN_IF_ERROR(add(index).status());
+      LOADSTONE_RETURN_IF_ERROR(add(index, options).status());
       continue;
     }
     // A dequantized weight: its scales come first, as stored, on the same device.
-    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, add(pair->second));
-    TensorPlan& scale = plan.tensors[s];
-    plan.placed_bytes -= scale.nbytes;
-    scale.dtype = infos[pair->second].dtype;
-    scale.conversion = Conversion::kNone;
-    scale.nbytes = infos[pair->second].nbytes;
-    plan.placed_bytes += scale.nbytes;
-    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, add(index));
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, add(pair->second, as_stored));
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, add(index, options));
     TensorPlan& weight = plan.tensors[w];
     if (weight.device != plan.tensors[s].device) {
       return Status::Unsupported(fmt::format(

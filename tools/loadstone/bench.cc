@@ -1,7 +1,5 @@
 // loadstone bench PATH [--cold] [--repeat N] [--peers CMD] [--json]: loadstone against baselines
 // and peers, interleaved in one run.
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -9,9 +7,11 @@
 #include <numeric>
 #include <optional>
 #include <random>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "tools/loadstone/bench_methods.h"
 #include "tools/loadstone/commands.h"
@@ -89,9 +89,9 @@ int RunBench(const BenchArgs& args) {
   std::map<std::string, std::string> backends;
   std::map<std::string, double> resident_before;
   std::map<std::string, std::string> errors;  // a peer that fails is reported, not retried
-  // Interleaved, so that drift hits every method alike, in a fresh random order each round:
-  // on a VM that hands freed memory back to the host, a run is slower right after one that
-  // freed gigabytes than after one that freed little, so no method may keep one predecessor.
+  // Interleaved, so that drift hits every method alike, in a fresh random order each round, so
+  // that no method keeps one predecessor (whose freed memory the VM may still be handing back)
+  // for the whole run.
   const uint64_t seed = args.seed ? *args.seed : std::random_device{}();
   std::mt19937_64 rng(seed);
   doc["path"] = args.flags.path;

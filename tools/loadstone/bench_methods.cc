@@ -1,7 +1,6 @@
 #include "tools/loadstone/bench_methods.h"
 
 #include <fcntl.h>
-#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -12,9 +11,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 namespace loadstone::cli {
 namespace {
@@ -116,12 +117,8 @@ Status FirstTouch(const Checkpoint& ckpt, const PlanOptions& plan_options,
   return Status::OK();
 }
 
-// Runs `argv` to completion; its stdout and stderr together, and its exit status.
-struct ProgramOutput {
-  std::string text;
-  int wait_status = 0;
-};
-Result<ProgramOutput> RunProgram(const std::vector<std::string>& argv) {
+// Runs `argv` to completion; its stdout and stderr together.
+Result<std::string> RunProgram(const std::vector<std::string>& argv) {
   if (argv.empty()) return Status::InvalidArgument("empty peer command");
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return Errno("pipe", argv[0]);
@@ -141,15 +138,16 @@ Result<ProgramOutput> RunProgram(const std::vector<std::string>& argv) {
     ::_exit(127);
   }
   ::close(fds[1]);
-  ProgramOutput out;
+  std::string out;
   char buf[4096];
   for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) != 0;) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
-    out.text.append(buf, static_cast<size_t>(n));
+    out.append(buf, static_cast<size_t>(n));
   }
   ::close(fds[0]);
-  while (::waitpid(pid, &out.wait_status, 0) < 0 && errno == EINTR) {
+  int wait_status = 0;
+  while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
   }
   return out;
 }
@@ -179,8 +177,8 @@ Status RunExternal(const BenchMethod& method, const Checkpoint& ckpt, double* se
   std::vector<std::string> argv = method.command;
   argv.insert(argv.end(), {"--run", method.name});
   for (const CheckpointFile& f : ckpt.files()) argv.push_back(f.path);
-  LOADSTONE_ASSIGN_OR_RETURN(ProgramOutput out, RunProgram(argv));
-  LOADSTONE_ASSIGN_OR_RETURN(nlohmann::json doc, TrailingJson(out.text, argv[0]));
+  LOADSTONE_ASSIGN_OR_RETURN(std::string out, RunProgram(argv));
+  LOADSTONE_ASSIGN_OR_RETURN(nlohmann::json doc, TrailingJson(out, argv[0]));
   if (doc.contains("error")) {
     return Status::IOError(doc["error"].is_string() ? doc["error"].get<std::string>()
                                                     : doc["error"].dump());
@@ -345,8 +343,8 @@ Result<BenchRun> RunMethod(const BenchMethod& method, const Checkpoint& ckpt) {
 Result<std::vector<BenchMethod>> ListExternalPeers(const std::vector<std::string>& command) {
   std::vector<std::string> argv = command;
   argv.push_back("--list");
-  LOADSTONE_ASSIGN_OR_RETURN(ProgramOutput out, RunProgram(argv));
-  LOADSTONE_ASSIGN_OR_RETURN(nlohmann::json doc, TrailingJson(out.text, argv[0]));
+  LOADSTONE_ASSIGN_OR_RETURN(std::string out, RunProgram(argv));
+  LOADSTONE_ASSIGN_OR_RETURN(nlohmann::json doc, TrailingJson(out, argv[0]));
   if (!doc.is_array()) {
     return Status::IOError(fmt::format("'{} --list' printed {}, not a JSON array of peers", argv[0],
                                        doc.dump().substr(0, 300)));
