@@ -123,6 +123,10 @@ struct ReaderOptions {
   // Testing only: each read asks the OS for at most this many bytes (0 = no cap), so every
   // chunk is continued exactly as after a short read.
   uint64_t max_read_call = 0;
+  // Testing only (UringReader): after this many calls into the kernel, every submission fails
+  // with `fail_submit_errno` (0 = never), as a ring that has gone bad would.
+  int fail_submit_errno = 0;
+  uint64_t fail_submit_after = 0;
 };
 
 // Opens every path and returns the backend `options` asks for. kAuto: io_uring when a ring can

@@ -78,6 +78,11 @@ struct UringReader::Impl {
   void Drain();
   void Handle(ReadPiece* raw, int res);
   void Retire(std::unique_ptr<ReadPiece> piece);
+  int Enter(unsigned wait_nr);
+  void Break(int err);
+  void FailWaiting();
+  void WaitBroken();
+  Status Abandoned(const ReadRequest& r) const;
 
   std::vector<File> files;
   std::vector<DirectTwin> twins;
@@ -102,7 +107,13 @@ struct UringReader::Impl {
   bool buffers_registered = false;
   std::deque<std::shared_ptr<PendingRead>> queue;  // not fully scheduled, in order
   std::deque<std::unique_ptr<ReadPiece>> retry;    // to resubmit (short read, EAGAIN, ...)
-  unsigned in_flight = 0;                          // pieces in the kernel
+  unsigned in_flight = 0;                          // pieces prepared and not yet back
+  // Prepared entries the kernel has not taken yet, oldest first (nullptr: the wake-up poll).
+  std::deque<ReadPiece*> unsubmitted;
+  // Set when the kernel refused a submission for good: every read not in the kernel fails
+  // with it, and the ring is only waited on, never submitted to again.
+  Status broken;
+  uint64_t enter_calls = 0;
   std::vector<ReadCompletion> done;
   Ring ring;  // after `pool`: torn down before the memory it may have registered
 
@@ -222,16 +233,88 @@ void UringReader::Impl::Run() {
   ArmWake();
   for (;;) {
     const bool stop = TakeInbox();
-    Fill();
+    if (broken.ok()) {
+      Fill();
+    } else {
+      FailWaiting();
+    }
     completions->Push(&done);
     if (stop && in_flight == 0 && retry.empty() && queue.empty()) break;
-    int r = io_uring_submit_and_wait(ring.get(), 1);
-    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
-      // Not expected from a healthy ring; back off so in-flight pieces can still be reaped.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!broken.ok()) {
+      WaitBroken();
+      continue;
     }
+    const int r = Enter(1);
+    if (r == -EAGAIN) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // kernel memory
+    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) Break(-r);
     Drain();
   }
+}
+
+int UringReader::Impl::Enter(unsigned wait_nr) {
+  ++enter_calls;
+  int r;
+  if (options.fail_submit_errno != 0 && enter_calls > options.fail_submit_after) {
+    r = -options.fail_submit_errno;  // tests: a ring that refuses, leaving its entries queued
+  } else {
+    r = wait_nr > 0 ? io_uring_submit_and_wait(ring.get(), wait_nr) : io_uring_submit(ring.get());
+  }
+  // An error means the kernel took no entry; otherwise it took the r oldest ones.
+  const size_t taken = r > 0 ? std::min<size_t>(static_cast<size_t>(r), unsubmitted.size()) : 0;
+  unsubmitted.erase(unsubmitted.begin(), unsubmitted.begin() + static_cast<ptrdiff_t>(taken));
+  return r;
+}
+
+// A healthy ring only refuses a submission for a moment (EAGAIN, EBUSY, EINTR). Anything else
+// (EBADF, EFAULT, ENOMEM, ...) would repeat forever: the reads the kernel never saw fail now —
+// their buffers were never handed to it, so they are free to go — and the pieces it did take
+// are waited for, so that no DMA outlives its completion.
+void UringReader::Impl::Break(int err) {
+  broken = Status::IOError(fmt::format(
+      "io_uring refused a submission: {} (errno {}); reads not yet in the kernel were abandoned. "
+      "A new reader may work; `--backend pread` avoids io_uring",
+      std::strerror(err), err));
+  for (ReadPiece* raw : unsubmitted) {
+    if (raw == nullptr) continue;
+    std::unique_ptr<ReadPiece> piece(raw);
+    --in_flight;
+    piece->read->Fail(Abandoned(piece->read->request));
+    Retire(std::move(piece));
+  }
+  unsubmitted.clear();  // left in the SQ ring: never submitted (Enter is not called again)
+  FailWaiting();
+}
+
+void UringReader::Impl::FailWaiting() {
+  for (const std::shared_ptr<PendingRead>& read : queue) {
+    read->Fail(Abandoned(read->request));
+    if (read->TakeCompletion()) done.push_back({read->request.tag, read->status});
+  }
+  queue.clear();
+  while (!retry.empty()) {
+    std::unique_ptr<ReadPiece> piece = std::move(retry.front());
+    retry.pop_front();
+    piece->read->Fail(Abandoned(piece->read->request));
+    Retire(std::move(piece));
+  }
+}
+
+Status UringReader::Impl::Abandoned(const ReadRequest& r) const {
+  return Status::IOError(fmt::format("read of {} bytes at offset {} of '{}' not done: {}",
+                                     r.length, r.offset, files[r.file].path(), broken.message()));
+}
+
+// Broken: waits for the kernel's pieces without submitting anything, then for the next
+// Submit, Cancel or destruction on the wake-up eventfd itself.
+void UringReader::Impl::WaitBroken() {
+  if (in_flight > 0) {
+    io_uring_cqe* cqe = nullptr;
+    io_uring_wait_cqe(ring.get(), &cqe);  // to_submit = 0: the stranded entries stay unseen
+    Drain();
+    return;
+  }
+  pollfd pfd{wake.fd(), POLLIN, 0};
+  if (::poll(&pfd, 1, -1) > 0) wake.Reset();
 }
 
 void UringReader::Impl::ArmWake() {
@@ -239,6 +322,7 @@ void UringReader::Impl::ArmWake() {
   if (sqe == nullptr) return;
   io_uring_prep_poll_add(sqe, wake.fd(), POLLIN);
   io_uring_sqe_set_data(sqe, nullptr);
+  unsubmitted.push_back(nullptr);
 }
 
 bool UringReader::Impl::TakeInbox() {
@@ -281,7 +365,8 @@ void UringReader::Impl::Fill() {
       break;
     }
     Prep(sqe, *piece);
-    io_uring_sqe_set_data(sqe, piece.release());  // reclaimed in Handle()
+    unsubmitted.push_back(piece.get());
+    io_uring_sqe_set_data(sqe, piece.release());  // reclaimed in Handle() or Break()
     ++in_flight;
   }
 }
@@ -313,7 +398,7 @@ std::unique_ptr<ReadPiece> UringReader::Impl::CutNext() {
 io_uring_sqe* UringReader::Impl::GetSqe() {
   io_uring_sqe* sqe = io_uring_get_sqe(ring.get());
   if (sqe != nullptr) return sqe;
-  io_uring_submit(ring.get());  // the SQ is full: flush it, then try once more
+  Enter(0);  // the SQ is full: flush it, then try once more (an error shows in the next Enter)
   return io_uring_get_sqe(ring.get());
 }
 
@@ -362,7 +447,7 @@ void UringReader::Impl::Drain() {
 void UringReader::Impl::Handle(ReadPiece* raw, int res) {
   if (raw == nullptr) {  // the wake-up poll fired: reset the eventfd and watch it again
     wake.Reset();
-    ArmWake();
+    if (broken.ok()) ArmWake();
     return;
   }
   std::unique_ptr<ReadPiece> piece(raw);

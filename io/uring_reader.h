@@ -10,6 +10,9 @@
 //
 // Thread safety: as Reader. Completions are posted by the ring thread to completion_fd().
 // Destruction cancels, then waits until the kernel has returned every piece.
+// A ring that refuses a submission with anything but EAGAIN, EBUSY or EINTR is broken for
+// good: every read the kernel has not taken fails with an IOError saying so (its buffers were
+// never handed over), the pieces it took are waited for, and later reads fail at once.
 #ifndef LOADSTONE_IO_URING_READER_H_
 #define LOADSTONE_IO_URING_READER_H_
 

@@ -1,14 +1,19 @@
 // The Reader backends (io_uring and pread) against pattern files: exact bytes for random
 // ranges, chunking, deep queues, end of file and truncation, concurrent submitters, O_DIRECT,
-// and OpenReader's choice. Faults and cancellation: reader_fault_test.cc.
+// OpenReader's choice, and a ring that refuses submissions. Faults and cancellation:
+// reader_fault_test.cc.
 #include "io/reader.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "io/read_state.h"
 #include "io/reader_test_util.h"
@@ -376,6 +381,65 @@ TEST_CASE("reader: OpenReader logs its choice and names files it cannot open") {
   ReaderOptions bad;
   bad.queue_depth = 0;
   CHECK(OpenReader({path}, bad).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("reader: a ring that refuses submissions fails what it could not read and never hangs") {
+  // The kernel stops taking entries after `after` calls: the reads it already took must land
+  // intact, every other read fails with the reason and its offset, and the reader neither spins
+  // nor hangs — not on the next Submit, not on Cancel, not on destruction.
+  const uint64_t after = GENERATE(0, 1, 2, 3, 6);
+  CAPTURE(after);
+  ScratchDir dir(kTmp);
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("refused.bin");
+  constexpr uint64_t kRead = 1 << 20;
+  constexpr int kReads = 16;
+  WritePatternFile(path, 0, kRead * kReads);
+  DropFromCache(path);
+  ReaderOptions options = Options(ReaderBackend::kUring);
+  options.queue_depth = 4;
+  options.max_chunk = 256 << 10;
+  options.fail_submit_errno = EBADF;
+  options.fail_submit_after = after;
+  auto reader = OpenOrSkip({path}, options);
+  if (!reader) return;
+
+  AlignedBytes buffer(kRead * kReads);
+  std::vector<ReadRequest> requests;
+  for (int i = 0; i < kReads; ++i) {
+    // Half in phase (O_DIRECT into the buffer), half off by 100 bytes (through bounce slots).
+    const uint64_t misalign = i % 2 == 0 ? 0 : 100;
+    requests.push_back({0, i * kRead + misalign, kRead - misalign,
+                        buffer.At(0) + i * kRead + misalign, static_cast<uint64_t>(i)});
+  }
+  reader->Submit(requests);
+  auto done = DrainAll(*reader, requests.size(), std::chrono::seconds(30));
+  int failed = 0;
+  for (const ReadRequest& r : requests) {
+    const Status& status = done[r.tag];
+    if (status.ok()) {
+      CHECK(FirstMismatch(r.dst, 0, r.offset, r.length) == -1);
+      continue;
+    }
+    ++failed;
+    INFO(status.ToString());
+    CHECK(status.code() == StatusCode::kIOError);
+    CHECK(status.message().find("io_uring refused a submission") != std::string_view::npos);
+    CHECK(status.message().find(std::strerror(EBADF)) != std::string_view::npos);
+    CHECK(status.message().find(fmt::format("at offset {} of '{}'", r.offset, path)) !=
+          std::string_view::npos);
+  }
+  CHECK(failed > 0);
+  CHECK(reader->pending() == 0);
+
+  // Broken for good: a new read fails at once with the same reason.
+  std::vector<std::byte> one(4096);
+  const ReadRequest late{0, 0, one.size(), one.data(), 100};
+  reader->Submit({&late, 1});
+  auto later = DrainAll(*reader, 1, std::chrono::seconds(10));
+  CHECK(later[100].code() == StatusCode::kIOError);
+  reader->Cancel();
+  reader.reset();  // returns: nothing left in the kernel's hands
 }
 
 }  // namespace
