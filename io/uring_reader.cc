@@ -19,6 +19,7 @@
 #include "io/direct_io.h"
 #include "io/event_fd.h"
 #include "io/read_state.h"
+#include "io/uring_ring.h"
 
 namespace loadstone::io {
 namespace {
@@ -30,40 +31,6 @@ constexpr double kCachedEnough = 0.75;
 constexpr uint64_t kInlineCopyMax = 1 << 20;
 constexpr unsigned kCqeBatch = 64;
 
-std::string RingError(int err) {
-  std::string_view hint;
-  if (err == ENOSYS) hint = " (this kernel has no io_uring)";
-  if (err == EPERM || err == EACCES) hint = " (disabled: sysctl kernel.io_uring_disabled, seccomp)";
-  if (err == ENOMEM) hint = " (not enough lockable memory: raise `ulimit -l`)";
-  return fmt::format("cannot create an io_uring ring: {}{}", std::strerror(err), hint);
-}
-
-// An io_uring instance, torn down on destruction.
-class Ring {
- public:
-  Ring() = default;
-  ~Ring() {
-    if (live_) io_uring_queue_exit(&ring_);
-  }
-  Ring(const Ring&) = delete;
-  Ring& operator=(const Ring&) = delete;
-
-  // Returns 0 or -errno.
-  int Init(unsigned entries, unsigned flags) {
-    io_uring_params params;
-    std::memset(&params, 0, sizeof params);
-    params.flags = flags;
-    int r = io_uring_queue_init_params(entries, &ring_, &params);
-    live_ = r == 0;
-    return r;
-  }
-  io_uring* get() { return &ring_; }
-
- private:
-  io_uring ring_;
-  bool live_ = false;
-};
-
 }  // namespace
 
 struct UringReader::Impl {
@@ -72,13 +39,11 @@ struct UringReader::Impl {
   bool TakeInbox();
   void Fill();
   std::unique_ptr<ReadPiece> CutNext();
-  io_uring_sqe* GetSqe();
   void Prep(io_uring_sqe* sqe, ReadPiece& piece);
   void ArmWake();
   void Drain();
   void Handle(ReadPiece* raw, int res);
   void Retire(std::unique_ptr<ReadPiece> piece);
-  int Enter(unsigned wait_nr);
   void Break(int err);
   void FailWaiting();
   void WaitBroken();
@@ -108,28 +73,16 @@ struct UringReader::Impl {
   std::deque<std::shared_ptr<PendingRead>> queue;  // not fully scheduled, in order
   std::deque<std::unique_ptr<ReadPiece>> retry;    // to resubmit (short read, EAGAIN, ...)
   unsigned in_flight = 0;                          // pieces prepared and not yet back
-  // Prepared entries the kernel has not taken yet, oldest first (nullptr: the wake-up poll).
-  std::deque<ReadPiece*> unsubmitted;
   // Set when the kernel refused a submission for good: every read not in the kernel fails
   // with it, and the ring is only waited on, never submitted to again.
   Status broken;
-  uint64_t enter_calls = 0;
   std::vector<ReadCompletion> done;
   Ring ring;  // after `pool`: torn down before the memory it may have registered
 
   std::thread thread;
 };
 
-Status UringReader::Probe() {
-  Ring ring;
-  if (int r = ring.Init(4, 0); r < 0) return Status::Unsupported(RingError(-r));
-  std::unique_ptr<io_uring_probe, void (*)(io_uring_probe*)> probe(
-      io_uring_get_probe_ring(ring.get()), io_uring_free_probe);
-  if (!probe || !io_uring_opcode_supported(probe.get(), IORING_OP_READ)) {
-    return Status::Unsupported("this kernel's io_uring has no IORING_OP_READ (Linux 5.6+ needed)");
-  }
-  return Status::OK();
-}
+Status UringReader::Probe() { return ProbeRing(); }
 
 Result<std::unique_ptr<UringReader>> UringReader::Create(std::vector<File> files,
                                                          const ReaderOptions& options) {
@@ -172,6 +125,9 @@ UringReader::~UringReader() {
 Status UringReader::Impl::Init() {
   const unsigned entries = static_cast<unsigned>(options.queue_depth) + 1;  // + the wake poll
   const char* kind = "single-issuer ring";
+  if (options.fail_submit_errno != 0) {
+    ring.RefuseAfter(options.fail_submit_after, options.fail_submit_errno);
+  }
   int r = ring.Init(entries, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
   if (r == -EINVAL) {  // kernels before 6.1
     kind = "plain ring";
@@ -244,25 +200,11 @@ void UringReader::Impl::Run() {
       WaitBroken();
       continue;
     }
-    const int r = Enter(1);
+    const int r = ring.Submit(1);
     if (r == -EAGAIN) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // kernel memory
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) Break(-r);
     Drain();
   }
-}
-
-int UringReader::Impl::Enter(unsigned wait_nr) {
-  ++enter_calls;
-  int r;
-  if (options.fail_submit_errno != 0 && enter_calls > options.fail_submit_after) {
-    r = -options.fail_submit_errno;  // tests: a ring that refuses, leaving its entries queued
-  } else {
-    r = wait_nr > 0 ? io_uring_submit_and_wait(ring.get(), wait_nr) : io_uring_submit(ring.get());
-  }
-  // An error means the kernel took no entry; otherwise it took the r oldest ones.
-  const size_t taken = r > 0 ? std::min<size_t>(static_cast<size_t>(r), unsubmitted.size()) : 0;
-  unsubmitted.erase(unsubmitted.begin(), unsubmitted.begin() + static_cast<ptrdiff_t>(taken));
-  return r;
 }
 
 // A healthy ring only refuses a submission for a moment (EAGAIN, EBUSY, EINTR). Anything else
@@ -274,14 +216,13 @@ void UringReader::Impl::Break(int err) {
       "io_uring refused a submission: {} (errno {}); reads not yet in the kernel were abandoned. "
       "A new reader may work; `--backend pread` avoids io_uring",
       std::strerror(err), err));
-  for (ReadPiece* raw : unsubmitted) {
-    if (raw == nullptr) continue;
-    std::unique_ptr<ReadPiece> piece(raw);
+  for (void* data : ring.TakeUnsubmitted()) {  // they stay in the queue, never submitted
+    if (data == nullptr) continue;               // the wake-up poll
+    std::unique_ptr<ReadPiece> piece(static_cast<ReadPiece*>(data));
     --in_flight;
     piece->read->Fail(Abandoned(piece->read->request));
     Retire(std::move(piece));
   }
-  unsubmitted.clear();  // left in the SQ ring: never submitted (Enter is not called again)
   FailWaiting();
 }
 
@@ -308,8 +249,7 @@ Status UringReader::Impl::Abandoned(const ReadRequest& r) const {
 // Submit, Cancel or destruction on the wake-up eventfd itself.
 void UringReader::Impl::WaitBroken() {
   if (in_flight > 0) {
-    io_uring_cqe* cqe = nullptr;
-    io_uring_wait_cqe(ring.get(), &cqe);  // to_submit = 0: the stranded entries stay unseen
+    ring.WaitWithoutSubmitting();  // the stranded entries stay unseen
     Drain();
     return;
   }
@@ -318,11 +258,10 @@ void UringReader::Impl::WaitBroken() {
 }
 
 void UringReader::Impl::ArmWake() {
-  io_uring_sqe* sqe = GetSqe();  // in_flight ≤ queue_depth leaves one entry for this
+  io_uring_sqe* sqe = ring.GetSqe();  // in_flight ≤ queue_depth leaves one entry for this
   if (sqe == nullptr) return;
   io_uring_prep_poll_add(sqe, wake.fd(), POLLIN);
-  io_uring_sqe_set_data(sqe, nullptr);
-  unsubmitted.push_back(nullptr);
+  ring.Queued(sqe, nullptr);
 }
 
 bool UringReader::Impl::TakeInbox() {
@@ -359,14 +298,13 @@ void UringReader::Impl::Fill() {
       piece = CutNext();
       if (!piece) break;
     }
-    io_uring_sqe* sqe = GetSqe();
+    io_uring_sqe* sqe = ring.GetSqe();
     if (sqe == nullptr) {
       retry.push_front(std::move(piece));
       break;
     }
     Prep(sqe, *piece);
-    unsubmitted.push_back(piece.get());
-    io_uring_sqe_set_data(sqe, piece.release());  // reclaimed in Handle() or Break()
+    ring.Queued(sqe, piece.release());  // reclaimed in Handle() or Break()
     ++in_flight;
   }
 }
@@ -393,13 +331,6 @@ std::unique_ptr<ReadPiece> UringReader::Impl::CutNext() {
   piece->cached = cached;
   if (read->fully_scheduled()) queue.pop_front();
   return piece;
-}
-
-io_uring_sqe* UringReader::Impl::GetSqe() {
-  io_uring_sqe* sqe = io_uring_get_sqe(ring.get());
-  if (sqe != nullptr) return sqe;
-  Enter(0);  // the SQ is full: flush it, then try once more (an error shows in the next Enter)
-  return io_uring_get_sqe(ring.get());
 }
 
 void UringReader::Impl::Prep(io_uring_sqe* sqe, ReadPiece& piece) {
