@@ -179,16 +179,20 @@ struct EncodeBF16 {
 template <bool kE5M2, typename Encode, typename Index>
 __global__ void DequantFp8Elements(const uint8_t* __restrict__ src, std::byte* __restrict__ dst,
                                    uint64_t first, uint64_t count,
-                                   const std::byte* __restrict__ scales, Index cols,
-                                   Index block_rows, Index block_cols, Index scale_cols) {
+                                   const std::byte* __restrict__ scales, DType scale_dtype,
+                                   Index cols, Index block_rows, Index block_cols,
+                                   Index scale_cols) {
   using Out = typename Encode::Out;
   const Encode encode;
+  const uint32_t scale_bytes = scale_dtype == DType::kF32 ? 4 : 2;
   for (uint64_t i = GlobalThread(); i < count; i += GridStride()) {
     const auto e = static_cast<Index>(first + i);
     const Index row = e / cols, col = e % cols;
-    uint32_t scale;
-    memcpy(&scale, scales + (uint64_t{row / block_rows} * scale_cols + col / block_cols) * 4, 4);
-    const Out y = encode(cv::Fp8ScaledF32Bits(src[i], kE5M2, scale));
+    uint32_t raw = 0;
+    memcpy(&raw, scales + (uint64_t{row / block_rows} * scale_cols + col / block_cols) * scale_bytes,
+           scale_bytes);
+    const uint32_t scale = cv::Fp8ScaleToF32Bits(raw, scale_dtype);
+    const Out y = encode(cv::Fp8ScaledF32Bits(src[i], kE5M2, scale, scale_dtype));
     memcpy(dst + i * sizeof(Out), &y, sizeof(Out));
   }
 }
@@ -202,12 +206,13 @@ void EnqueueDequant(const std::byte* src, std::byte* dst, uint64_t first, uint64
   const auto* codes = reinterpret_cast<const uint8_t*>(src);
   if (first + count <= UINT32_MAX) {
     DequantFp8Elements<kE5M2, Encode, uint32_t><<<g.blocks, g.threads, 0, stream>>>(
-        codes, dst, first, count, l.scales, static_cast<uint32_t>(l.cols),
+        codes, dst, first, count, l.scales, l.scale_dtype, static_cast<uint32_t>(l.cols),
         static_cast<uint32_t>(l.block_rows), static_cast<uint32_t>(l.block_cols),
         static_cast<uint32_t>(l.scale_cols));
   } else {
     DequantFp8Elements<kE5M2, Encode, uint64_t><<<g.blocks, g.threads, 0, stream>>>(
-        codes, dst, first, count, l.scales, l.cols, l.block_rows, l.block_cols, l.scale_cols);
+        codes, dst, first, count, l.scales, l.scale_dtype, l.cols, l.block_rows, l.block_cols,
+        l.scale_cols);
   }
 }
 
@@ -267,7 +272,8 @@ Status LaunchDequantFp8Block(DType from, DType to, const std::byte* src, std::by
                                    ": only float8_e4m3fn/float8_e5m2 to float32/float16/bfloat16");
   }
   if (layout.cols == 0 || layout.block_rows == 0 || layout.block_cols == 0 ||
-      layout.scale_cols != (layout.cols + layout.block_cols - 1) / layout.block_cols) {
+      layout.scale_cols != (layout.cols + layout.block_cols - 1) / layout.block_cols ||
+      !cv::IsFp8ScaleDType(layout.scale_dtype)) {
     return Status::InvalidArgument(DeviceName(device) + ": " + what + " with a bad block layout");
   }
   if (count == 0) return Status::OK();

@@ -70,8 +70,10 @@ struct PlanOptions {
   std::string device_map = "cpu";
   std::optional<MaxMemory> max_memory;
   std::optional<std::vector<std::string>> no_split;
-  // DeepSeek-style float8 weights: a 2-D float8 tensor `W` with an f32 sibling `W_scale_inv` of
-  // ceil(rows / block[0]) x ceil(cols / block[1]) scales. With `dtype` set, each such weight is
+  // Scaled float8 weights: a 2-D float8 tensor `W` with a sibling `W_scale_inv` (DeepSeek-V3:
+  // f32, ceil(rows / block[0]) x ceil(cols / block[1]) scales) or `W_scale` (compressed-tensors:
+  // f32/bf16/f16, per tensor, channel, group or block, told apart by its shape; a block scale
+  // uses this block when it fits, else an exact division). With `dtype` set, each such weight is
   // dequantized into `dtype` (the scales stay as stored); without, both load as stored. The
   // block is the checkpoint's quantization_config.weight_block_size.
   std::array<uint64_t, 2> fp8_block = {128, 128};
@@ -94,7 +96,7 @@ struct LoadPlan {
 };
 
 // Plans a load of `checkpoint`. Errors: InvalidArgument (unknown device, a dtype that cannot be
-// a cast target, a tensor no map entry covers, float8 scales that do not fit `fp8_block`),
+// a cast target, a tensor no map entry covers, float8 scales that fit no rule of `fp8_block`),
 // Unsupported (disk offload, before its issue; a float8 weight and its scales on two devices).
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options = {});
 

@@ -295,7 +295,7 @@ convert::Fp8BlockScales LoadHandle::State::Fp8Layout(uint32_t t) const {
   const TensorPlan& tp = plan.tensors[t];
   const uint64_t cols = checkpoint.tensors()[tp.source].shape.at(1);
   return {tensors[tp.scale].data, cols, tp.block_rows, tp.block_cols,
-          (cols + tp.block_cols - 1) / tp.block_cols};
+          (cols + tp.block_cols - 1) / tp.block_cols, plan.tensors[tp.scale].dtype};
 }
 
 void LoadHandle::State::DispatchStaged(uint64_t id) {

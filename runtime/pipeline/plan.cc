@@ -1,14 +1,17 @@
 #include "loadstone/plan.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "runtime/convert/cast.h"
+#include "runtime/convert/fp8_block.h"
 
 namespace loadstone {
 namespace {
@@ -90,11 +93,38 @@ std::string ShapeString(const std::vector<uint64_t>& shape) {
 
 bool IsFloat8(DType dtype) { return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2; }
 
-// The DeepSeek-style float8 weights to dequantize: weight index → its scales' index (indices
-// into Checkpoint::tensors). Only with a target dtype; a scale that does not fit is an error.
-Result<std::map<size_t, size_t>> PairFp8Scales(const Checkpoint& checkpoint,
-                                               const PlanOptions& options) {
-  std::map<size_t, size_t> pairs;
+struct Fp8Pair {
+  size_t scale = 0;  // index into Checkpoint::tensors
+  uint64_t block_rows = 0, block_cols = 0;
+};
+
+uint64_t CeilDiv(uint64_t n, uint64_t d) { return (n + d - 1) / d; }
+
+// The block that one compressed-tensors scale covers along a dimension of `n` elements with
+// `scales` scales: the whole dimension (one scale), the configured block when it fits (ragged
+// edges included), else an exact division (channel: 1, group: n / groups). 0: none fits.
+uint64_t InferBlock(uint64_t n, uint64_t scales, uint64_t configured) {
+  if (scales == 1) return n;
+  if (CeilDiv(n, configured) == scales) return configured;
+  return scales != 0 && n % scales == 0 ? n / scales : 0;
+}
+
+// The scales' [rows, cols] as compressed-tensors stores them: [] / [1] / [1, 1] per tensor,
+// [M, 1] per channel, [M, G] per group, [R, C] per block. nullopt for any other rank.
+std::optional<std::array<uint64_t, 2>> ScaleGrid(const TensorInfo& scale) {
+  const auto& s = scale.shape;
+  if (s.empty() || (s.size() == 1 && s[0] == 1)) return std::array<uint64_t, 2>{1, 1};
+  if (s.size() == 2) return std::array<uint64_t, 2>{s[0], s[1]};
+  return std::nullopt;
+}
+
+// The float8 weights to dequantize: weight index → its scales and block (indices into
+// Checkpoint::tensors). Only with a target dtype. DeepSeek-V3's `W_scale_inv` (f32) must fit
+// `fp8_block` exactly; compressed-tensors' `W_scale` (f32, bf16 or f16) says by its shape
+// whether it is per tensor, channel, group or block. A scale that fits no rule is an error.
+Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
+                                                const PlanOptions& options) {
+  std::map<size_t, Fp8Pair> pairs;
   if (!options.dtype) return pairs;
   const auto& infos = checkpoint.tensors();
   const auto [block_rows, block_cols] = options.fp8_block;
@@ -103,23 +133,39 @@ Result<std::map<size_t, size_t>> PairFp8Scales(const Checkpoint& checkpoint,
   }
   for (size_t w = 0; w < infos.size(); ++w) {
     const TensorInfo& weight = infos[w];
-    const TensorInfo* scale = IsFloat8(weight.dtype) ? checkpoint.Find(weight.name + "_scale_inv")
-                                                     : nullptr;
+    if (!IsFloat8(weight.dtype)) continue;
+    const TensorInfo* scale = checkpoint.Find(weight.name + "_scale_inv");
+    const bool deepseek = scale != nullptr;
+    if (!deepseek) scale = checkpoint.Find(weight.name + "_scale");
     if (scale == nullptr) continue;
-    const auto ceil = [](uint64_t n, uint64_t d) { return (n + d - 1) / d; };
-    if (weight.shape.size() != 2 || scale->shape.size() != 2 || scale->dtype != DType::kF32 ||
-        scale->shape[0] != ceil(weight.shape[0], block_rows) ||
-        scale->shape[1] != ceil(weight.shape[1], block_cols)) {
-      return Status::InvalidArgument(fmt::format(
-          "float8 tensor '{}' {} {} has scales '{}' {} {}, which do not fit blocks of {} x {} (2-D "
-          "f32 scales of ceil(rows / {}) x ceil(cols / {}) expected); give the checkpoint's "
-          "quantization_config.weight_block_size (--fp8-block ROWS,COLS), or load without --dtype "
-          "to keep the float8 bytes as stored",
-          weight.name, TorchName(weight.dtype), ShapeString(weight.shape), scale->name,
-          TorchName(scale->dtype), ShapeString(scale->shape), block_rows, block_cols, block_rows,
-          block_cols));
+    Fp8Pair pair{static_cast<size_t>(scale - infos.data()), 0, 0};
+    const auto grid = ScaleGrid(*scale);
+    if (weight.shape.size() == 2 && grid) {
+      if (deepseek) {
+        const bool fits = scale->shape.size() == 2 && scale->dtype == DType::kF32 &&
+                          (*grid)[0] == CeilDiv(weight.shape[0], block_rows) &&
+                          (*grid)[1] == CeilDiv(weight.shape[1], block_cols);
+        if (fits) pair = {pair.scale, block_rows, block_cols};
+      } else if (convert::IsFp8ScaleDType(scale->dtype)) {
+        pair.block_rows = InferBlock(weight.shape[0], (*grid)[0], block_rows);
+        pair.block_cols = InferBlock(weight.shape[1], (*grid)[1], block_cols);
+      }
     }
-    pairs[w] = static_cast<size_t>(scale - infos.data());
+    if (pair.block_rows == 0 || pair.block_cols == 0) {
+      const std::string expected =
+          deepseek ? fmt::format("2-D f32 scales of ceil(rows / {}) x ceil(cols / {})",
+                                 block_rows, block_cols)
+                   : "f32, bf16 or f16 scales of [] or [1] (per tensor), [rows, 1] (per "
+                     "channel), [rows, groups] (per group) or [ceil(rows / R), ceil(cols / C)] "
+                     "(per block)";
+      return Status::InvalidArgument(fmt::format(
+          "float8 tensor '{}' {} {} has scales '{}' {} {} that do not fit its shape ({} "
+          "expected; float8 blocks of {} x {}); give the checkpoint's quantization block size "
+          "(--fp8-block ROWS,COLS), or load without --dtype to keep the float8 bytes as stored",
+          weight.name, TorchName(weight.dtype), ShapeString(weight.shape), scale->name,
+          TorchName(scale->dtype), ShapeString(scale->shape), expected, block_rows, block_cols));
+    }
+    pairs[w] = pair;
   }
   return pairs;
 }
@@ -154,7 +200,7 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   LOADSTONE_ASSIGN_OR_RETURN(DevicePlan devices, MapDevices(checkpoint, options));
   LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs, PairFp8Scales(checkpoint, options));
   std::vector<bool> is_scale(infos.size());
-  for (const auto& [w, s] : fp8_pairs) is_scale[s] = true;
+  for (const auto& [w, pair] : fp8_pairs) is_scale[pair.scale] = true;
   LoadPlan plan;
   plan.device_map = std::move(devices.device_map);
   plan.warnings = std::move(devices.warnings);
@@ -176,21 +222,22 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
       continue;
     }
     // A dequantized weight: its scales come first, as stored, on the same device.
-    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, add(pair->second, as_stored));
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, add(pair->second.scale, as_stored));
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, add(index, options));
     TensorPlan& weight = plan.tensors[w];
     if (weight.device != plan.tensors[s].device) {
       return Status::Unsupported(fmt::format(
           "float8 tensor '{}' is mapped to {} but its scales '{}' to {}; map them together",
-          infos[index].name, weight.device, infos[pair->second].name, plan.tensors[s].device));
+          infos[index].name, weight.device, infos[pair->second.scale].name,
+          plan.tensors[s].device));
     }
     if (weight.conversion == Conversion::kNone) {  // a float8 target: nothing to dequantize
       continue;
     }
     weight.conversion = Conversion::kDequantFp8Block;
     weight.scale = s;
-    weight.block_rows = options.fp8_block[0];
-    weight.block_cols = options.fp8_block[1];
+    weight.block_rows = pair->second.block_rows;
+    weight.block_cols = pair->second.block_cols;
   }
   // Large tensors: pieces of max_chunk, in place unless converted. Small ones (or small converted
   // ones): gathered, then coalesced with their file neighbours into staged reads. Reads are then

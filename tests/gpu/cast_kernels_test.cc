@@ -3,6 +3,7 @@
 // by one element (scalar path) and by one byte (unaligned path), with tails.
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -168,32 +169,46 @@ TEST_CASE("fp8 block dequant kernel: bit-exact with the CPU reference, ragged, i
   REQUIRE(d_out.ok());
   REQUIRE(cudaMemcpy(d_codes->data(), codes.data(), codes.size(), cudaMemcpyHostToDevice) ==
           cudaSuccess);
-  REQUIRE(cudaMemcpy(d_scales->data(), scales.data(), scales.size() * 4, cudaMemcpyHostToDevice) ==
-          cudaSuccess);
-  const convert::Fp8BlockScales host_layout{reinterpret_cast<const std::byte*>(scales.data()), cols,
-                                            128, 128, scale_cols};
-  convert::Fp8BlockScales device_layout = host_layout;
-  device_layout.scales = d_scales->data();
-  for (DType from : {DType::kF8E4M3, DType::kF8E5M2}) {
-    for (DType to : {DType::kF32, DType::kF16, DType::kBF16}) {
-      INFO(TorchName(from) << " -> " << TorchName(to));
-      REQUIRE(CanDequantFp8BlockOnDevice(from, to));
-      // The whole weight, and a piece that starts mid-row, mid-block (odd addresses).
-      for (auto [first, count] : {std::pair<uint64_t, uint64_t>{0, rows * cols}, {777, 99'001}}) {
-        const uint64_t out_size = convert::ElementBytes(to, 1);
-        std::vector<std::byte> expect(count * out_size), got(count * out_size);
-        const auto* host_codes = reinterpret_cast<const std::byte*>(codes.data());
-        REQUIRE(convert::DequantFp8Block(from, to, host_codes + first, expect.data(), first, count,
-                                         host_layout)
-                    .ok());
-        REQUIRE(LaunchDequantFp8Block(from, to, d_codes->data() + first, d_out->data() + 1, first,
-                                      count, device_layout, nullptr,
-                                      static_cast<uint32_t>(prop.multiProcessorCount), 0)
-                    .ok());
-        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        REQUIRE(cudaMemcpy(got.data(), d_out->data() + 1, got.size(), cudaMemcpyDeviceToHost) ==
-                cudaSuccess);
-        CHECK(got == expect);
+  // f32 scales (DeepSeek), bf16 and f16 ones (compressed-tensors: the product rounds in them).
+  for (DType scale_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const uint64_t scale_bytes = scale_dtype == DType::kF32 ? 4 : 2;
+    std::vector<std::byte> stored(scales.size() * scale_bytes);
+    for (size_t i = 0; i < scales.size(); ++i) {
+      const uint32_t f = std::bit_cast<uint32_t>(scales[i]);
+      const uint32_t raw = scale_dtype == DType::kBF16  ? convert::F32ToBF16Bits(f)
+                           : scale_dtype == DType::kF16 ? convert::F32ToF16Bits(f)
+                                                        : f;
+      std::memcpy(stored.data() + i * scale_bytes, &raw, scale_bytes);
+    }
+    REQUIRE(cudaMemcpy(d_scales->data(), stored.data(), stored.size(), cudaMemcpyHostToDevice) ==
+            cudaSuccess);
+    const convert::Fp8BlockScales host_layout{stored.data(), cols, 128, 128, scale_cols,
+                                              scale_dtype};
+    convert::Fp8BlockScales device_layout = host_layout;
+    device_layout.scales = d_scales->data();
+    for (DType from : {DType::kF8E4M3, DType::kF8E5M2}) {
+      for (DType to : {DType::kF32, DType::kF16, DType::kBF16}) {
+        INFO(TorchName(from) << " -> " << TorchName(to) << ", " << TorchName(scale_dtype)
+                             << " scales");
+        REQUIRE(CanDequantFp8BlockOnDevice(from, to));
+        // The whole weight, and a piece that starts mid-row, mid-block (odd addresses).
+        for (auto [first, count] :
+             {std::pair<uint64_t, uint64_t>{0, rows * cols}, {777, 99'001}}) {
+          const uint64_t out_size = convert::ElementBytes(to, 1);
+          std::vector<std::byte> expect(count * out_size), got(count * out_size);
+          const auto* host_codes = reinterpret_cast<const std::byte*>(codes.data());
+          REQUIRE(convert::DequantFp8Block(from, to, host_codes + first, expect.data(), first,
+                                           count, host_layout)
+                      .ok());
+          REQUIRE(LaunchDequantFp8Block(from, to, d_codes->data() + first, d_out->data() + 1,
+                                        first, count, device_layout, nullptr,
+                                        static_cast<uint32_t>(prop.multiProcessorCount), 0)
+                      .ok());
+          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+          REQUIRE(cudaMemcpy(got.data(), d_out->data() + 1, got.size(),
+                             cudaMemcpyDeviceToHost) == cudaSuccess);
+          CHECK(got == expect);
+        }
       }
     }
   }

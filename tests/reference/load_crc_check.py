@@ -31,6 +31,10 @@ NAMES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(BF16
 FLOATS = {"F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2"}
 
 
+# Scaled float8 weights: name -> (scales name, rows, cols of the block one scale covers).
+FP8_SCALED = {}
+
+
 def make_tensors(rng, layers):
     """A Llama-ish state dict with every dtype, small and multi-chunk tensors, no NaNs."""
     def floats(shape, dtype, scale=1.0):
@@ -47,6 +51,21 @@ def make_tensors(rng, layers):
         t[p + "mlp.down_proj.weight"] = floats((300, 200), E4M3, 64.0)
         t[p + "mlp.down_proj.weight_scale_inv"] = (
             np.exp2(rng.integers(-14, -4, (3, 2))) * rng.uniform(1, 2, (3, 2))).astype(np.float32)
+        FP8_SCALED[p + "mlp.down_proj.weight"] = (p + "mlp.down_proj.weight_scale_inv", 128, 128)
+        # compressed-tensors float-quantized: per channel (bf16 scales), per tensor (0-d f32,
+        # with an activation scale beside it), per group of 64 (f16), per ragged block (f32)
+        def scales(shape, dtype):
+            return np.asarray(np.exp2(rng.integers(-14, -4, shape)) * rng.uniform(1, 2, shape),
+                              dtype=np.float32).astype(dtype)
+        ct = [("mlp.gate_proj", E4M3, (96, 160), (96, 1), BF16, (1, 160)),
+              ("attn.o_proj", E4M3, (64, 256), (), np.float32, (64, 256)),
+              ("attn.v_proj", E5M2, (64, 256), (64, 4), np.float16, (1, 64)),
+              ("mlp.experts.0.up", E4M3, (300, 200), (3, 2), np.float32, (128, 128))]
+        for mod, fmt, shape, scale_shape, scale_dtype, block in ct:
+            t[p + mod + ".weight"] = floats(shape, fmt, 16.0)
+            t[p + mod + ".weight_scale"] = scales(scale_shape, scale_dtype)
+            FP8_SCALED[p + mod + ".weight"] = (p + mod + ".weight_scale",) + block
+        t[p + "attn.o_proj.input_scale"] = np.array(0.0123, dtype=np.float32)
         t[p + "input_layernorm.weight"] = floats((256,), np.float64)
         t[p + "steps"] = np.array(rng.integers(0, 1 << 40), dtype=np.int64)
         t[p + "mask"] = rng.integers(0, 2, (7, 5)).astype(np.bool_)
@@ -87,16 +106,20 @@ def keep_fp32(name, patterns):
     return False
 
 
-def expected(arr, target, keep, scale=None):
+def expected(arr, target, keep, scale=None, block=None):
     """(dtype name, bytes) after loadstone's dtype policy, computed with numpy/ml_dtypes.
-    `scale`: the f32 block scales (DeepSeek `_scale_inv`, 128 x 128) of a float8 weight, which
-    a load with a dtype dequantizes; the scales themselves stay as stored."""
+    `scale`: the scales of a float8 weight, one per `block` (rows, cols), which a load with a
+    dtype dequantizes as compressed-tensors does, x_q.to(scale.dtype) * scale: the product
+    rounded in the scale's dtype (DeepSeek's f32 `_scale_inv` alike); the scales themselves stay
+    as stored."""
     src = NAMES[arr.dtype]
     if target is None or src not in FLOATS:
         return src, arr.tobytes()
     if scale is not None:
-        full = np.repeat(np.repeat(scale, 128, axis=0), 128, axis=1)[:arr.shape[0], :arr.shape[1]]
-        value = arr.astype(np.float32) * full  # f32 product, rounded once
+        grid = scale.reshape((1, 1) if scale.size == 1 else scale.shape).astype(np.float32)
+        full = np.repeat(np.repeat(grid, block[0], axis=0), block[1], axis=1)
+        value = arr.astype(np.float32) * full[:arr.shape[0], :arr.shape[1]]  # f32, rounded once
+        value = value.astype(scale.dtype)  # x_q.to(scale.dtype) * scale: exact, then rounded
         out = {"F32": np.float32, "F16": np.float16, "BF16": BF16}["F32" if keep else target]
         return NAMES[np.dtype(out)], value.astype(out).tobytes()
 
@@ -164,11 +187,14 @@ def main():
                 continue
             bad = 0
             for name, arr in tensors.items():
-                if name.endswith("_scale_inv") and target is not None:
+                scaled = FP8_SCALED.get(name)
+                if target is not None and any(s[0] == name for s in FP8_SCALED.values()):
                     dtype, data = NAMES[arr.dtype], arr.tobytes()  # scales stay as stored
-                else:
+                elif scaled is not None:
                     dtype, data = expected(arr, target, keep_fp32(name, keep),
-                                           tensors.get(name + "_scale_inv"))
+                                           tensors[scaled[0]], scaled[1:])
+                else:
+                    dtype, data = expected(arr, target, keep_fp32(name, keep))
                 t = got[name]
                 if (t["dtype"], t["shape"], t["crc32"]) != (dtype, list(arr.shape), zlib.crc32(data)):
                     bad += 1

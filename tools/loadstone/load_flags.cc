@@ -15,7 +15,8 @@ void LoadFlags::Register(CLI::App* cmd) {
                   "Keep tensors whose dotted name contains this component run in float32");
   cmd->add_option("--fp8-block", fp8_block,
                   "Rows,cols of one float8 weight scale (quantization_config.weight_block_size); "
-                  "with --dtype, weights with a _scale_inv sibling are dequantized")
+                  "with --dtype, float8 weights with a _scale_inv or _scale sibling are "
+                  "dequantized")
       ->delimiter(',')
       ->expected(2);
   cmd->add_option("--device-map", device_map,

@@ -1,6 +1,7 @@
 // Block-scaled FP8 dequantization: every code of both formats times a range of scales into
-// every target, against the formats' definitions (double arithmetic, reference.h); the block
-// indexing on ragged DeepSeek-style edges, whole and in arbitrary pieces; layout errors.
+// every target, against the formats' definitions (double arithmetic, reference.h); bf16 and f16
+// scales (compressed-tensors); the block indexing on ragged DeepSeek-style edges, whole and in
+// arbitrary pieces; layout errors.
 #include "runtime/convert/fp8_block.h"
 
 #include <catch2/catch.hpp>
@@ -89,6 +90,54 @@ TEST_CASE("fp8 block dequant: all 256 codes times scales, into f32, f16 and bf16
       }
     }
   }
+}
+
+TEST_CASE("fp8 block dequant: bf16 and f16 scales round the product in their own dtype",
+          "[convert][fp8]") {
+  // compressed-tensors computes x_q.to(scale.dtype) * scale: the exact product rounded once to
+  // the scale's dtype, then cast to the target.
+  std::vector<uint8_t> codes(256);
+  for (int i = 0; i < 256; ++i) codes[i] = static_cast<uint8_t>(i);
+  const double wanted_scales[] = {1.0, 0.5, 3.0517578e-05, 1.7e-4, 0.0123, -2.75, 200.0, 1e-3};
+  for (DType scale_dtype : {DType::kBF16, DType::kF16}) {
+    const Format sf = scale_dtype == DType::kBF16 ? kBF16 : kF16;
+    for (DType from : {DType::kF8E4M3, DType::kF8E5M2}) {
+      const Format f = from == DType::kF8E4M3 ? kE4M3 : kE5M2;
+      for (DType to : {DType::kF32, DType::kF16, DType::kBF16}) {
+        for (double wanted : wanted_scales) {
+          const auto scale_bits = static_cast<uint16_t>(RoundToFormat(sf, wanted));
+          const double scale = Decode(sf, scale_bits);
+          std::byte stored[2];
+          std::memcpy(stored, &scale_bits, 2);
+          const Fp8BlockScales layout{stored, 256, 1, 256, 1, scale_dtype};
+          std::vector<std::byte> out(256 * DTypeBits(to) / 8);
+          REQUIRE(DequantFp8Block(from, to, reinterpret_cast<const std::byte*>(codes.data()),
+                                  out.data(), 0, 256, layout)
+                      .ok());
+          for (int c = 0; c < 256; ++c) {
+            INFO(TorchName(from) << " -> " << TorchName(to) << " code " << Hex(c) << " scale "
+                                 << scale << " (" << TorchName(scale_dtype) << ")");
+            uint32_t got = 0;
+            std::memcpy(&got, out.data() + c * DTypeBits(to) / 8, DTypeBits(to) / 8);
+            if (IsNaNCode(f, c)) {
+              CHECK(IsNaNIn(to, got));
+              continue;
+            }
+            const uint32_t in_scale_dtype = RoundToFormat(sf, Decode(f, c) * scale);
+            const uint32_t as_f32 = Bits(static_cast<float>(Decode(sf, in_scale_dtype)));
+            CHECK(got == RefEncode(to, as_f32));
+          }
+        }
+      }
+    }
+  }
+  // A scale dtype that is not a float of 16 or 32 bits is refused.
+  const std::byte none[4] = {};
+  std::byte in[4] = {}, out[16] = {};
+  const Fp8BlockScales int_scales{none, 4, 1, 4, 1, DType::kI32};
+  const Status s = DequantFp8Block(DType::kF8E4M3, DType::kF32, in, out, 0, 4, int_scales);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message().find("int32") != std::string::npos);
 }
 
 TEST_CASE("fp8 block dequant: ragged 128 x 128 blocks, whole and in pieces", "[convert][fp8]") {

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "loadstone/loader.h"
+#include "loadstone/writer.h"
+#include "runtime/convert/fp8_block.h"
 #include "runtime/device/sim_device.h"
 #include "runtime/pipeline/testing.h"
 #include "test_model.h"
@@ -126,6 +128,70 @@ TEST_CASE("sim: float8 block dequant runs on the device with its scales, as on t
     dequantized += tp.conversion == Conversion::kDequantFp8Block;
   }
   CHECK(dequantized == 4);
+}
+
+TEST_CASE("sim: compressed-tensors float8 with bf16 and f16 scales, on the device and the CPU") {
+  // Per channel (bf16 scales) and per group of 64 (f16 scales): the scales' dtype reaches the
+  // device job, and both placements give the CPU reference with the layout written out here.
+  TempDir dir;
+  const uint64_t rows = 96, cols = 256;
+  std::vector<std::byte> codes(rows * cols), channel(rows * 2), group(rows * 4 * 2);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = testing::PatternByte(7, i);
+  for (size_t i = 0; i < rows; ++i) {
+    const uint16_t bf16 = static_cast<uint16_t>(0x3C00 + (i % 64));  // ~0.0078 .. 0.0117
+    std::memcpy(&channel[i * 2], &bf16, 2);
+  }
+  for (size_t i = 0; i < rows * 4; ++i) {
+    const uint16_t f16 = static_cast<uint16_t>(0x1C00 + (i % 512));  // ~0.0039 .. 0.0078
+    std::memcpy(&group[i * 2], &f16, 2);
+  }
+  REQUIRE(WriteSafetensors(dir.Path("m.safetensors"),
+                           {{"a.weight", DType::kF8E4M3, {rows, cols}, codes, {}},
+                            {"a.weight_scale", DType::kBF16, {rows, 1}, channel, {}},
+                            {"b.weight", DType::kF8E5M2, {rows, cols}, codes, {}},
+                            {"b.weight_scale", DType::kF16, {rows, 4}, group, {}}})
+              .ok());
+  auto ckpt = Checkpoint::Open(dir.Path("m.safetensors"));
+  REQUIRE(ckpt.ok());
+  PlanOptions gpu;
+  gpu.device_map = "cuda:0";
+  gpu.dtype = DType::kF32;
+  gpu.max_chunk = 16 << 10;  // pieces that start mid-row and mid-group
+  PlanOptions cpu = gpu;
+  cpu.device_map = "cpu";
+  auto gpu_plan = Plan(*ckpt, gpu);
+  auto cpu_plan = Plan(*ckpt, cpu);
+  REQUIRE(gpu_plan.ok());
+  REQUIRE(cpu_plan.ok());
+  auto sims = MakeSims(1, {.latency = std::chrono::microseconds(200)});
+  Loader loader;
+  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  LoadHandle on_gpu = loader.Load(*ckpt, *gpu_plan);
+  LoadHandle on_cpu = loader.Load(*ckpt, *cpu_plan);
+  REQUIRE(on_gpu.Done().get().ok());
+  REQUIRE(on_cpu.Done().get().ok());
+  const struct {
+    const char* name;
+    DType from;
+    const std::vector<std::byte>& scales;
+    convert::Fp8BlockScales layout;
+  } weights[] = {{"a.weight", DType::kF8E4M3, channel, {nullptr, cols, 1, cols, 1, DType::kBF16}},
+                 {"b.weight", DType::kF8E5M2, group, {nullptr, cols, 1, 64, 4, DType::kF16}}};
+  for (const auto& w : weights) {
+    INFO(w.name);
+    convert::Fp8BlockScales layout = w.layout;
+    layout.scales = w.scales.data();
+    std::vector<std::byte> want(rows * cols * 4);
+    REQUIRE(convert::DequantFp8Block(w.from, DType::kF32, codes.data(), want.data(), 0,
+                                     rows * cols, layout)
+                .ok());
+    const Tensor g = on_gpu.Tensor(w.name).get();
+    CHECK(g.device() == "cuda:0");
+    CHECK(g.dtype() == DType::kF32);
+    CHECK(testing::HostBytes(g) == want);
+    CHECK(testing::HostBytes(on_cpu.Tensor(w.name).get()) == want);
+  }
+  CHECK(testing::HostBytes(on_gpu.Tensor("a.weight_scale").get()) == channel);  // as stored
 }
 
 TEST_CASE("sim: the trace shows each device's copy and compute streams, job by job") {

@@ -1,6 +1,7 @@
 // Plan(): ordering, the dtype policy, keep_in_fp32, chunking and coalescing — without I/O.
 #include "loadstone/plan.h"
 
+#include <map>
 #include <set>
 
 #include <catch2/catch.hpp>
@@ -148,7 +149,8 @@ TEST_CASE("plan: float8 scales that do not fit the block are refused, the right 
   auto plan = Plan(m.ckpt, po);
   REQUIRE(plan.status().code() == StatusCode::kInvalidArgument);
   const std::string msg(plan.status().message());
-  CHECK_THAT(msg, Catch::Contains("do not fit blocks of 64 x 64"));
+  CHECK_THAT(msg, Catch::Contains("do not fit its shape"));
+  CHECK_THAT(msg, Catch::Contains("float8 blocks of 64 x 64"));
   CHECK_THAT(msg, Catch::Contains("--fp8-block"));
   CHECK_THAT(msg, Catch::Contains("_scale_inv"));
   po.fp8_block = {0, 128};
@@ -181,6 +183,72 @@ TEST_CASE("plan: float8 scales that do not fit the block are refused, the right 
   REQUIRE(bad_ckpt.ok());
   po.fp8_block = {128, 128};
   CHECK(Plan(*bad_ckpt, po).status().code() == StatusCode::kInvalidArgument);
+}
+
+// compressed-tensors `float-quantized`: `W_scale` says by its shape how it covers W.
+TEST_CASE("plan: compressed-tensors float8 scales per tensor, channel, group and block") {
+  struct Case {
+    std::vector<uint64_t> weight, scale;
+    DType scale_dtype;
+    uint64_t block_rows, block_cols;  // 0: refused
+  };
+  const Case cases[] = {
+      {{256, 384}, {}, DType::kF32, 256, 384},          // per tensor, 0-d
+      {{256, 384}, {1}, DType::kBF16, 256, 384},        // per tensor, [1]
+      {{256, 384}, {256, 1}, DType::kBF16, 1, 384},     // per channel
+      {{256, 384}, {256, 3}, DType::kF16, 1, 128},      // per group of 128
+      {{256, 384}, {256, 6}, DType::kF32, 1, 64},       // per group of 64
+      {{256, 384}, {2, 3}, DType::kF32, 128, 128},      // per block
+      {{300, 200}, {3, 2}, DType::kF32, 128, 128},      // per block, ragged edges
+      {{256, 384}, {256, 5}, DType::kF32, 0, 0},        // 5 groups do not divide 384
+      {{256, 384}, {256, 1}, DType::kI32, 0, 0},        // integer scales
+      {{256, 384}, {2, 1, 3}, DType::kF32, 0, 0},       // 3-D scales
+      {{4, 256, 384}, {4, 256, 1}, DType::kF32, 0, 0},  // a 3-D weight
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.weight, c.scale, TorchName(c.scale_dtype));
+    TempDir dir;
+    uint64_t w_elems = 1, s_elems = 1;
+    for (uint64_t d : c.weight) w_elems *= d;
+    for (uint64_t d : c.scale) s_elems *= d;
+    std::vector<std::byte> codes(w_elems), scales(s_elems * DTypeBits(c.scale_dtype) / 8);
+    REQUIRE(WriteSafetensors(dir.Path("m.safetensors"),
+                             {{"proj.weight", DType::kF8E4M3, c.weight, codes, {}},
+                              {"proj.weight_scale", c.scale_dtype, c.scale, scales, {}},
+                              {"proj.input_scale", DType::kF32, {}, std::vector<std::byte>(4), {}}})
+                .ok());
+    auto ckpt = Checkpoint::Open(dir.Path("m.safetensors"));
+    REQUIRE(ckpt.ok());
+    PlanOptions po;
+    po.dtype = DType::kBF16;
+    auto plan = Plan(*ckpt, po);
+    if (c.block_rows == 0) {
+      INFO(plan.status().ToString());
+      REQUIRE(plan.status().code() == StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(plan.status().message()),
+                 Catch::Contains("'proj.weight_scale'") && Catch::Contains("per channel") &&
+                     Catch::Contains("without --dtype"));
+      continue;
+    }
+    REQUIRE(plan.ok());
+    std::map<std::string, const TensorPlan*> by_name;
+    for (const TensorPlan& t : plan->tensors) by_name[ckpt->tensors()[t.source].name] = &t;
+    const TensorPlan& w = *by_name.at("proj.weight");
+    CHECK(w.conversion == Conversion::kDequantFp8Block);
+    CHECK(w.dtype == DType::kBF16);
+    CHECK(w.block_rows == c.block_rows);
+    CHECK(w.block_cols == c.block_cols);
+    CHECK(&plan->tensors[w.scale] == by_name.at("proj.weight_scale"));
+    CHECK(w.scale + 1 == static_cast<uint32_t>(&w - plan->tensors.data()));  // right before
+    CHECK(by_name.at("proj.weight_scale")->dtype == c.scale_dtype);  // scales as stored
+    CHECK(by_name.at("proj.weight_scale")->conversion == Conversion::kNone);
+    // The activation scale is an ordinary f32 tensor: cast like any other.
+    CHECK(by_name.at("proj.input_scale")->conversion == Conversion::kCast);
+    // Without a target dtype nothing is dequantized.
+    auto stored = Plan(*ckpt, PlanOptions{});
+    REQUIRE(stored.ok());
+    for (const TensorPlan& t : stored->tensors) CHECK(t.conversion == Conversion::kNone);
+  }
 }
 
 }  // namespace
