@@ -121,7 +121,7 @@ void LoadHandle::State::SizeStaging() {
     staged_[i] = plan.reads[i].staged ? 1 : stage_cold ? -1 : 0;
     if (staged_[i] != 0) largest = std::max(largest, plan.reads[i].length);
   }
-  slot_bytes_ = largest + pipeline::kHostAlignment;
+  slot_bytes_ = largest + 2 * pipeline::kHostAlignment;  // whole pages around any phase
   uint64_t pool = loader_options.staging_bytes;
   // A CPU load keeps its staging within a tenth of what it places, so that peak memory stays
   // near the model's size (a GPU load's host memory is its staging, whatever the model).
@@ -198,7 +198,7 @@ void LoadHandle::State::Pump() {
     }
     const TensorPlan& first = plan.tensors[chunk.tensors.front()];
     const TensorInfo& first_src = checkpoint.tensors()[first.source];
-    std::byte* dst = nullptr;
+    io::ReadRequest request{chunk.file, chunk.offset, chunk.length, nullptr, id};
     // A cold read for the CPU goes through staging too (LoaderOptions::stage_cold_reads).
     if (staged_[id] < 0) staged_[id] = reader_->ReadsDirect(chunk.file, chunk.offset, chunk.length);
     if (staged_[id] > 0) {
@@ -215,16 +215,24 @@ void LoadHandle::State::Pump() {
       }
       free_slots_.pop_back();
       slot_of_chunk_[id] = static_cast<int>(s);
-      dst = staging_[s].buffer.get() + chunk.offset % pipeline::kHostAlignment;
+      // The whole pages around the chunk, so that O_DIRECT takes all of it in one piece: its
+      // unaligned head and tail would otherwise be two more (page-cache) reads each. The
+      // chunk's bytes land at its file phase within the slot, as before; the slot has room.
+      const uint64_t a = pipeline::kHostAlignment;
+      const uint64_t end = chunk.offset + chunk.length;
+      const uint64_t lo = chunk.offset / a * a;
+      const uint64_t hi =
+          std::max(end, std::min((end + a - 1) / a * a, checkpoint.files()[chunk.file].bytes));
+      request = {chunk.file, lo, hi - lo, staging_[s].buffer.get(), id};
     } else if (options.mmap && first.conversion == Conversion::kNone) {
       Advance(chunk.tensors.front(), chunk.length);
       ++next_read_;
       continue;
     } else {
-      dst = tensors[chunk.tensors.front()].data + (chunk.offset - first_src.offset);
+      request.dst = tensors[chunk.tensors.front()].data + (chunk.offset - first_src.offset);
     }
     if (trace.enabled()) submitted_at_[id] = trace.Now();
-    batch.push_back({chunk.file, chunk.offset, chunk.length, dst, id});
+    batch.push_back(request);
     ++reads_in_flight_;
     ++next_read_;
   }
