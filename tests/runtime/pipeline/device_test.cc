@@ -39,6 +39,30 @@ device::DeviceSet AsSet(const std::vector<std::shared_ptr<SimDevice>>& sims) {
   return device::DeviceSet(sims.begin(), sims.end());
 }
 
+// `ckpt` planned with `po` onto "cuda:0" (one SimDevice with `latency`) and onto "cpu", both
+// loaded by one Loader and finished OK.
+struct GpuAndCpuLoads {
+  GpuAndCpuLoads(const Checkpoint& ckpt, PlanOptions po, std::chrono::microseconds latency) {
+    po.device_map = "cuda:0";
+    auto on_gpu_plan = Plan(ckpt, po);
+    po.device_map = "cpu";
+    auto on_cpu_plan = Plan(ckpt, po);
+    REQUIRE(on_gpu_plan.ok());
+    REQUIRE(on_cpu_plan.ok());
+    gpu_plan = std::move(*on_gpu_plan);
+    sims = MakeSims(1, {.latency = latency});
+    pipeline::SetDevicesForTesting(loader, AsSet(sims));
+    on_gpu = loader.Load(ckpt, gpu_plan);
+    on_cpu = loader.Load(ckpt, *on_cpu_plan);
+    REQUIRE(on_gpu.Done().get().ok());
+    REQUIRE(on_cpu.Done().get().ok());
+  }
+  LoadPlan gpu_plan;
+  std::vector<std::shared_ptr<SimDevice>> sims;
+  Loader loader;
+  LoadHandle on_gpu, on_cpu;  // after `loader`: released first
+};
+
 TEST_CASE("sim: a sequential map over two GPUs and cpu puts every tensor where the map says") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
@@ -100,31 +124,18 @@ TEST_CASE("sim: conversions run on the device and match the CPU load") {
 TEST_CASE("sim: float8 block dequant runs on the device with its scales, as on the CPU") {
   TempDir dir;
   const auto m = testing::WriteFp8Checkpoint(dir);
-  PlanOptions gpu;
-  gpu.device_map = "cuda:0";
-  gpu.dtype = DType::kBF16;
-  gpu.max_chunk = 64 << 10;
-  PlanOptions cpu = gpu;
-  cpu.device_map = "cpu";
-  auto gpu_plan = Plan(m.ckpt, gpu);
-  auto cpu_plan = Plan(m.ckpt, cpu);
-  REQUIRE(gpu_plan.ok());
-  REQUIRE(cpu_plan.ok());
-  auto sims = MakeSims(1, {.latency = std::chrono::microseconds(300)});
-  REQUIRE(sims[0]->CanDequantFp8Block(DType::kF8E4M3, DType::kBF16));
-  Loader loader;
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
-  LoadHandle on_gpu = loader.Load(m.ckpt, *gpu_plan);
-  LoadHandle on_cpu = loader.Load(m.ckpt, *cpu_plan);
-  REQUIRE(on_gpu.Done().get().ok());
-  REQUIRE(on_cpu.Done().get().ok());
+  PlanOptions po;
+  po.dtype = DType::kBF16;
+  po.max_chunk = 64 << 10;
+  const GpuAndCpuLoads loads(m.ckpt, po, std::chrono::microseconds(300));
+  REQUIRE(loads.sims[0]->CanDequantFp8Block(DType::kF8E4M3, DType::kBF16));
   int dequantized = 0;
-  for (const TensorPlan& tp : gpu_plan->tensors) {
+  for (const TensorPlan& tp : loads.gpu_plan.tensors) {
     const std::string& name = m.ckpt.tensors()[tp.source].name;
     INFO(name);
-    const Tensor& g = on_gpu.Tensor(name).get();
+    const Tensor& g = loads.on_gpu.Tensor(name).get();
     CHECK(g.device() == "cuda:0");
-    CHECK(testing::HostBytes(g) == testing::HostBytes(on_cpu.Tensor(name).get()));
+    CHECK(testing::HostBytes(g) == testing::HostBytes(loads.on_cpu.Tensor(name).get()));
     dequantized += tp.conversion == Conversion::kDequantFp8Block;
   }
   CHECK(dequantized == 4);
@@ -153,23 +164,10 @@ TEST_CASE("sim: compressed-tensors float8 with bf16 and f16 scales, on the devic
               .ok());
   auto ckpt = Checkpoint::Open(dir.Path("m.safetensors"));
   REQUIRE(ckpt.ok());
-  PlanOptions gpu;
-  gpu.device_map = "cuda:0";
-  gpu.dtype = DType::kF32;
-  gpu.max_chunk = 16 << 10;  // pieces that start mid-row and mid-group
-  PlanOptions cpu = gpu;
-  cpu.device_map = "cpu";
-  auto gpu_plan = Plan(*ckpt, gpu);
-  auto cpu_plan = Plan(*ckpt, cpu);
-  REQUIRE(gpu_plan.ok());
-  REQUIRE(cpu_plan.ok());
-  auto sims = MakeSims(1, {.latency = std::chrono::microseconds(200)});
-  Loader loader;
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
-  LoadHandle on_gpu = loader.Load(*ckpt, *gpu_plan);
-  LoadHandle on_cpu = loader.Load(*ckpt, *cpu_plan);
-  REQUIRE(on_gpu.Done().get().ok());
-  REQUIRE(on_cpu.Done().get().ok());
+  PlanOptions po;
+  po.dtype = DType::kF32;
+  po.max_chunk = 16 << 10;  // pieces that start mid-row and mid-group
+  const GpuAndCpuLoads loads(*ckpt, po, std::chrono::microseconds(200));
   const struct {
     const char* name;
     DType from;
@@ -185,13 +183,13 @@ TEST_CASE("sim: compressed-tensors float8 with bf16 and f16 scales, on the devic
     REQUIRE(convert::DequantFp8Block(w.from, DType::kF32, codes.data(), want.data(), 0,
                                      rows * cols, layout)
                 .ok());
-    const Tensor g = on_gpu.Tensor(w.name).get();
+    const Tensor g = loads.on_gpu.Tensor(w.name).get();
     CHECK(g.device() == "cuda:0");
     CHECK(g.dtype() == DType::kF32);
     CHECK(testing::HostBytes(g) == want);
-    CHECK(testing::HostBytes(on_cpu.Tensor(w.name).get()) == want);
+    CHECK(testing::HostBytes(loads.on_cpu.Tensor(w.name).get()) == want);
   }
-  CHECK(testing::HostBytes(on_gpu.Tensor("a.weight_scale").get()) == channel);  // as stored
+  CHECK(testing::HostBytes(loads.on_gpu.Tensor("a.weight_scale").get()) == channel);  // as stored
 }
 
 TEST_CASE("sim: the trace shows each device's copy and compute streams, job by job") {
