@@ -16,6 +16,23 @@
 #include "loadstone/writer.h"
 #include "testing/temp_dir.h"
 
+// A failed CHECK on two byte vectors prints their sizes and first bytes: Catch's own printing
+// of megabytes (and its line wrapping, quadratic) made such a failure run for many minutes.
+template <>
+struct Catch::StringMaker<std::vector<std::byte>> {
+  static std::string convert(const std::vector<std::byte>& bytes) {
+    std::string out = std::to_string(bytes.size()) + " bytes {";
+    for (size_t i = 0; i < bytes.size() && i < 16; ++i) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      const auto b = static_cast<unsigned>(bytes[i]);
+      if (i) out.push_back(' ');
+      out.push_back(kHex[b >> 4]);
+      out.push_back(kHex[b & 15]);
+    }
+    return out + (bytes.size() > 16 ? " ...}" : "}");
+  }
+};
+
 namespace loadstone::testing {
 
 // Byte `i` of tensor `seed`: a hash, so that misplaced bytes are caught.
