@@ -56,7 +56,7 @@ void DisableReadahead(const File& file) {
 }
 
 CacheProbe::CacheProbe(const File& file) : fd_(file.fd()), size_(file.size()) {
-  if (CachestatPages(fd_, 0, kPage) >= 0 || size_ == 0) return;
+  if (size_ == 0) return;
   void* map = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
   if (map != MAP_FAILED) map_ = map;
 }
@@ -83,6 +83,14 @@ double CacheProbe::CachedFraction(uint64_t offset, uint64_t length) const {
   }
   return std::count_if(resident.begin(), resident.end(), [](unsigned char v) { return v & 1; }) /
          pages;
+}
+
+const std::byte* CacheProbe::CachedView(uint64_t offset, uint64_t length) const {
+  if (map_ == nullptr || offset > size_ || length > size_ - offset ||
+      CachedFraction(offset, length) < kMostlyCached) {
+    return nullptr;
+  }
+  return static_cast<const std::byte*>(map_) + offset;
 }
 
 DirectTwin OpenDirectTwin(const File& buffered) {

@@ -23,6 +23,7 @@ struct PreadReader::Impl {
   Status ReadPiece(const File& file, const ReadRequest& r, uint64_t start, uint64_t length);
 
   std::vector<File> files;
+  std::vector<CacheProbe> caches;  // one per file
   ReaderOptions options;
   std::unique_ptr<CompletionQueue> completions;
   StatCounters stats;
@@ -41,7 +42,10 @@ Result<std::unique_ptr<PreadReader>> PreadReader::Create(std::vector<File> files
   auto impl = std::make_unique<Impl>();
   LOADSTONE_ASSIGN_OR_RETURN(impl->completions, CompletionQueue::Create());
   impl->files = std::move(files);
-  for (const File& f : impl->files) DisableReadahead(f);
+  for (const File& f : impl->files) {
+    DisableReadahead(f);
+    impl->caches.emplace_back(f);
+  }
   impl->options = options;
   Impl* raw = impl.get();
   // The reader owns impl before any thread starts, so a failed start still joins the others.
@@ -60,6 +64,10 @@ PreadReader::~PreadReader() {
   }
   impl_->cv.notify_all();
   for (std::thread& t : impl_->threads) t.join();
+}
+
+const std::byte* PreadReader::CachedView(uint32_t file, uint64_t offset, uint64_t length) const {
+  return file < impl_->caches.size() ? impl_->caches[file].CachedView(offset, length) : nullptr;
 }
 
 std::string PreadReader::Describe() const {

@@ -33,6 +33,7 @@ class PreadReader final : public Reader {
   size_t pending() const override;
   void Cancel() override;
   ReaderStats stats() const override;
+  const std::byte* CachedView(uint32_t file, uint64_t offset, uint64_t length) const override;
 
  private:
   struct Impl;

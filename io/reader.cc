@@ -1,6 +1,8 @@
 // OpenReader: opens the files and picks the backend (io_uring, else pread).
 #include "io/reader.h"
 
+#include <sys/mman.h>
+
 #include <fmt/format.h>
 
 #include "io/file.h"
@@ -9,6 +11,15 @@
 #include "io/uring_reader.h"
 
 namespace loadstone::io {
+
+void ReleaseCachedView(const std::byte* view, uint64_t length) {
+  const uint64_t page = 4096;
+  const uint64_t begin = (reinterpret_cast<uint64_t>(view) + page - 1) / page * page;
+  const uint64_t end = (reinterpret_cast<uint64_t>(view) + length) / page * page;
+  // Advice on a read-only shared mapping: it only unmaps; failure changes nothing.
+  if (begin < end) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 namespace {
 
 Result<std::vector<File>> OpenAll(const std::vector<std::string>& paths) {

@@ -104,7 +104,26 @@ class Reader {
   virtual bool ReadsDirect(uint32_t /*file*/, uint64_t /*offset*/, uint64_t /*length*/) const {
     return false;
   }
+
+  // When [offset, offset + length) of `file` is (mostly) in the page cache: a read-only mapping
+  // of those bytes, valid while the Reader lives, so that the caller can copy them without a
+  // read. Else nullptr. Only for copies done by the kernel (UFFDIO_COPY): a page that turns out
+  // unreadable (an I/O error, a file truncated meanwhile) then fails the copy with EFAULT,
+  // where touching it from user space would raise SIGBUS. Such copies bypass the Reader: its
+  // stats and any fault injection do not see them. Copying maps the page-cache pages into this
+  // process (they count in its RSS): ReleaseCachedView(view, length) once the copy is done.
+  // Thread-safe. Default: nullptr.
+  virtual const std::byte* CachedView(uint32_t /*file*/, uint64_t /*offset*/,
+                                      uint64_t /*length*/) const {
+    return nullptr;
+  }
 };
+
+// Drops the pages of [view, view + length) of a CachedView from this process's page tables
+// (the page cache keeps them), so that a load that copies a whole model out of the cache does
+// not also hold all of it mapped (measured: peak RSS 7.6 GB instead of 3.9 for a 3.6 GiB model).
+// Pages only partly inside the range stay mapped. Thread-safe.
+void ReleaseCachedView(const std::byte* view, uint64_t length);
 
 enum class ReaderBackend { kAuto, kUring, kPread };
 

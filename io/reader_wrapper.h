@@ -27,6 +27,8 @@ class ReaderWrapper : public Reader {
   bool ReadsDirect(uint32_t file, uint64_t offset, uint64_t length) const override {
     return inner_->ReadsDirect(file, offset, length);
   }
+  // Not forwarded: copies from the view would bypass whatever the wrapper does to reads.
+  const std::byte* CachedView(uint32_t, uint64_t, uint64_t) const override { return nullptr; }
 
  private:
   std::unique_ptr<Reader> inner_;

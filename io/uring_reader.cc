@@ -25,9 +25,6 @@ namespace loadstone::io {
 namespace {
 
 constexpr uint64_t kBounceSlotMax = 4ULL << 20;
-// A piece this much in the page cache is copied from there instead of read from the device
-// (measured break-even on a 1.5 GB/s disk: ~70%).
-constexpr double kCachedEnough = 0.75;
 constexpr uint64_t kInlineCopyMax = 1 << 20;
 constexpr unsigned kCqeBatch = 64;
 
@@ -322,7 +319,7 @@ std::unique_ptr<ReadPiece> UringReader::Impl::CutNext() {
   PieceCut cut = CutPiece(offset, r.dst + read->scheduled, read->remaining(), policy);
   // Warm data is copied from the page cache (a device read would be slower); cold data goes
   // to the device with O_DIRECT where it can.
-  const bool cached = caches[r.file].CachedFraction(offset, cut.length) >= kCachedEnough;
+  const bool cached = caches[r.file].CachedFraction(offset, cut.length) >= kMostlyCached;
   if (cached) cut.kind = PieceKind::kBuffered;
   int slot = -1;
   if (cut.kind == PieceKind::kBounce && (slot = pool.Acquire()) < 0) return nullptr;  // wait
@@ -456,7 +453,11 @@ ReaderStats UringReader::stats() const { return impl_->stats.Snapshot(); }
 
 bool UringReader::ReadsDirect(uint32_t file, uint64_t offset, uint64_t length) const {
   return file < impl_->files.size() && impl_->direct_ok[file].load(std::memory_order_relaxed) &&
-         impl_->caches[file].CachedFraction(offset, length) < kCachedEnough;
+         impl_->caches[file].CachedFraction(offset, length) < kMostlyCached;
+}
+
+const std::byte* UringReader::CachedView(uint32_t file, uint64_t offset, uint64_t length) const {
+  return file < impl_->caches.size() ? impl_->caches[file].CachedView(offset, length) : nullptr;
 }
 
 }  // namespace loadstone::io

@@ -44,6 +44,7 @@ class UringReader final : public Reader {
   void Cancel() override;
   ReaderStats stats() const override;
   bool ReadsDirect(uint32_t file, uint64_t offset, uint64_t length) const override;
+  const std::byte* CachedView(uint32_t file, uint64_t offset, uint64_t length) const override;
 
  private:
   struct Impl;

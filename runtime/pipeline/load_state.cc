@@ -6,15 +6,13 @@
 
 #include <asio/post.hpp>
 #include <asio/read.hpp>
+#include <algorithm>
 #include <cerrno>
-#include <cstring>
+#include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "io/posix_error.h"
-#include "runtime/convert/cast.h"
-#include "runtime/convert/fp8_block.h"
 
 namespace loadstone {
 namespace {
@@ -47,6 +45,9 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       done(done_promise.get_future().share()),
       trace(options.trace),
       reader_factory_(std::move(reader_factory)),
+      workers_count_(loader_options.worker_threads > 0
+                         ? static_cast<size_t>(loader_options.worker_threads)
+                         : std::max(1u, std::thread::hardware_concurrency())),
       budget_(std::make_shared<pipeline::HostMemoryBudget>(options.host_memory_limit)) {
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[i].source];
@@ -97,6 +98,7 @@ void LoadHandle::State::Start() {
     if (!staging_device_) staging_device_ = devices[ordinal];
   }
   slot_of_chunk_.assign(plan.reads.size(), -1);
+  OpenFreshPages();
   SizeStaging();
   if (trace.enabled()) submitted_at_.resize(plan.reads.size());
 
@@ -111,6 +113,31 @@ void LoadHandle::State::Start() {
   MaybeFinish();
 }
 
+void LoadHandle::State::OpenFreshPages() {
+  constexpr uint64_t kFreshMin = 64 << 10;  // smaller ones: not worth a mapping of their own
+  wants_fresh_.assign(tensors.size(), false);
+  bool any = false;
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    const TensorPlan& tp = plan.tensors[i];
+    wants_fresh_[i] = loader_options.fill_fresh_pages && tensor_device_[i] < 0 &&
+                      tp.nbytes >= kFreshMin &&
+                      !(options.mmap && tp.conversion == Conversion::kNone);
+    any = any || wants_fresh_[i];
+  }
+  if (!any) return;
+  auto fresh = pipeline::FreshPages::Open();
+  std::lock_guard lock(callbacks_mu);
+  if (fresh.ok()) {
+    fresh_ = std::move(*fresh);
+    backend_description += "; CPU tensors written into fresh pages by the workers (userfaultfd)";
+  } else {
+    wants_fresh_.assign(tensors.size(), false);
+    backend_description += fmt::format(
+        "; fresh pages unavailable ({}): CPU tensors are page-faulted and zeroed as they are "
+        "written", fresh.status().message());
+  }
+}
+
 void LoadHandle::State::SizeStaging() {
   const bool stage_cold =
       loader_options.stage_cold_reads && loader_options.direct_io && !options.mmap;
@@ -118,7 +145,9 @@ void LoadHandle::State::SizeStaging() {
   // A staged read lands at its file offset's phase within the slot (see EnsureDestination).
   uint64_t largest = 0;
   for (size_t i = 0; i < plan.reads.size(); ++i) {
-    staged_[i] = plan.reads[i].staged ? 1 : stage_cold ? -1 : 0;
+    const bool fresh = std::any_of(plan.reads[i].tensors.begin(), plan.reads[i].tensors.end(),
+                                   [&](uint32_t t) { return wants_fresh_[t]; });
+    staged_[i] = plan.reads[i].staged || fresh ? 1 : stage_cold ? -1 : 0;
     if (staged_[i] != 0) largest = std::max(largest, plan.reads[i].length);
   }
   slot_bytes_ = largest + 2 * pipeline::kHostAlignment;  // whole pages around any phase
@@ -168,6 +197,17 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
     slot.data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
     return Status::OK();
   }
+  if (wants_fresh_[index]) {  // page-aligned, filled out of staging
+    auto buffer = fresh_->Allocate(tp.nbytes, budget_);
+    if (!buffer.ok()) {
+      return buffer.status().WithContext(
+          fmt::format("tensor '{}' ({} bytes)", src.name, tp.nbytes));
+    }
+    slot.buffer = std::move(*buffer);
+    slot.data = slot.buffer.get();
+    slot.fresh = true;
+    return Status::OK();
+  }
   // In place: the first byte sits at the file offset's phase within a page, so that O_DIRECT
   // reads fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
   const bool in_phase = loader_options.direct_io && !loader_options.align_tensors &&
@@ -195,6 +235,16 @@ void LoadHandle::State::Pump() {
         if (!batch.empty()) reader_->Submit(batch);
         return Fail(s);
       }
+    }
+    if (const std::byte* source = CachedSource(id)) {
+      // Two per worker at most, so that a cancel is not stuck behind a long queue of copies.
+      if (cached_copies_ >= 2 * workers_count_) break;
+      ++next_read_;
+      ++cached_copies_;
+      ++conversions_in_flight_;
+      asio::post(workers,
+                 [self = shared_from_this(), id, source] { self->CopyCached(id, source); });
+      continue;
     }
     const TensorPlan& first = plan.tensors[chunk.tensors.front()];
     const TensorInfo& first_src = checkpoint.tensors()[first.source];
@@ -299,194 +349,6 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
   DispatchStaged(id);
 }
 
-convert::Fp8BlockScales LoadHandle::State::Fp8Layout(uint32_t t) const {
-  const TensorPlan& tp = plan.tensors[t];
-  const uint64_t cols = checkpoint.tensors()[tp.source].shape.at(1);
-  return {tensors[tp.scale].data, cols, tp.block_rows, tp.block_cols,
-          (cols + tp.block_cols - 1) / tp.block_cols, plan.tensors[tp.scale].dtype};
-}
-
-void LoadHandle::State::DispatchStaged(uint64_t id) {
-  const ReadChunk& chunk = plan.reads[id];
-  const size_t slot = static_cast<size_t>(slot_of_chunk_[id]);
-  const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
-  bool cpu_pieces = false;
-  for (uint32_t t : chunk.tensors) {
-    if (tensor_device_[t] < 0) {
-      cpu_pieces = true;
-      continue;
-    }
-    const TensorPlan& tp = plan.tensors[t];
-    const TensorInfo& src = checkpoint.tensors()[tp.source];
-    const uint64_t lo = std::max(chunk.offset, src.offset);
-    const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
-    const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
-    device::PlaceJob job;
-    job.src = staged + (lo - chunk.offset);
-    job.bytes = hi - lo;
-    job.from = src.dtype;
-    job.to = tp.dtype;
-    job.count = src_elem ? (hi - lo) / src_elem : 0;
-    job.dst = tensors[t].data + (src_elem ? (lo - src.offset) / src_elem * dst_elem : lo - src.offset);
-    if (tp.conversion == Conversion::kNone) job.from = job.to = DType::kU8, job.count = job.bytes;
-    if (tp.conversion == Conversion::kDequantFp8Block) {
-      job.fp8 = Fp8Layout(t);
-      job.first = (lo - src.offset) / src_elem;
-    }
-    if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
-      job.timed = [self = shared_from_this(), t, bytes = hi - lo](const device::JobTiming& at) {
-        const TensorPlan& p = self->plan.tensors[t];
-        const std::string args = fmt::format(
-            R"({{"tensor":{}}})", nlohmann::json(self->checkpoint.tensors()[p.source].name).dump());
-        self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", p.device + " copy",
-                                at.copy_begin, at.copy_end, args);
-        if (at.kernel_end > at.kernel_begin) {
-          self->trace.SpanOnTrack(fmt::format("{} {}", ConversionName(p.conversion),
-                                              TorchName(p.dtype)),
-                                  "device", p.device + " compute", at.kernel_begin, at.kernel_end,
-                                  args);
-        }
-      };
-    }
-    const auto begin = trace.Now();
-    job.done = [self = shared_from_this(), id, slot, t, bytes = hi - lo, begin](Status s) {
-      self->trace.Span(fmt::format("{} {} B", self->plan.tensors[t].device, bytes), "device", begin);
-      asio::post(self->loop, [self, id, slot, t, bytes, s = std::move(s)]() mutable {
-        self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
-      });
-    };
-    ++chunk_parts_left_[id];
-    ++conversions_in_flight_;
-    devices[tensor_device_[t]]->Submit(std::move(job));
-  }
-  if (cpu_pieces) {
-    ++chunk_parts_left_[id];
-    ++conversions_in_flight_;
-    asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
-  }
-}
-
-void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t tensor,
-                                          uint64_t bytes, Status status) {
-  --conversions_in_flight_;
-  if (!status.ok()) {
-    const TensorPlan& tp = plan.tensors[tensor];
-    Fail(status.WithContext(fmt::format("placing tensor '{}' on {}",
-                                        checkpoint.tensors()[tp.source].name, tp.device)));
-  } else if (!stopping_) {
-    Advance(tensor, bytes);
-  }
-  ChunkPartDone(id, slot);
-}
-
-void LoadHandle::State::ChunkPartDone(uint64_t id, size_t slot) {
-  if (--chunk_parts_left_[id] == 0) free_slots_.push_back(slot);
-  if (!stopping_) Pump();
-  MaybeFinish();
-}
-
-Status LoadHandle::State::AllocateStagingSlot(size_t s) {
-  LOADSTONE_ASSIGN_OR_RETURN(device::HostStaging staging,
-                             staging_device_->AllocateStaging(slot_bytes_));
-  if (!staging.pinned && !warned_pageable_) {
-    warned_pageable_ = true;
-    std::lock_guard lock(callbacks_mu);
-    backend_description += "; staging is pageable (pinning failed)";
-  }
-  staging_[s].buffer = std::move(staging.data);
-  return Status::OK();
-}
-
-// Host staging slots are huge pages whose first touch is slow on some VMs (measured: ~0.7 s for
-// 252 MiB when the host had taken the memory back). Touched by the O_DIRECT submission, that
-// time was spent on the ring thread before the first reads went out; two workers touch them
-// in parallel instead, and each slot joins the pool as soon as it is ready. Slots wanted by a
-// small read (a few coalesced small tensors) are not touched ahead: such reads fill a small
-// part of a slot, and touching all of it cost 200 MiB of RSS on a warm load.
-void LoadHandle::State::PrepareSlots(bool touch) {
-  constexpr size_t kAtOnce = 2;
-  while (!unprepared_slots_.empty() && slots_preparing_ < kAtOnce) {
-    const size_t s = unprepared_slots_.back();
-    unprepared_slots_.pop_back();
-    ++slots_preparing_;
-    asio::post(workers, [self = shared_from_this(), s, touch] {
-      auto buffer = pipeline::AllocateHost(self->slot_bytes_, nullptr, pipeline::HostPages::kHuge);
-      if (buffer.ok() && touch) {
-        for (uint64_t at = 0; at < self->slot_bytes_; at += pipeline::kHostAlignment) {
-          buffer->get()[at] = std::byte{0};
-        }
-      }
-      asio::post(self->loop, [self, s, buffer = std::move(buffer)]() mutable {
-        self->OnSlotPrepared(s, std::move(buffer));
-      });
-    });
-  }
-}
-
-void LoadHandle::State::OnSlotPrepared(size_t s, Result<std::shared_ptr<std::byte>> buffer) {
-  --slots_preparing_;
-  if (!buffer.ok()) {
-    Fail(buffer.status().WithContext("staging buffer"));
-  } else if (!stopping_) {
-    staging_[s].buffer = std::move(*buffer);
-    free_slots_.push_back(s);
-    Pump();
-  }
-  MaybeFinish();
-}
-
-void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
-  const auto begin = trace.Now();
-  const ReadChunk& chunk = plan.reads[id];
-  const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
-  Status status;
-  for (uint32_t t : chunk.tensors) {
-    if (tensor_device_[t] >= 0) continue;  // a device piece: its device does it
-    const TensorPlan& tp = plan.tensors[t];
-    const TensorInfo& src = checkpoint.tensors()[tp.source];
-    const uint64_t lo = std::max(chunk.offset, src.offset);
-    const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
-    const std::byte* from = staged + (lo - chunk.offset);
-    if (tp.conversion == Conversion::kNone) {
-      if (!options.mmap) std::memcpy(tensors[t].data + (lo - src.offset), from, hi - lo);
-      continue;  // in mmap mode the bytes are already mapped
-    }
-    const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
-    const uint64_t first = (lo - src.offset) / src_elem;
-    std::byte* to = tensors[t].data + first * dst_elem;
-    status = tp.conversion == Conversion::kDequantFp8Block
-                 ? convert::DequantFp8Block(src.dtype, tp.dtype, from, to, first,
-                                            (hi - lo) / src_elem, Fp8Layout(t))
-                 : convert::CastBuffer(src.dtype, tp.dtype, from, to, (hi - lo) / src_elem);
-    if (!status.ok()) {
-      status = status.WithContext(fmt::format("converting tensor '{}'", src.name));
-      break;
-    }
-  }
-  trace.Span(fmt::format("{} {} B", chunk.staged ? "convert" : "copy", chunk.length), "convert",
-             begin);
-  asio::post(loop, [self = shared_from_this(), id, slot, status = std::move(status)]() mutable {
-    self->OnStagedDone(id, slot, std::move(status));
-  });
-}
-
-void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
-  --conversions_in_flight_;
-  if (!status.ok()) {
-    Fail(std::move(status));
-  } else if (!stopping_) {
-    const ReadChunk& chunk = plan.reads[id];
-    for (uint32_t t : chunk.tensors) {
-      if (tensor_device_[t] >= 0) continue;
-      const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-      const uint64_t lo = std::max(chunk.offset, src.offset);
-      const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
-      Advance(t, hi - lo);
-    }
-  }
-  ChunkPartDone(id, slot);
-}
-
 void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   TensorSlot& slot = tensors[index];
   const TensorPlan& tp = plan.tensors[index];
@@ -542,9 +404,11 @@ void LoadHandle::State::MaybeFinish() {
   if (reader_) {
     const io::ReaderStats stats = reader_->stats();
     std::lock_guard lock(callbacks_mu);
-    read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits};
+    read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits,
+                  cache_copied_bytes.load()};
   }
   reader_.reset();         // nothing in flight: closes the ring and the files now
+  fresh_.reset();          // every placed tensor is whole: unregisters their pages
   Status result = error_;
   if (result.ok() && tensors_done.load() != tensors.size()) {
     result = Status::Corruption("the load ended with tensors not in place");  // a bug, never OK

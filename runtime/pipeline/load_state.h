@@ -20,6 +20,7 @@
 #include "loadstone/loader.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/device/device.h"
+#include "runtime/pipeline/fresh_pages.h"
 #include "runtime/pipeline/host_buffer.h"
 #include "runtime/pipeline/testing.h"
 #include "runtime/pipeline/trace.h"
@@ -57,6 +58,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     std::shared_ptr<std::byte> buffer;  // destination (null until its first read, or mmap'd)
     std::byte* data = nullptr;
     uint64_t remaining = 0;             // source bytes not yet in place
+    bool fresh = false;                 // buffer from fresh_: filled by the workers only
     bool done = false;
   };
   std::vector<TensorSlot> tensors;
@@ -67,6 +69,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // --- progress, readable from any thread ---
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> bytes_placed{0};
+  std::atomic<uint64_t> cache_copied_bytes{0};
   std::atomic<size_t> tensors_done{0};
   std::atomic<bool> finished{false};
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -102,6 +105,15 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void PrepareSlots(bool touch);
   void OnSlotPrepared(size_t slot, Result<std::shared_ptr<std::byte>> buffer);
   void SizeStaging();
+  // Opens fresh_ when some CPU tensor would use it (LoaderOptions::fill_fresh_pages).
+  void OpenFreshPages();
+  // The page-cache bytes of chunk `id` when the workers may copy them into its fresh tensor
+  // themselves (one unconverted CPU tensor, cached), else nullptr: the chunk is read.
+  const std::byte* CachedSource(uint64_t id) const;
+  void CopyCached(uint64_t id, const std::byte* source);  // runs on a worker thread
+  void OnCachedDone(uint64_t id, Status status);
+  // Writes a CPU piece of a staged chunk into tensor `t`, converting as planned.
+  Status PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi);
   void Advance(uint32_t tensor, uint64_t source_bytes);
   Status EnsureDestination(uint32_t tensor);
   Status MapFiles();
@@ -110,6 +122,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   Status ChunkError(uint64_t chunk, const Status& status) const;
 
   const pipeline::ReaderFactory reader_factory_;
+  const size_t workers_count_;  // threads in `workers`
   std::shared_ptr<pipeline::HostMemoryBudget> budget_;
   std::unique_ptr<io::Reader> reader_;
   std::unique_ptr<asio::posix::stream_descriptor> completion_fd_;
@@ -126,6 +139,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::vector<int8_t> staged_;
   std::vector<int> chunk_parts_left_;  // CPU/device parts of a staged chunk not yet done
   std::vector<int> tensor_device_;     // index into devices, -1 for cpu
+  std::unique_ptr<pipeline::FreshPages> fresh_;  // while the load runs, when available
+  std::vector<bool> wants_fresh_;      // per tensor: CPU, large, written by the workers
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
   std::shared_ptr<device::Device> staging_device_;  // pins the staging pool (first GPU used)
@@ -133,7 +148,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
   size_t next_read_ = 0;
   size_t reads_in_flight_ = 0;
-  size_t conversions_in_flight_ = 0;
+  size_t conversions_in_flight_ = 0;  // staged pieces and cached copies
+  size_t cached_copies_ = 0;
   bool stopping_ = false;
   Status error_;
   std::vector<pipeline::TraceRecorder::Clock::time_point> submitted_at_;  // per chunk, when tracing

@@ -11,11 +11,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "io/read_state.h"
+#include "io/reader_wrapper.h"
 #include "io/reader_test_util.h"
 #include "io/uring_reader.h"
 
@@ -325,6 +328,47 @@ TEST_CASE("reader: O_DIRECT is used on a disk file system for data not in the pa
   REQUIRE(DrainAll(*reader, 1)[9].ok());
   CHECK(FirstMismatch(all.dst, 0, 0, all.length) == -1);
   CHECK(reader->stats().direct_bytes == stats.direct_bytes);  // no more device reads
+}
+
+// This process's file-backed resident memory (/proc/self/status RssFile), or -1.
+int64_t RssFileKiB() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("RssFile:", 0) == 0) return std::stoll(line.substr(8));
+  }
+  return -1;
+}
+
+TEST_CASE("reader: CachedView maps cached ranges only, wrappers hide it") {
+  ScratchDir dir("/var/tmp");
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("view.bin");
+  const uint64_t size = (4 << 20) + 333;
+  WritePatternFile(path, 1, size);  // just written: in the page cache
+  const auto backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
+  auto reader = OpenOrSkip({path}, Options(backend));
+  if (!reader) return;
+  const std::byte* view = reader->CachedView(0, 4096 + 5, size - 4096 - 5);
+  REQUIRE(view != nullptr);
+  const int64_t before = RssFileKiB();
+  CHECK(FirstMismatch(view, 1, 4096 + 5, size - 4096 - 5) == -1);  // maps the pages in
+  const int64_t touched = RssFileKiB();
+  ReleaseCachedView(view, size - 4096 - 5);
+  const int64_t released = RssFileKiB();
+  INFO("RssFile KiB: " << before << " -> " << touched << " -> " << released);
+  CHECK(touched - before >= 3 * 1024);
+  CHECK(touched - released >= 3 * 1024);  // unmapped again (all but the partial last page)
+  CHECK(FirstMismatch(view, 1, 4096 + 5, 100) == -1);  // and still readable: mapped again
+  CHECK(reader->CachedView(0, size - 10, 11) == nullptr);  // past the end
+  CHECK(reader->CachedView(1, 0, 10) == nullptr);          // no such file
+  {
+    ReaderWrapper wrapped(std::move(reader));
+    CHECK(wrapped.CachedView(0, 0, 4096) == nullptr);  // a wrapper may change reads: no bypass
+  }  // the reader and its mapping are gone: the pages it touched can be dropped now
+  if (OnTmpfs("/var/tmp")) return;  // nothing to drop there
+  DropFromCache(path);
+  auto cold = OpenOrSkip({path}, Options(backend));
+  CHECK(cold->CachedView(0, 0, size) == nullptr);  // cold: to be read
 }
 
 TEST_CASE("reader: on tmpfs every read goes through the page cache") {

@@ -95,7 +95,8 @@ int RunLoad(const LoadArgs& args) {
   doc["read"] = {{"direct_bytes", rs.direct_bytes},
                  {"buffered_bytes", rs.buffered_bytes},
                  {"bounced_bytes", rs.bounced_bytes},
-                 {"resubmits", rs.resubmits}};
+                 {"resubmits", rs.resubmits},
+                 {"cache_copied_bytes", rs.cache_copied_bytes}};
   std::map<std::string, uint64_t> per_device;
   auto& tensors = doc["tensors"] = nlohmann::ordered_json::array();
   for (const loadstone::Tensor& t : load.Tensors()) {

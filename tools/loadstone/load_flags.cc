@@ -29,6 +29,8 @@ void LoadFlags::Register(CLI::App* cmd) {
   cmd->add_option("--staging", staging, "Staging pool per load, e.g. 64MiB (default 256MiB)");
   cmd->add_flag("--no-stage-cold", no_stage_cold,
                 "Read cold CPU tensors straight into place instead of through staging");
+  cmd->add_flag("--no-fresh-pages", no_fresh_pages,
+                "Write CPU tensors into ordinary (kernel-zeroed) pages, not userfaultfd-filled ones");
 }
 
 Result<PlanOptions> LoadFlags::ToPlanOptions() const {
@@ -61,6 +63,7 @@ Result<LoaderOptions> LoadFlags::ToLoaderOptions() const {
                                          : ReadBackend::kAuto;
   options.queue_depth = queue_depth;
   options.stage_cold_reads = !no_stage_cold;
+  options.fill_fresh_pages = !no_fresh_pages;
   if (!staging.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(options.staging_bytes, ParseSizeString(staging));
   }

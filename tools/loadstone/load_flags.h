@@ -26,6 +26,7 @@ struct LoadFlags {
   int queue_depth = 32;
   std::string staging;      // size string; empty: the Loader's default
   bool no_stage_cold = false;
+  bool no_fresh_pages = false;
 
   void Register(CLI::App* cmd);
   Result<PlanOptions> ToPlanOptions() const;

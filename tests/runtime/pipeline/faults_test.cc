@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "io/fault_reader.h"
+#include "io/reader_wrapper.h"
 #include "loadstone/loader.h"
 #include "runtime/pipeline/testing.h"
 #include "test_model.h"
@@ -78,6 +79,62 @@ TEST_CASE("faults: a shard truncated after Open → Corruption naming file, tens
   RequireLoaderStillWorks(loader);
 }
 
+// Hands out the real reader's page-cache views, and truncates the file right after the first
+// one: the workers' copy out of that mapping then meets pages past the end of the file (which
+// from user space would be SIGBUS).
+class ShrinkingAfterView final : public io::ReaderWrapper {
+ public:
+  // `*shrunk` receives the path of the file it truncated; it must outlive the reader.
+  ShrinkingAfterView(std::unique_ptr<io::Reader> inner, std::vector<std::string> paths,
+                     std::string* shrunk)
+      : ReaderWrapper(std::move(inner)), paths_(std::move(paths)), shrunk_(shrunk) {}
+  const std::byte* CachedView(uint32_t file, uint64_t offset, uint64_t length) const override {
+    const std::byte* view = inner()->CachedView(file, offset, length);
+    if (view != nullptr && !done_.exchange(true)) {
+      std::filesystem::resize_file(paths_[file], 0);
+      *shrunk_ = paths_[file];
+    }
+    return view;
+  }
+
+ private:
+  const std::vector<std::string> paths_;
+  std::string* const shrunk_;
+  mutable std::atomic<bool> done_{false};
+};
+
+TEST_CASE("faults: a shard that shrinks under a page-cache copy → IOError, no SIGBUS") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);  // just written: in the page cache
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  std::string shrunk;  // written on the loop thread before the copy that fails
+  pipeline::SetReaderFactoryForTesting(
+      loader, [&](const std::vector<std::string>& paths, const io::ReaderOptions& options,
+                  std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+        LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
+        return std::unique_ptr<io::Reader>(
+            new ShrinkingAfterView(std::move(inner), paths, &shrunk));
+      });
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Status status = load.Done().get();
+  INFO(status.ToString() << "\nbackend: " << load.backend());
+  if (load.backend().find("fresh pages by the workers") == std::string::npos) {
+    WARN("no userfaultfd here: the workers do not copy from the page cache, skipped");
+    return;
+  }
+  REQUIRE(status.code() == StatusCode::kIOError);
+  const std::string msg(status.message());
+  CHECK_THAT(msg, Catch::Contains("shrank"));
+  CHECK_THAT(msg, Catch::Contains("tensor '"));
+  REQUIRE_FALSE(shrunk.empty());
+  CHECK_THAT(msg, Catch::Contains(shrunk));
+  RequireNothingPassedOff(load, ckpt, status);
+  pipeline::SetReaderFactoryForTesting(loader, nullptr);
+  RequireLoaderStillWorks(loader);
+}
+
 TEST_CASE("faults: EIO in the middle of a shard → IOError naming file, tensor, offset") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
@@ -125,7 +182,7 @@ TEST_CASE("faults: out of memory for a destination → OutOfMemory naming the te
   RequireLoaderStillWorks(loader);
 }
 
-TEST_CASE("faults: stress — many concurrent loads with random cancels and slow reads") {
+TEST_CASE("faults: stress — many concurrent loads with random cancels, slow reads or none") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   PlanOptions po;
@@ -140,7 +197,10 @@ TEST_CASE("faults: stress — many concurrent loads with random cancels and slow
   lo.queue_depth = 8;
   lo.staging_bytes = 32 << 20;
   Loader loader(lo);
-  pipeline::SetReaderFactoryForTesting(
+  // Slow, reordered reads; or the real reader, whose page-cache views let the workers copy
+  // most chunks themselves (fresh pages).
+  const bool slow = GENERATE(true, false);
+  if (slow) pipeline::SetReaderFactoryForTesting(
       loader, [seed](const std::vector<std::string>& paths, const io::ReaderOptions& options,
                      std::string* log) -> Result<std::unique_ptr<io::Reader>> {
         LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));

@@ -122,7 +122,9 @@ TEST_CASE("fp8 block: the CPU load dequantizes with the right scales, in any com
   const uint64_t staging = GENERATE(uint64_t{0}, uint64_t{1});  // default, or two slots
   PlanOptions po;
   po.dtype = to;
-  po.max_chunk = 64 << 10;  // pieces that start mid-row and mid-block
+  // Pieces that start mid-row and mid-block; or whole weights, whose dequantized output is
+  // written in several blocks when it goes into fresh pages (LoaderOptions::fill_fresh_pages).
+  po.max_chunk = GENERATE(uint64_t{64} << 10, uint64_t{16} << 20);
   auto plan = Plan(m.ckpt, po);
   REQUIRE(plan.ok());
   LoaderOptions lo;

@@ -1,0 +1,268 @@
+// Staged chunks and page-cache copies: the staging slots, and where the bytes go once they
+// are in (the devices, or the workers' casts and copies into CPU tensors). Members of
+// LoadHandle::State (load_state.h); the loop-thread rule of that file holds here.
+#include "runtime/pipeline/load_state.h"
+
+#include <asio/post.hpp>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "io/reader.h"
+#include "runtime/convert/cast.h"
+#include "runtime/convert/fp8_block.h"
+
+namespace loadstone {
+
+convert::Fp8BlockScales LoadHandle::State::Fp8Layout(uint32_t t) const {
+  const TensorPlan& tp = plan.tensors[t];
+  const uint64_t cols = checkpoint.tensors()[tp.source].shape.at(1);
+  return {tensors[tp.scale].data, cols, tp.block_rows, tp.block_cols,
+          (cols + tp.block_cols - 1) / tp.block_cols, plan.tensors[tp.scale].dtype};
+}
+
+void LoadHandle::State::DispatchStaged(uint64_t id) {
+  const ReadChunk& chunk = plan.reads[id];
+  const size_t slot = static_cast<size_t>(slot_of_chunk_[id]);
+  const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
+  bool cpu_pieces = false;
+  for (uint32_t t : chunk.tensors) {
+    if (tensor_device_[t] < 0) {
+      cpu_pieces = true;
+      continue;
+    }
+    const TensorPlan& tp = plan.tensors[t];
+    const TensorInfo& src = checkpoint.tensors()[tp.source];
+    const uint64_t lo = std::max(chunk.offset, src.offset);
+    const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+    const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
+    device::PlaceJob job;
+    job.src = staged + (lo - chunk.offset);
+    job.bytes = hi - lo;
+    job.from = src.dtype;
+    job.to = tp.dtype;
+    job.count = src_elem ? (hi - lo) / src_elem : 0;
+    job.dst = tensors[t].data + (src_elem ? (lo - src.offset) / src_elem * dst_elem : lo - src.offset);
+    if (tp.conversion == Conversion::kNone) job.from = job.to = DType::kU8, job.count = job.bytes;
+    if (tp.conversion == Conversion::kDequantFp8Block) {
+      job.fp8 = Fp8Layout(t);
+      job.first = (lo - src.offset) / src_elem;
+    }
+    if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
+      job.timed = [self = shared_from_this(), t, bytes = hi - lo](const device::JobTiming& at) {
+        const TensorPlan& p = self->plan.tensors[t];
+        const std::string args = fmt::format(
+            R"({{"tensor":{}}})", nlohmann::json(self->checkpoint.tensors()[p.source].name).dump());
+        self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", p.device + " copy",
+                                at.copy_begin, at.copy_end, args);
+        if (at.kernel_end > at.kernel_begin) {
+          self->trace.SpanOnTrack(fmt::format("{} {}", ConversionName(p.conversion),
+                                              TorchName(p.dtype)),
+                                  "device", p.device + " compute", at.kernel_begin, at.kernel_end,
+                                  args);
+        }
+      };
+    }
+    const auto begin = trace.Now();
+    job.done = [self = shared_from_this(), id, slot, t, bytes = hi - lo, begin](Status s) {
+      self->trace.Span(fmt::format("{} {} B", self->plan.tensors[t].device, bytes), "device", begin);
+      asio::post(self->loop, [self, id, slot, t, bytes, s = std::move(s)]() mutable {
+        self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
+      });
+    };
+    ++chunk_parts_left_[id];
+    ++conversions_in_flight_;
+    devices[tensor_device_[t]]->Submit(std::move(job));
+  }
+  if (cpu_pieces) {
+    ++chunk_parts_left_[id];
+    ++conversions_in_flight_;
+    asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
+  }
+}
+
+void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t tensor,
+                                          uint64_t bytes, Status status) {
+  --conversions_in_flight_;
+  if (!status.ok()) {
+    const TensorPlan& tp = plan.tensors[tensor];
+    Fail(status.WithContext(fmt::format("placing tensor '{}' on {}",
+                                        checkpoint.tensors()[tp.source].name, tp.device)));
+  } else if (!stopping_) {
+    Advance(tensor, bytes);
+  }
+  ChunkPartDone(id, slot);
+}
+
+void LoadHandle::State::ChunkPartDone(uint64_t id, size_t slot) {
+  if (--chunk_parts_left_[id] == 0) free_slots_.push_back(slot);
+  if (!stopping_) Pump();
+  MaybeFinish();
+}
+
+Status LoadHandle::State::AllocateStagingSlot(size_t s) {
+  LOADSTONE_ASSIGN_OR_RETURN(device::HostStaging staging,
+                             staging_device_->AllocateStaging(slot_bytes_));
+  if (!staging.pinned && !warned_pageable_) {
+    warned_pageable_ = true;
+    std::lock_guard lock(callbacks_mu);
+    backend_description += "; staging is pageable (pinning failed)";
+  }
+  staging_[s].buffer = std::move(staging.data);
+  return Status::OK();
+}
+
+// Host staging slots are huge pages whose first touch is slow on some VMs (measured: ~0.7 s for
+// 252 MiB when the host had taken the memory back). Touched by the O_DIRECT submission, that
+// time was spent on the ring thread before the first reads went out; two workers touch them
+// in parallel instead, and each slot joins the pool as soon as it is ready. Slots wanted by a
+// small read (a few coalesced small tensors) are not touched ahead: such reads fill a small
+// part of a slot, and touching all of it cost 200 MiB of RSS on a warm load.
+void LoadHandle::State::PrepareSlots(bool touch) {
+  constexpr size_t kAtOnce = 2;
+  while (!unprepared_slots_.empty() && slots_preparing_ < kAtOnce) {
+    const size_t s = unprepared_slots_.back();
+    unprepared_slots_.pop_back();
+    ++slots_preparing_;
+    asio::post(workers, [self = shared_from_this(), s, touch] {
+      auto buffer = pipeline::AllocateHost(self->slot_bytes_, nullptr, pipeline::HostPages::kHuge);
+      if (buffer.ok() && touch) {
+        for (uint64_t at = 0; at < self->slot_bytes_; at += pipeline::kHostAlignment) {
+          buffer->get()[at] = std::byte{0};
+        }
+      }
+      asio::post(self->loop, [self, s, buffer = std::move(buffer)]() mutable {
+        self->OnSlotPrepared(s, std::move(buffer));
+      });
+    });
+  }
+}
+
+void LoadHandle::State::OnSlotPrepared(size_t s, Result<std::shared_ptr<std::byte>> buffer) {
+  --slots_preparing_;
+  if (!buffer.ok()) {
+    Fail(buffer.status().WithContext("staging buffer"));
+  } else if (!stopping_) {
+    staging_[s].buffer = std::move(*buffer);
+    free_slots_.push_back(s);
+    Pump();
+  }
+  MaybeFinish();
+}
+
+void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
+  const auto begin = trace.Now();
+  const ReadChunk& chunk = plan.reads[id];
+  const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
+  Status status;
+  for (uint32_t t : chunk.tensors) {
+    if (tensor_device_[t] >= 0) continue;  // a device piece: its device does it
+    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+    const uint64_t lo = std::max(chunk.offset, src.offset);
+    const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+    status = PlaceOnCpu(t, staged + (lo - chunk.offset), lo, hi);
+    if (!status.ok()) {
+      status = status.WithContext(fmt::format("placing tensor '{}'", src.name));
+      break;
+    }
+  }
+  trace.Span(fmt::format("{} {} B", chunk.staged ? "convert" : "copy", chunk.length), "convert",
+             begin);
+  asio::post(loop, [self = shared_from_this(), id, slot, status = std::move(status)]() mutable {
+    self->OnStagedDone(id, slot, std::move(status));
+  });
+}
+
+const std::byte* LoadHandle::State::CachedSource(uint64_t id) const {
+  const ReadChunk& chunk = plan.reads[id];
+  if (chunk.tensors.size() != 1) return nullptr;
+  const uint32_t t = chunk.tensors.front();
+  if (!tensors[t].fresh || plan.tensors[t].conversion != Conversion::kNone) return nullptr;
+  return reader_->CachedView(chunk.file, chunk.offset, chunk.length);
+}
+
+// A converted or coalesced chunk is read instead: the conversion would read the mapping from
+// user space, where an unreadable page raises SIGBUS (UFFDIO_COPY reads it in the kernel).
+void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
+  const auto begin = trace.Now();
+  const ReadChunk& chunk = plan.reads[id];
+  const uint32_t t = chunk.tensors.front();
+  const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+  std::byte* to = tensors[t].data + (chunk.offset - src.offset);
+  Status status = fresh_->Write(to, source, chunk.length);
+  io::ReleaseCachedView(source, chunk.length);
+  if (!status.ok()) {
+    status = Status::IOError(fmt::format(
+        "copying from the page cache failed ({}): the file could not be read (an I/O error) "
+        "or it shrank while loading; check the disk and the file, then load again",
+        status.message()));
+  }
+  trace.Span(fmt::format("cached copy {} B", chunk.length), "convert", begin);
+  asio::post(loop, [self = shared_from_this(), id, status = std::move(status)]() mutable {
+    self->OnCachedDone(id, std::move(status));
+  });
+}
+
+void LoadHandle::State::OnCachedDone(uint64_t id, Status status) {
+  --conversions_in_flight_;
+  --cached_copies_;
+  const ReadChunk& chunk = plan.reads[id];
+  if (!status.ok()) {
+    Fail(ChunkError(id, status));
+  } else if (!stopping_) {
+    bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
+    cache_copied_bytes.fetch_add(chunk.length, std::memory_order_relaxed);
+    Advance(chunk.tensors.front(), chunk.length);
+  }
+  Pump();
+  MaybeFinish();
+}
+
+Status LoadHandle::State::PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi) {
+  const TensorPlan& tp = plan.tensors[t];
+  const TensorInfo& src = checkpoint.tensors()[tp.source];
+  const TensorSlot& slot = tensors[t];
+  if (tp.conversion == Conversion::kNone) {
+    std::byte* to = slot.data + (lo - src.offset);
+    if (slot.fresh) return fresh_->Write(to, from, hi - lo);
+    if (!options.mmap) std::memcpy(to, from, hi - lo);
+    return Status::OK();  // in mmap mode the bytes are already mapped
+  }
+  const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
+  const uint64_t first = (lo - src.offset) / src_elem;
+  // Converts `count` elements starting `at` elements into this piece.
+  auto convert = [&](std::byte* to, uint64_t at, uint64_t count) {
+    const std::byte* in = from + at * src_elem;
+    return tp.conversion == Conversion::kDequantFp8Block
+               ? convert::DequantFp8Block(src.dtype, tp.dtype, in, to, first + at, count,
+                                          Fp8Layout(t))
+               : convert::CastBuffer(src.dtype, tp.dtype, in, to, count);
+  };
+  std::byte* to = slot.data + first * dst_elem;
+  const uint64_t count = (hi - lo) / src_elem;
+  if (!slot.fresh) return convert(to, 0, count);
+  return fresh_->WriteConverted(to, count * dst_elem,
+                                [&](std::byte* out, uint64_t offset, uint64_t n) {
+                                  return convert(out, offset / dst_elem, n / dst_elem);
+                                });
+}
+
+void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
+  --conversions_in_flight_;
+  if (!status.ok()) {
+    Fail(std::move(status));
+  } else if (!stopping_) {
+    const ReadChunk& chunk = plan.reads[id];
+    for (uint32_t t : chunk.tensors) {
+      if (tensor_device_[t] >= 0) continue;
+      const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+      const uint64_t lo = std::max(chunk.offset, src.offset);
+      const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+      Advance(t, hi - lo);
+    }
+  }
+  ChunkPartDone(id, slot);
+}
+
+}  // namespace loadstone
