@@ -58,11 +58,7 @@ FreshPages::~FreshPages() { ::close(fd_); }
 Result<std::shared_ptr<std::byte>> FreshPages::Allocate(
     uint64_t bytes, std::shared_ptr<HostMemoryBudget> budget) const {
   const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + kPage - 1) / kPage * kPage;
-  if (budget && !budget->Take(rounded)) {
-    return Status::OutOfMemory(fmt::format(
-        "host memory limit reached: {} more bytes wanted, {} in use (raise the limit or load "
-        "less)", rounded, budget->used()));
-  }
+  LOADSTONE_RETURN_IF_ERROR(TakeHostBudget(budget.get(), rounded));
   void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
     if (budget) budget->Give(rounded);

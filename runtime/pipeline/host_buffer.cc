@@ -16,16 +16,19 @@ bool HostMemoryBudget::Take(uint64_t bytes) {
   return true;
 }
 
+Status TakeHostBudget(HostMemoryBudget* budget, uint64_t bytes) {
+  if (budget == nullptr || budget->Take(bytes)) return Status::OK();
+  return Status::OutOfMemory(fmt::format(
+      "host memory limit reached: {} more bytes wanted, {} in use (raise the limit or load "
+      "less)", bytes, budget->used()));
+}
+
 Result<std::shared_ptr<std::byte>> AllocateHost(uint64_t bytes,
                                                 std::shared_ptr<HostMemoryBudget> budget,
                                                 HostPages pages) {
   const uint64_t align = pages == HostPages::kHuge ? kHugePage : kHostAlignment;
   const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + align - 1) / align * align;
-  if (budget && !budget->Take(rounded)) {
-    return Status::OutOfMemory(fmt::format(
-        "host memory limit reached: {} more bytes wanted, {} in use (raise the limit or load "
-        "less)", rounded, budget->used()));
-  }
+  LOADSTONE_RETURN_IF_ERROR(TakeHostBudget(budget.get(), rounded));
   void* p = std::aligned_alloc(align, rounded);
   if (p != nullptr && pages == HostPages::kHuge) ::madvise(p, rounded, MADV_HUGEPAGE);
   if (p == nullptr) {

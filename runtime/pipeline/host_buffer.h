@@ -33,6 +33,10 @@ class HostMemoryBudget {
   std::atomic<uint64_t> used_{0};
 };
 
+// Takes `bytes` from `budget` (none: nothing to take). Errors: OutOfMemory saying how much is in
+// use, and what to do.
+Status TakeHostBudget(HostMemoryBudget* budget, uint64_t bytes);
+
 // A page-aligned buffer of `bytes` (at least one page is reserved for 0 bytes), freed when the
 // last shared_ptr goes. kHuge: 2 MiB aligned and rounded, advised MADV_HUGEPAGE (advice only:
 // where the kernel says no, it is normal pages). The budget must outlive the buffer.

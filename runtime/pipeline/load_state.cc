@@ -115,14 +115,14 @@ void LoadHandle::State::Start() {
 
 void LoadHandle::State::OpenFreshPages() {
   constexpr uint64_t kFreshMin = 64 << 10;  // smaller ones: not worth a mapping of their own
-  wants_fresh_.assign(tensors.size(), false);
+  fresh_tensor_.assign(tensors.size(), false);
   bool any = false;
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     const TensorPlan& tp = plan.tensors[i];
-    wants_fresh_[i] = loader_options.fill_fresh_pages && tensor_device_[i] < 0 &&
+    fresh_tensor_[i] = loader_options.fill_fresh_pages && tensor_device_[i] < 0 &&
                       tp.nbytes >= kFreshMin &&
                       !(options.mmap && tp.conversion == Conversion::kNone);
-    any = any || wants_fresh_[i];
+    any = any || fresh_tensor_[i];
   }
   if (!any) return;
   auto fresh = pipeline::FreshPages::Open();
@@ -131,7 +131,7 @@ void LoadHandle::State::OpenFreshPages() {
     fresh_ = std::move(*fresh);
     backend_description += "; CPU tensors written into fresh pages by the workers (userfaultfd)";
   } else {
-    wants_fresh_.assign(tensors.size(), false);
+    fresh_tensor_.assign(tensors.size(), false);
     backend_description += fmt::format(
         "; fresh pages unavailable ({}): CPU tensors are page-faulted and zeroed as they are "
         "written", fresh.status().message());
@@ -146,7 +146,7 @@ void LoadHandle::State::SizeStaging() {
   uint64_t largest = 0;
   for (size_t i = 0; i < plan.reads.size(); ++i) {
     const bool fresh = std::any_of(plan.reads[i].tensors.begin(), plan.reads[i].tensors.end(),
-                                   [&](uint32_t t) { return wants_fresh_[t]; });
+                                   [&](uint32_t t) { return fresh_tensor_[t]; });
     staged_[i] = plan.reads[i].staged || fresh ? 1 : stage_cold ? -1 : 0;
     if (staged_[i] != 0) largest = std::max(largest, plan.reads[i].length);
   }
@@ -197,7 +197,7 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
     slot.data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
     return Status::OK();
   }
-  if (wants_fresh_[index]) {  // page-aligned, filled out of staging
+  if (fresh_tensor_[index]) {  // page-aligned, filled out of staging
     auto buffer = fresh_->Allocate(tp.nbytes, budget_);
     if (!buffer.ok()) {
       return buffer.status().WithContext(
@@ -205,7 +205,6 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
     }
     slot.buffer = std::move(*buffer);
     slot.data = slot.buffer.get();
-    slot.fresh = true;
     return Status::OK();
   }
   // In place: the first byte sits at the file offset's phase within a page, so that O_DIRECT

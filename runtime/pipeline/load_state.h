@@ -58,7 +58,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     std::shared_ptr<std::byte> buffer;  // destination (null until its first read, or mmap'd)
     std::byte* data = nullptr;
     uint64_t remaining = 0;             // source bytes not yet in place
-    bool fresh = false;                 // buffer from fresh_: filled by the workers only
     bool done = false;
   };
   std::vector<TensorSlot> tensors;
@@ -140,7 +139,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::vector<int> chunk_parts_left_;  // CPU/device parts of a staged chunk not yet done
   std::vector<int> tensor_device_;     // index into devices, -1 for cpu
   std::unique_ptr<pipeline::FreshPages> fresh_;  // while the load runs, when available
-  std::vector<bool> wants_fresh_;      // per tensor: CPU, large, written by the workers
+  // Per tensor: its buffer comes from fresh_ and only the workers write it (CPU, large).
+  std::vector<bool> fresh_tensor_;
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
   std::shared_ptr<device::Device> staging_device_;  // pins the staging pool (first GPU used)

@@ -178,7 +178,7 @@ const std::byte* LoadHandle::State::CachedSource(uint64_t id) const {
   const ReadChunk& chunk = plan.reads[id];
   if (chunk.tensors.size() != 1) return nullptr;
   const uint32_t t = chunk.tensors.front();
-  if (!tensors[t].fresh || plan.tensors[t].conversion != Conversion::kNone) return nullptr;
+  if (!fresh_tensor_[t] || plan.tensors[t].conversion != Conversion::kNone) return nullptr;
   return reader_->CachedView(chunk.file, chunk.offset, chunk.length);
 }
 
@@ -225,7 +225,7 @@ Status LoadHandle::State::PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t
   const TensorSlot& slot = tensors[t];
   if (tp.conversion == Conversion::kNone) {
     std::byte* to = slot.data + (lo - src.offset);
-    if (slot.fresh) return fresh_->Write(to, from, hi - lo);
+    if (fresh_tensor_[t]) return fresh_->Write(to, from, hi - lo);
     if (!options.mmap) std::memcpy(to, from, hi - lo);
     return Status::OK();  // in mmap mode the bytes are already mapped
   }
@@ -241,7 +241,7 @@ Status LoadHandle::State::PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t
   };
   std::byte* to = slot.data + first * dst_elem;
   const uint64_t count = (hi - lo) / src_elem;
-  if (!slot.fresh) return convert(to, 0, count);
+  if (!fresh_tensor_[t]) return convert(to, 0, count);
   return fresh_->WriteConverted(to, count * dst_elem,
                                 [&](std::byte* out, uint64_t offset, uint64_t n) {
                                   return convert(out, offset / dst_elem, n / dst_elem);
