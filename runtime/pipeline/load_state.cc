@@ -120,8 +120,8 @@ void LoadHandle::State::OpenFreshPages() {
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     const TensorPlan& tp = plan.tensors[i];
     fresh_tensor_[i] = loader_options.fill_fresh_pages && tensor_device_[i] < 0 &&
-                      tp.nbytes >= kFreshMin &&
-                      !(options.mmap && tp.conversion == Conversion::kNone);
+                       tp.nbytes >= kFreshMin &&
+                       !(options.mmap && tp.conversion == Conversion::kNone);
     any = any || fresh_tensor_[i];
   }
   if (!any) return;
@@ -197,7 +197,7 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
     slot.data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
     return Status::OK();
   }
-  if (fresh_tensor_[index]) {  // page-aligned, filled out of staging
+  if (fresh_tensor_[index]) {  // page-aligned; the workers fill it from staging or the cache
     auto buffer = fresh_->Allocate(tp.nbytes, budget_);
     if (!buffer.ok()) {
       return buffer.status().WithContext(
