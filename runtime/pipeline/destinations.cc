@@ -1,0 +1,104 @@
+// Where each tensor's memory comes from: its device, a mapping of its file (mmap mode), fresh
+// pages the workers fill (runtime/pipeline/fresh_pages.h), or an ordinary host buffer placed
+// for O_DIRECT. Members of LoadHandle::State (load_state.h), run on the loop thread.
+#include "runtime/pipeline/load_state.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "io/posix_error.h"
+
+namespace loadstone {
+
+void LoadHandle::State::OpenFreshPages() {
+  constexpr uint64_t kFreshMin = 64 << 10;  // smaller ones: not worth a mapping of their own
+  fresh_tensor_.assign(tensors.size(), false);
+  bool any = false;
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    const TensorPlan& tp = plan.tensors[i];
+    fresh_tensor_[i] = loader_options.fill_fresh_pages && tensor_device_[i] < 0 &&
+                       tp.nbytes >= kFreshMin &&
+                       !(options.mmap && tp.conversion == Conversion::kNone);
+    any = any || fresh_tensor_[i];
+  }
+  if (!any) return;
+  auto fresh = pipeline::FreshPages::Open();
+  std::lock_guard lock(callbacks_mu);
+  if (fresh.ok()) {
+    fresh_ = std::move(*fresh);
+    backend_description += "; CPU tensors written into fresh pages by the workers (userfaultfd)";
+  } else {
+    fresh_tensor_.assign(tensors.size(), false);
+    backend_description += fmt::format(
+        "; fresh pages unavailable ({}): CPU tensors are page-faulted and zeroed as they are "
+        "written", fresh.status().message());
+  }
+}
+
+Status LoadHandle::State::MapFiles() {
+  for (const CheckpointFile& f : checkpoint.files()) {
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return io::ErrnoStatus(errno, "cannot open", f.path);
+    void* p = f.bytes ? ::mmap(nullptr, f.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) : nullptr;
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) return io::ErrnoStatus(err, "cannot map", f.path);
+    mappings_.emplace_back(p, [bytes = f.bytes](void* q) {
+      if (q) ::munmap(q, bytes);
+    });
+  }
+  return Status::OK();
+}
+
+Status LoadHandle::State::EnsureDestination(uint32_t index) {
+  TensorSlot& slot = tensors[index];
+  if (slot.data || slot.buffer) return Status::OK();
+  const TensorPlan& tp = plan.tensors[index];
+  const TensorInfo& src = checkpoint.tensors()[tp.source];
+  if (tensor_device_[index] >= 0) {
+    auto memory = devices[tensor_device_[index]]->Allocate(tp.nbytes);
+    if (!memory.ok()) {
+      return memory.status().WithContext(fmt::format("tensor '{}' ({} bytes) for {}", src.name,
+                                                     tp.nbytes, tp.device));
+    }
+    slot.buffer = std::shared_ptr<std::byte>(memory->owner, memory->data);  // aliasing
+    slot.data = memory->data;
+    return Status::OK();
+  }
+  if (options.mmap && tp.conversion == Conversion::kNone && !mappings_.empty()) {
+    slot.buffer = std::shared_ptr<std::byte>(mappings_[src.file], nullptr);  // aliasing: keeps the map
+    slot.data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
+    return Status::OK();
+  }
+  if (fresh_tensor_[index]) {  // page-aligned; the workers fill it from staging or the cache
+    auto buffer = fresh_->Allocate(tp.nbytes, budget_);
+    if (!buffer.ok()) {
+      return buffer.status().WithContext(
+          fmt::format("tensor '{}' ({} bytes)", src.name, tp.nbytes));
+    }
+    slot.buffer = std::move(*buffer);
+    slot.data = slot.buffer.get();
+    return Status::OK();
+  }
+  // In place: the first byte sits at the file offset's phase within a page, so that O_DIRECT
+  // reads fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
+  const bool in_phase = loader_options.direct_io && !loader_options.align_tensors &&
+                        tp.conversion == Conversion::kNone;
+  const uint64_t skew = in_phase ? src.offset % pipeline::kHostAlignment : 0;
+  auto buffer = pipeline::AllocateHost(tp.nbytes + skew, budget_);
+  if (!buffer.ok()) {
+    return buffer.status().WithContext(
+        fmt::format("tensor '{}' ({} bytes) from '{}'", src.name, tp.nbytes,
+                    checkpoint.files()[src.file].path));
+  }
+  slot.buffer = std::move(*buffer);
+  slot.data = slot.buffer.get() + skew;
+  return Status::OK();
+}
+
+}  // namespace loadstone
