@@ -38,7 +38,7 @@ void DisableReadahead(const File& file);
 inline constexpr double kMostlyCached = 0.75;
 
 // Tells how much of a file range is in the page cache: cachestat(2) on Linux 6.5+, mincore(2)
-// on a read-only mapping of the file before that. Holds that mapping either way (view()).
+// on a read-only mapping of the file before that. Holds that mapping either way (CachedView).
 // Thread-compatible (const methods only).
 class CacheProbe {
  public:

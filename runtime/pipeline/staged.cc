@@ -4,7 +4,9 @@
 #include "runtime/pipeline/load_state.h"
 
 #include <asio/post.hpp>
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -14,6 +16,15 @@
 #include "runtime/convert/fp8_block.h"
 
 namespace loadstone {
+namespace {
+
+// The file range [lo, hi) of tensor `src` that chunk `chunk` holds.
+std::pair<uint64_t, uint64_t> PieceOf(const ReadChunk& chunk, const TensorInfo& src) {
+  return {std::max(chunk.offset, src.offset),
+          std::min(chunk.offset + chunk.length, src.offset + src.nbytes)};
+}
+
+}  // namespace
 
 convert::Fp8BlockScales LoadHandle::State::Fp8Layout(uint32_t t) const {
   const TensorPlan& tp = plan.tensors[t];
@@ -34,8 +45,7 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     }
     const TensorPlan& tp = plan.tensors[t];
     const TensorInfo& src = checkpoint.tensors()[tp.source];
-    const uint64_t lo = std::max(chunk.offset, src.offset);
-    const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+    const auto [lo, hi] = PieceOf(chunk, src);
     const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
     device::PlaceJob job;
     job.src = staged + (lo - chunk.offset);
@@ -159,8 +169,7 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   for (uint32_t t : chunk.tensors) {
     if (tensor_device_[t] >= 0) continue;  // a device piece: its device does it
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-    const uint64_t lo = std::max(chunk.offset, src.offset);
-    const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+    const auto [lo, hi] = PieceOf(chunk, src);
     status = PlaceOnCpu(t, staged + (lo - chunk.offset), lo, hi);
     if (!status.ok()) {
       status = status.WithContext(fmt::format("placing tensor '{}'", src.name));
@@ -257,8 +266,7 @@ void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
     for (uint32_t t : chunk.tensors) {
       if (tensor_device_[t] >= 0) continue;
       const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-      const uint64_t lo = std::max(chunk.offset, src.offset);
-      const uint64_t hi = std::min(chunk.offset + chunk.length, src.offset + src.nbytes);
+      const auto [lo, hi] = PieceOf(chunk, src);
       Advance(t, hi - lo);
     }
   }
