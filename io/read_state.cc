@@ -61,6 +61,18 @@ std::unique_ptr<ReadPiece> TakePiece(const std::shared_ptr<PendingRead>& read, c
   return piece;
 }
 
+ReadCall NextCall(const ReadPiece& piece, uint64_t align, uint64_t max_read_call) {
+  const uint64_t a = align;
+  ReadCall call{piece.start + piece.got, piece.base + piece.got, piece.want - piece.got, false};
+  call.direct = piece.kind != PieceKind::kBuffered && a > 0 && call.at % a == 0 &&
+                reinterpret_cast<uintptr_t>(call.to) % a == 0 && call.length % a == 0;
+  if (max_read_call > 0) {
+    const uint64_t cap = call.direct ? std::max(a, max_read_call / a * a) : max_read_call;
+    call.length = std::min(call.length, cap);
+  }
+  return call;
+}
+
 ReadOutcome ApplyReadResult(ReadPiece& piece, int64_t res, const File& file, StatCounters& stats) {
   PendingRead& read = *piece.read;
   if (res == -EAGAIN || res == -EINTR || (res == -EINVAL && piece.direct_now)) {

@@ -110,6 +110,17 @@ struct ReadPiece {
 std::unique_ptr<ReadPiece> TakePiece(const std::shared_ptr<PendingRead>& read, const PieceCut& cut,
                                      uint64_t align, int slot, std::byte* bounce);
 
+// The next read call of `piece`: `length` bytes at file offset `at` into `to`, with O_DIRECT
+// when the piece may use it and offset, address and length are multiples of `align` (> 0).
+// `max_read_call` (0: none) caps the length, to a multiple of `align` for a direct call.
+struct ReadCall {
+  uint64_t at = 0;
+  std::byte* to = nullptr;
+  uint64_t length = 0;
+  bool direct = false;
+};
+ReadCall NextCall(const ReadPiece& piece, uint64_t align, uint64_t max_read_call);
+
 enum class ReadOutcome {
   kFinished,       // every byte arrived (and was copied out of the bounce slot), or it failed
   kRetry,          // submit the rest again (short read, EAGAIN, EINTR)

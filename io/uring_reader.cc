@@ -3,7 +3,6 @@
 #include <liburing.h>
 #include <poll.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -24,15 +23,13 @@
 namespace loadstone::io {
 namespace {
 
-constexpr uint64_t kBounceSlotMax = 4ULL << 20;
 constexpr uint64_t kInlineCopyMax = 1 << 20;
 constexpr unsigned kCqeBatch = 64;
 
 }  // namespace
 
 struct UringReader::Impl {
-  Status Init();  // on the ring thread
-  void Run();
+  void Run();  // the ring thread: sets up the ring, then serves it
   bool TakeInbox();
   void Fill();
   std::unique_ptr<ReadPiece> CutNext();
@@ -43,6 +40,9 @@ struct UringReader::Impl {
   void Retire(std::unique_ptr<ReadPiece> piece);
   void Break(int err);
   void FailWaiting();
+  // Fails every read not yet fully handed to the kernel with why(request).
+  template <typename Why>
+  void FailQueued(Why why);
   void WaitBroken();
   Status Abandoned(const ReadRequest& r) const;
 
@@ -54,8 +54,7 @@ struct UringReader::Impl {
   std::unique_ptr<CompletionQueue> completions;
   StatCounters stats;
   EventFd wake;                             // Submit and Cancel → the ring thread
-  std::promise<Status> ready;               // Init's result, for Create()
-  std::string description;                  // written by Init, read after `ready`
+  std::promise<Status> ready;               // the ring's set-up, for Create()
   std::atomic<uint64_t> direct_refused{0};  // O_DIRECT reads the kernel refused (EINVAL)
 
   std::mutex mu;
@@ -63,10 +62,8 @@ struct UringReader::Impl {
   bool cancelled = false;                           // guarded by mu
   bool stopping = false;                            // guarded by mu
 
-  // Ring thread only.
-  BouncePool pool;
-  bool files_registered = false;
-  bool buffers_registered = false;
+  // Ring thread only, but for `setup.description`: read by others after `ready`.
+  RingSetup setup;
   std::deque<std::shared_ptr<PendingRead>> queue;  // not fully scheduled, in order
   std::deque<std::unique_ptr<ReadPiece>> retry;    // to resubmit (short read, EAGAIN, ...)
   unsigned in_flight = 0;                          // pieces prepared and not yet back
@@ -74,7 +71,7 @@ struct UringReader::Impl {
   // with it, and the ring is only waited on, never submitted to again.
   Status broken;
   std::vector<ReadCompletion> done;
-  Ring ring;  // after `pool`: torn down before the memory it may have registered
+  Ring ring;  // after `setup`: torn down before the bounce pool it may have registered
 
   std::thread thread;
 };
@@ -119,70 +116,11 @@ UringReader::~UringReader() {
   impl_->thread.join();
 }
 
-Status UringReader::Impl::Init() {
-  const unsigned entries = static_cast<unsigned>(options.queue_depth) + 1;  // + the wake poll
-  const char* kind = "single-issuer ring";
-  if (options.fail_submit_errno != 0) {
-    ring.RefuseAfter(options.fail_submit_after, options.fail_submit_errno);
-  }
-  int r = ring.Init(entries, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
-  if (r == -EINVAL) {  // kernels before 6.1
-    kind = "plain ring";
-    r = ring.Init(entries, 0);
-  }
-  if (r < 0) return Status::Unsupported(RingError(-r));
-
-  std::vector<int> fds;
-  for (const File& f : files) fds.push_back(f.fd());
-  size_t direct_files = 0;
-  uint64_t align = 0;
-  for (size_t i = 0; i < files.size(); ++i) {
-    const bool direct = twins[i].align > 0;
-    fds.push_back(direct ? twins[i].file.fd() : files[i].fd());
-    direct_files += direct;
-    align = std::max(align, twins[i].align);
-  }
-  std::string file_note = "files registered";
-  if (!fds.empty()) {
-    r = io_uring_register_files(ring.get(), fds.data(), static_cast<unsigned>(fds.size()));
-    files_registered = r == 0;
-    if (r < 0) file_note = fmt::format("files not registered: {}", std::strerror(-r));
-  }
-
-  std::string direct_note;
-  if (!options.direct) {
-    direct_note = "page cache only (O_DIRECT off)";
-  } else if (direct_files == 0) {
-    direct_note =
-        fmt::format("page cache only ({})", twins.empty() ? "no files" : twins.front().why_not);
-  } else {
-    direct_note = fmt::format("O_DIRECT on {}/{} files", direct_files, files.size());
-    const uint64_t pool_align = std::max<uint64_t>(align, 4096);
-    const uint64_t slot =
-        std::max(pool_align, std::min(options.max_chunk, kBounceSlotMax) / pool_align * pool_align);
-    if (options.bounce_bytes >= slot)
-      pool = BouncePool(options.bounce_bytes / slot, slot, pool_align);
-    if (!pool.empty()) {
-      iovec iov{pool.data(), pool.total_bytes()};
-      r = io_uring_register_buffers(ring.get(), &iov, 1);
-      buffers_registered = r == 0;
-      direct_note += fmt::format(", bounce {} x {} KiB ({})", pool.count(), pool.slot_bytes() >> 10,
-                                 r == 0 ? std::string("registered")
-                                        : fmt::format("not registered: {}", std::strerror(-r)));
-    } else if (options.bounce_bytes > 0) {
-      direct_note += ", no bounce buffers (out of memory)";
-    }
-  }
-  description = fmt::format("io_uring ({} deep, {} MiB chunks, {}, {}, {})", options.queue_depth,
-                            options.max_chunk >> 20, direct_note, file_note, kind);
-  return Status::OK();
-}
-
 void UringReader::Impl::Run() {
-  Status status = Init();
-  const bool ok = status.ok();
-  ready.set_value(std::move(status));
-  if (!ok) return;
+  Result<RingSetup> made = SetUpRing(ring, files, twins, options);
+  if (made.ok()) setup = std::move(made).value();
+  ready.set_value(made.status());
+  if (!made.ok()) return;
   ArmWake();
   for (;;) {
     const bool stop = TakeInbox();
@@ -223,12 +161,17 @@ void UringReader::Impl::Break(int err) {
   FailWaiting();
 }
 
-void UringReader::Impl::FailWaiting() {
+template <typename Why>
+void UringReader::Impl::FailQueued(Why why) {
   for (const std::shared_ptr<PendingRead>& read : queue) {
-    read->Fail(Abandoned(read->request));
+    read->Fail(why(read->request));  // its pieces in the kernel, if any, still complete it
     if (read->TakeCompletion()) done.push_back({read->request.tag, read->status});
   }
   queue.clear();
+}
+
+void UringReader::Impl::FailWaiting() {
+  FailQueued([this](const ReadRequest& r) { return Abandoned(r); });
   while (!retry.empty()) {
     std::unique_ptr<ReadPiece> piece = std::move(retry.front());
     retry.pop_front();
@@ -272,11 +215,7 @@ bool UringReader::Impl::TakeInbox() {
   }
   for (std::shared_ptr<PendingRead>& read : incoming) queue.push_back(std::move(read));
   if (cancel) {
-    for (const std::shared_ptr<PendingRead>& read : queue) {
-      read->Fail(CancelledError(files[read->request.file].path(), read->request));
-      if (read->TakeCompletion()) done.push_back({read->request.tag, read->status});
-    }
-    queue.clear();
+    FailQueued([this](const ReadRequest& r) { return CancelledError(files[r.file].path(), r); });
   }
   return stop;
 }
@@ -315,16 +254,16 @@ std::unique_ptr<ReadPiece> UringReader::Impl::CutNext() {
   CutPolicy policy;
   policy.max_chunk = options.max_chunk;
   policy.align = twins[r.file].align;
-  policy.bounce_slot = pool.slot_bytes();
+  policy.bounce_slot = setup.pool.slot_bytes();
   PieceCut cut = CutPiece(offset, r.dst + read->scheduled, read->remaining(), policy);
   // Warm data is copied from the page cache (a device read would be slower); cold data goes
   // to the device with O_DIRECT where it can.
   const bool cached = caches[r.file].CachedFraction(offset, cut.length) >= kMostlyCached;
   if (cached) cut.kind = PieceKind::kBuffered;
   int slot = -1;
-  if (cut.kind == PieceKind::kBounce && (slot = pool.Acquire()) < 0) return nullptr;  // wait
+  if (cut.kind == PieceKind::kBounce && (slot = setup.pool.Acquire()) < 0) return nullptr;  // wait
   std::unique_ptr<ReadPiece> piece =
-      TakePiece(read, cut, policy.align, slot, slot < 0 ? nullptr : pool.slot(slot));
+      TakePiece(read, cut, policy.align, slot, slot < 0 ? nullptr : setup.pool.slot(slot));
   piece->cached = cached;
   if (read->fully_scheduled()) queue.pop_front();
   return piece;
@@ -332,33 +271,25 @@ std::unique_ptr<ReadPiece> UringReader::Impl::CutNext() {
 
 void UringReader::Impl::Prep(io_uring_sqe* sqe, ReadPiece& piece) {
   const uint32_t file = piece.read->request.file;
-  const uint64_t a = twins[file].align;
-  const uint64_t at = piece.start + piece.got;
-  std::byte* to = piece.base + piece.got;
-  uint64_t length = piece.want - piece.got;
-  const bool direct = piece.kind != PieceKind::kBuffered && a > 0 && at % a == 0 &&
-                      reinterpret_cast<uintptr_t>(to) % a == 0 && length % a == 0;
-  if (options.max_read_call > 0) {
-    const uint64_t cap =
-        direct ? std::max(a, options.max_read_call / a * a) : options.max_read_call;
-    length = std::min(length, cap);
-  }
+  const ReadCall call = NextCall(piece, twins[file].align, options.max_read_call);
+  const bool direct = call.direct;
   const int index = static_cast<int>(direct ? files.size() + file : file);
-  const int fd = files_registered ? index : (direct ? twins[file].file.fd() : files[file].fd());
-  const auto len = static_cast<unsigned>(length);
-  if (piece.slot >= 0 && buffers_registered) {
-    io_uring_prep_read_fixed(sqe, fd, to, len, at, 0);
+  const int fd =
+      setup.files_registered ? index : (direct ? twins[file].file.fd() : files[file].fd());
+  const auto len = static_cast<unsigned>(call.length);
+  if (piece.slot >= 0 && setup.buffers_registered) {
+    io_uring_prep_read_fixed(sqe, fd, call.to, len, call.at, 0);
   } else {
-    io_uring_prep_read(sqe, fd, to, len, at);
+    io_uring_prep_read(sqe, fd, call.to, len, call.at);
   }
   // Buffered reads go to io-wq workers, except small ones from the cache (copied inline): for
   // cold data the inline path retries page by page as the cache fills (measured 3x slower at
   // 4x the CPU), and big copies from the cache run in parallel there.
-  unsigned flags = files_registered ? IOSQE_FIXED_FILE : 0;
-  if (!direct && (!piece.cached || length >= kInlineCopyMax)) flags |= IOSQE_ASYNC;
+  unsigned flags = setup.files_registered ? IOSQE_FIXED_FILE : 0;
+  if (!direct && (!piece.cached || call.length >= kInlineCopyMax)) flags |= IOSQE_ASYNC;
   io_uring_sqe_set_flags(sqe, flags);
   piece.direct_now = direct;
-  piece.asked = length;
+  piece.asked = call.length;
 }
 
 void UringReader::Impl::Drain() {
@@ -397,7 +328,7 @@ void UringReader::Impl::Handle(ReadPiece* raw, int res) {
 }
 
 void UringReader::Impl::Retire(std::unique_ptr<ReadPiece> piece) {
-  if (piece->slot >= 0) pool.Release(piece->slot);
+  if (piece->slot >= 0) setup.pool.Release(piece->slot);
   PendingRead& read = *piece->read;
   --read.in_flight;
   if (read.TakeCompletion()) {
@@ -408,8 +339,8 @@ void UringReader::Impl::Retire(std::unique_ptr<ReadPiece> piece) {
 
 std::string UringReader::Describe() const {
   uint64_t refused = impl_->direct_refused.load(std::memory_order_relaxed);
-  if (refused == 0) return impl_->description;
-  return fmt::format("{} [{} O_DIRECT reads refused, redone buffered]", impl_->description,
+  if (refused == 0) return impl_->setup.description;
+  return fmt::format("{} [{} O_DIRECT reads refused, redone buffered]", impl_->setup.description,
                      refused);
 }
 

@@ -9,6 +9,11 @@
 #include <fmt/format.h>
 
 namespace loadstone::io {
+namespace {
+
+constexpr uint64_t kBounceSlotMax = 4ULL << 20;  // a bounce slot at most
+
+}  // namespace
 
 std::string RingError(int err) {
   std::string_view hint;
@@ -77,6 +82,69 @@ std::deque<void*> Ring::TakeUnsubmitted() {
   std::deque<void*> out;
   out.swap(unsubmitted_);
   return out;
+}
+
+Result<RingSetup> SetUpRing(Ring& ring, const std::vector<File>& files,
+                            const std::vector<DirectTwin>& twins, const ReaderOptions& options) {
+  const unsigned entries = static_cast<unsigned>(options.queue_depth) + 1;  // + the wake poll
+  const char* kind = "single-issuer ring";
+  if (options.fail_submit_errno != 0) {  // testing
+    ring.RefuseAfter(options.fail_submit_after, options.fail_submit_errno);
+  }
+  int r = ring.Init(entries, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+  if (r == -EINVAL) {  // kernels before 6.1
+    kind = "plain ring";
+    r = ring.Init(entries, 0);
+  }
+  if (r < 0) return Status::Unsupported(RingError(-r));
+
+  RingSetup setup;
+  std::vector<int> fds;
+  for (const File& f : files) fds.push_back(f.fd());
+  size_t direct_files = 0;
+  uint64_t align = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const bool direct = twins[i].align > 0;
+    fds.push_back(direct ? twins[i].file.fd() : files[i].fd());
+    direct_files += direct;
+    align = std::max(align, twins[i].align);
+  }
+  std::string file_note = "files registered";
+  if (!fds.empty()) {
+    r = io_uring_register_files(ring.get(), fds.data(), static_cast<unsigned>(fds.size()));
+    setup.files_registered = r == 0;
+    if (r < 0) file_note = fmt::format("files not registered: {}", std::strerror(-r));
+  }
+
+  std::string direct_note;
+  if (!options.direct) {
+    direct_note = "page cache only (O_DIRECT off)";
+  } else if (direct_files == 0) {
+    direct_note =
+        fmt::format("page cache only ({})", twins.empty() ? "no files" : twins.front().why_not);
+  } else {
+    direct_note = fmt::format("O_DIRECT on {}/{} files", direct_files, files.size());
+    const uint64_t pool_align = std::max<uint64_t>(align, 4096);
+    const uint64_t slot =
+        std::max(pool_align, std::min(options.max_chunk, kBounceSlotMax) / pool_align * pool_align);
+    BouncePool& pool = setup.pool;
+    if (options.bounce_bytes >= slot)
+      pool = BouncePool(options.bounce_bytes / slot, slot, pool_align);
+    if (!pool.empty()) {
+      iovec iov{pool.data(), pool.total_bytes()};
+      r = io_uring_register_buffers(ring.get(), &iov, 1);
+      setup.buffers_registered = r == 0;
+      direct_note += fmt::format(", bounce {} x {} KiB ({})", pool.count(), pool.slot_bytes() >> 10,
+                                 r == 0 ? std::string("registered")
+                                        : fmt::format("not registered: {}", std::strerror(-r)));
+    } else if (options.bounce_bytes > 0) {
+      direct_note += ", no bounce buffers (out of memory)";
+    }
+  }
+  setup.description =
+      fmt::format("io_uring ({} deep, {} MiB chunks, {}, {}, {})", options.queue_depth,
+                  options.max_chunk >> 20, direct_note, file_note, kind);
+  return setup;
 }
 
 }  // namespace loadstone::io

@@ -11,7 +11,11 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <vector>
 
+#include "io/direct_io.h"
+#include "io/file.h"
+#include "io/reader.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
@@ -61,6 +65,21 @@ class Ring {
   uint64_t refuse_after_ = 0;
   int refuse_errno_ = 0;
 };
+
+// What SetUpRing made of a ring for a reader's files.
+struct RingSetup {
+  BouncePool pool;  // O_DIRECT bounce slots; empty without O_DIRECT or memory for them
+  bool files_registered = false;    // fixed files: each file, then its O_DIRECT twin (or itself)
+  bool buffers_registered = false;  // the pool as one fixed buffer
+  std::string description;          // "io_uring (32 deep, 4 MiB chunks, O_DIRECT on 8/8 ...)"
+};
+
+// Creates `ring` with room for `options.queue_depth` reads and a wake-up poll (single-issuer
+// with deferred task running where the kernel has them), registers the files and a bounce
+// pool; arms the ring's testing refusal (ReaderOptions::fail_submit_*). Registration failures
+// are only noted in the description; Unsupported when no ring can be created.
+Result<RingSetup> SetUpRing(Ring& ring, const std::vector<File>& files,
+                            const std::vector<DirectTwin>& twins, const ReaderOptions& options);
 
 }  // namespace loadstone::io
 

@@ -308,8 +308,10 @@ std::string LoadPlan::ToString() const {
   for (const auto& [target, count_bytes] : per_target) {
     out += fmt::format("  {}: {} tensors, {} bytes\n", target, count_bytes.first, count_bytes.second);
   }
-  out += fmt::format("  reads: {} ({} staged, {} in place)\n", reads.size(), staged_reads,
-                     reads.size() - staged_reads);
+  // How an unconverted read lands (in place, through staging, copied from the page cache) is
+  // the Loader's choice at run time; the load's backend line says which.
+  out += fmt::format("  reads: {} ({} staged to convert or coalesce, {} unconverted)\n",
+                     reads.size(), staged_reads, reads.size() - staged_reads);
   return out;
 }
 

@@ -66,6 +66,38 @@ TEST_CASE("reader: pieces are cut by alignment and chunk size") {
   }
 }
 
+TEST_CASE("reader: a piece's next read call is direct only when all of it is aligned") {
+  auto* base = reinterpret_cast<std::byte*>(uintptr_t{1} << 20);  // page aligned
+  ReadPiece piece;
+  piece.kind = PieceKind::kDirect;
+  piece.start = 8192;
+  piece.base = base;
+  piece.want = 3 << 20;
+  SECTION("aligned: direct, the whole rest") {
+    ReadCall call = NextCall(piece, 4096, 0);
+    CHECK(call.direct);
+    CHECK(call.at == 8192);
+    CHECK(call.to == base);
+    CHECK(call.length == (3u << 20));
+  }
+  SECTION("after a short read of 100 bytes the rest goes through the page cache") {
+    piece.got = 100;
+    ReadCall call = NextCall(piece, 4096, 0);
+    CHECK_FALSE(call.direct);
+    CHECK(call.at == 8292);
+    CHECK(call.to == base + 100);
+    CHECK(call.length == (3u << 20) - 100);
+  }
+  SECTION("a cap on each call is rounded down to the alignment, never below it") {
+    CHECK(NextCall(piece, 4096, 10000).length == 8192);
+    CHECK(NextCall(piece, 4096, 1000).length == 4096);
+    piece.kind = PieceKind::kBuffered;  // buffered: capped exactly
+    CHECK_FALSE(NextCall(piece, 4096, 10000).direct);
+    CHECK(NextCall(piece, 4096, 10000).length == 10000);
+  }
+  SECTION("no O_DIRECT for the file") { CHECK_FALSE(NextCall(piece, 0, 0).direct); }
+}
+
 TEST_CASE("reader: random ranges read exact bytes") {
   const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
   const uint64_t max_read_call = GENERATE(uint64_t{0}, uint64_t{3000});  // 3000: short reads
