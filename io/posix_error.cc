@@ -38,4 +38,8 @@ Status ErrnoStatus(int err, std::string_view what, std::string_view path) {
                 fmt::format("{} '{}': {}{}", what, path, std::strerror(err), Hint(err)));
 }
 
+Status ErrnoStatus(int err, std::string_view what) {
+  return Status(CodeFor(err), fmt::format("{}: {}", what, std::strerror(err)));
+}
+
 }  // namespace loadstone::io

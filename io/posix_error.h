@@ -12,6 +12,9 @@ namespace loadstone::io {
 // follows errno (ENOENT → NotFound, ENOMEM → OutOfMemory, ECANCELED → Cancelled, otherwise
 // IOError) and the message ends with the fix where one is known (EACCES, EMFILE, ENOSPC, ...).
 Status ErrnoStatus(int err, std::string_view what, std::string_view path);
+// The same for a call that involves no file ("registering 8 bytes with userfaultfd"): the code
+// follows errno, the message is `what: strerror`.
+Status ErrnoStatus(int err, std::string_view what);
 
 }  // namespace loadstone::io
 

@@ -14,17 +14,14 @@
 
 #include <fmt/format.h>
 
+#include "io/posix_error.h"
+
 namespace loadstone::pipeline {
 namespace {
 
 constexpr uint64_t kPage = kHostAlignment;
 
 uint64_t Addr(const void* p) { return reinterpret_cast<uint64_t>(p); }
-
-Status ErrnoError(int err, std::string_view what) {
-  std::string msg = fmt::format("{}: {}", what, std::strerror(err));
-  return err == ENOMEM ? Status::OutOfMemory(std::move(msg)) : Status::IOError(std::move(msg));
-}
 
 int OpenUserfaultfd() {
 #ifdef UFFD_USER_MODE_ONLY
@@ -72,7 +69,7 @@ Result<std::shared_ptr<std::byte>> FreshPages::Allocate(
     const int err = errno;
     ::munmap(p, rounded);
     if (budget) budget->Give(rounded);
-    return ErrnoError(err, fmt::format("registering {} bytes with userfaultfd", rounded));
+    return io::ErrnoStatus(err, fmt::format("registering {} bytes with userfaultfd", rounded));
   }
   return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [budget, rounded](std::byte* q) {
     ::munmap(q, rounded);
@@ -106,7 +103,7 @@ Status FreshPages::FillPartialPage(std::byte* dst, const std::byte* src, uint64_
   zero.range = {Addr(dst) / kPage * kPage, kPage};
   while (::ioctl(fd_, UFFDIO_ZEROPAGE, &zero) != 0 && errno != EEXIST) {
     if (errno != EAGAIN && errno != EINTR) {
-      return ErrnoError(errno, fmt::format("filling the page at {:#x}", zero.range.start));
+      return io::ErrnoStatus(errno, fmt::format("filling the page at {:#x}", zero.range.start));
     }
   }
   std::memcpy(dst, src, bytes);
@@ -129,7 +126,7 @@ Status FreshPages::CopyPages(uint64_t dst, uint64_t src, uint64_t bytes) const {
       dst += kPage, src += kPage, bytes -= kPage;
       continue;
     }
-    return ErrnoError(err, fmt::format("filling {} bytes of fresh pages at {:#x} from {:#x}",
+    return io::ErrnoStatus(err, fmt::format("filling {} bytes of fresh pages at {:#x} from {:#x}",
                                        bytes, dst, src));
   }
   return Status::OK();

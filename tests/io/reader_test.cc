@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "io/posix_error.h"
 #include "io/read_state.h"
 #include "io/reader_wrapper.h"
 #include "io/reader_test_util.h"
@@ -96,6 +97,19 @@ TEST_CASE("reader: a piece's next read call is direct only when all of it is ali
     CHECK(NextCall(piece, 4096, 10000).length == 10000);
   }
   SECTION("no O_DIRECT for the file") { CHECK_FALSE(NextCall(piece, 0, 0).direct); }
+}
+
+TEST_CASE("reader: errno becomes a typed Status naming what failed and the fix") {
+  Status missing = ErrnoStatus(ENOENT, "cannot open", "/m/a.safetensors");
+  CHECK(missing.code() == StatusCode::kNotFound);
+  CHECK_THAT(std::string(missing.message()), Catch::Contains("cannot open '/m/a.safetensors'"));
+  Status denied = ErrnoStatus(EACCES, "cannot open", "/m/a.safetensors");
+  CHECK(denied.code() == StatusCode::kIOError);
+  CHECK_THAT(std::string(denied.message()), Catch::Contains("permissions"));
+  Status no_file = ErrnoStatus(ENOMEM, "registering 4096 bytes with userfaultfd");
+  CHECK(no_file.code() == StatusCode::kOutOfMemory);
+  CHECK(no_file.message() ==
+        fmt::format("registering 4096 bytes with userfaultfd: {}", std::strerror(ENOMEM)));
 }
 
 TEST_CASE("reader: random ranges read exact bytes") {
