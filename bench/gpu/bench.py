@@ -3,7 +3,7 @@
 pinned host-to-device ceiling, safetensors, accelerate and the fastest peers.
 
 Usage: bench.py --out RESULT.json [--size-gb 8] [--shard-gb 2] [--disk DIR] [--shm DIR]
-                [--loadstone BUILD/tools/loadstone/loadstone] [--repeat 2] [--write-only]
+                [--loadstone BUILD/loadstone] [--repeat 2] [--budget-s S] [--write-only]
 
 Writes an N-GB bf16 checkpoint (tensors layers.{i}.weight [4096, 4096], shards with an index)
 to the local disk and to /dev/shm, and an f32 one of the same element count to /dev/shm (for
@@ -13,8 +13,9 @@ f32->bf16) through its CLI; safetensors.torch.load_file(device="cuda:0"); accele
 load_checkpoint_and_dispatch(device_map="auto") on an init_empty_weights model; InstantTensor,
 fastsafetensors and Run:ai's streamer when they import (a peer that does not is reported with
 its error). One JSON document: every result with GB/s and ratios to the ceiling and to
-safetensors from the same source and mode.
-The checkpoint writer and the argument parsing need neither torch nor a GPU.
+safetensors from the same source and mode, rewritten after every result (a run cut short by
+its time limit still leaves what it measured); with --budget-s, methods not started in time are
+reported as skipped. The checkpoint writer and the argument parsing need neither torch nor a GPU.
 """
 import argparse
 import glob
@@ -204,6 +205,19 @@ def measure(torch, fn, files, folder, cold, repeat):
     return times, extra
 
 
+def write_doc(doc, path):
+    """Writes the results so far (ratios to safetensors included), replacing the file whole."""
+    base = {(r["source"], r["mode"]): r.get("gbps") for r in doc["results"]
+            if r["method"] == "safetensors-load_file-cuda"}
+    for r in doc["results"]:
+        b = base.get((r["source"].replace("-f32", ""), r["mode"]))
+        if r.get("gbps") and b:
+            r["ratio_vs_safetensors"] = r["gbps"] / b
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="where the JSON document goes")
@@ -211,8 +225,10 @@ def parse_args(argv=None):
     ap.add_argument("--shard-gb", type=float, default=2.0)
     ap.add_argument("--disk", default="/var/tmp/loadstone-bench")
     ap.add_argument("--shm", default="/dev/shm/loadstone-bench")
-    ap.add_argument("--loadstone", default="build/tools/loadstone/loadstone")
+    ap.add_argument("--loadstone", default="build/loadstone")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no measurement after this many seconds (they are reported skipped)")
     ap.add_argument("--write-only", action="store_true", help="write the checkpoints and stop")
     return ap.parse_args(argv)
 
@@ -238,11 +254,16 @@ def main(argv=None):
         print(json.dumps(doc, indent=2))
         return 0
 
+    if not os.access(args.loadstone, os.X_OK):  # its runs would all fail the same way
+        doc["loadstone_error"] = f"no loadstone binary at {args.loadstone} (--loadstone)"
+        print(doc["loadstone_error"], file=sys.stderr)
+    write_doc(doc, args.out)
     import torch
     doc["torch"] = torch.__version__
     doc["gpu"] = torch.cuda.get_device_name(0)
     doc["ceiling"] = pinned_ceiling(torch)
     ceiling = doc["ceiling"]["gbps"]
+    write_doc(doc, args.out)
 
     methods = [
         ("loadstone", loadstone_cli(args.loadstone, None), ["disk", "shm", "shm-fp8"]),
@@ -251,16 +272,20 @@ def main(argv=None):
         # the float8 weights times their block scales, into bf16 (vs "loadstone" on shm-fp8)
         ("loadstone-fp8-block-to-bf16", loadstone_cli(args.loadstone, "bf16"), ["shm-fp8"]),
         ("safetensors-load_file-cuda", m_safetensors, ["disk", "shm"]),
-        ("accelerate-load_checkpoint_and_dispatch", m_accelerate, ["disk", "shm"]),
         ("instanttensor", m_instanttensor, ["disk", "shm"]),
         ("fastsafetensors", m_fastsafetensors, ["disk", "shm"]),
         ("runai-model-streamer", m_runai, ["disk", "shm"]),
+        ("accelerate-load_checkpoint_and_dispatch", m_accelerate, ["disk", "shm"]),
     ]
     for name, fn, sources in methods:
         for source in sources:
             for mode in ("cold", "warm"):
                 entry = {"method": name, "source": source, "mode": mode}
                 folder = ckpts[source][0]
+                if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
+                    entry["skipped"] = f"out of time (--budget-s {args.budget_s:g})"
+                    doc["results"].append(entry)
+                    continue
                 try:
                     times, extra = measure(torch, fn, files[source], folder, mode == "cold",
                                            args.repeat)
@@ -276,14 +301,8 @@ def main(argv=None):
                 print(json.dumps({k: entry.get(k) for k in
                                   ("method", "source", "mode", "gbps", "error")}),
                       file=sys.stderr, flush=True)
-    base = {(r["source"], r["mode"]): r.get("gbps") for r in doc["results"]
-            if r["method"] == "safetensors-load_file-cuda"}
-    for r in doc["results"]:
-        b = base.get((r["source"].replace("-f32", ""), r["mode"]))
-        if r.get("gbps") and b:
-            r["ratio_vs_safetensors"] = r["gbps"] / b
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=2)
+                write_doc(doc, args.out)
+    write_doc(doc, args.out)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
