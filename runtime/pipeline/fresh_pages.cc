@@ -126,8 +126,8 @@ Status FreshPages::CopyPages(uint64_t dst, uint64_t src, uint64_t bytes) const {
       dst += kPage, src += kPage, bytes -= kPage;
       continue;
     }
-    return io::ErrnoStatus(err, fmt::format("filling {} bytes of fresh pages at {:#x} from {:#x}",
-                                       bytes, dst, src));
+    return io::ErrnoStatus(
+        err, fmt::format("filling {} bytes of fresh pages at {:#x} from {:#x}", bytes, dst, src));
   }
   return Status::OK();
 }
