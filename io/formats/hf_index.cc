@@ -21,11 +21,8 @@ bool EscapesFolder(std::string_view name) {
   return false;
 }
 
-}  // namespace
-
-Result<ShardIndex> ReadShardIndex(const std::string& path) {
-  const std::string what = fmt::format("index '{}'", path);
-  LOADSTONE_ASSIGN_OR_RETURN(auto doc, ReadJsonFile(path, what, 256ULL << 20));
+Result<ShardIndex> ToShardIndex(const nlohmann::json& doc, const std::string& path,
+                                const std::string& what) {
   if (!doc.is_object()) return Status::Corruption(what + " is not a JSON object");
   const auto* map = &doc;
   if (auto it = doc.find("weight_map"); it != doc.end()) {
@@ -39,8 +36,8 @@ Result<ShardIndex> ReadShardIndex(const std::string& path) {
   index.weight_map.reserve(map->size());
   for (const auto& [tensor, file] : map->items()) {
     if (!file.is_string()) {
-      return Status::Corruption(
-          fmt::format("{}: tensor '{}' maps to {}, not to a file name", what, tensor, file.dump()));
+      return Status::Corruption(fmt::format("{}: tensor '{}' maps to {}, not to a file name",
+                                            what, tensor, DescribeJsonValue(file)));
     }
     const auto& name = file.get_ref<const std::string&>();
     if (EscapesFolder(name)) {
@@ -54,6 +51,14 @@ Result<ShardIndex> ReadShardIndex(const std::string& path) {
   std::sort(index.shards.begin(), index.shards.end());
   index.shards.erase(std::unique(index.shards.begin(), index.shards.end()), index.shards.end());
   return index;
+}
+
+}  // namespace
+
+Result<ShardIndex> ReadShardIndex(const std::string& path) {
+  const std::string what = fmt::format("index '{}'", path);
+  LOADSTONE_ASSIGN_OR_RETURN(auto doc, ReadJsonFile(path, what, 256ULL << 20));
+  return InterpretJson(what, [&] { return ToShardIndex(doc, path, what); });
 }
 
 }  // namespace loadstone::io

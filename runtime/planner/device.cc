@@ -88,30 +88,35 @@ std::string DeviceMap::ToJson() const {
 }
 
 Result<DeviceMap> DeviceMap::FromJson(std::string_view json) {
-  auto strict = io::ParseJsonStrict(json, "device map");
-  if (!strict.ok()) return Status::InvalidArgument(std::string(strict.status().message()));
-  if (!strict->is_object()) return Status::InvalidArgument("a device map must be a JSON object");
-  // Parsed again to keep the key order (the strict parse sorts keys).
-  nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(json.begin(), json.end());
-  DeviceMap map;
-  for (const auto& [key, value] : ordered.items()) {
-    Device device;
-    if (value.is_number_unsigned()) {
-      if (value.get<uint64_t>() > 1000000000) {
-        return Status::InvalidArgument(fmt::format("device map: GPU {} for '{}' is out of range",
-                                                   value.dump(), key));
+  auto parsed = io::ParseJsonStrictOrdered(json, "device map");
+  if (!parsed.ok()) return Status::InvalidArgument(std::string(parsed.status().message()));
+  if (!parsed->is_object()) return Status::InvalidArgument("a device map must be a JSON object");
+  // `loadstone plan --json`'s document: its "device_map" member (no module map has an object
+  // as a value).
+  auto member = parsed->find("device_map");
+  const nlohmann::ordered_json& doc =
+      member != parsed->end() && member->is_object() ? *member : *parsed;
+  return io::InterpretJson("device map", [&]() -> Result<DeviceMap> {
+    DeviceMap map;
+    for (const auto& [key, value] : doc.items()) {
+      Device device;
+      if (value.is_number_unsigned()) {
+        if (value.get<uint64_t>() > 1000000000) {
+          return Status::InvalidArgument(fmt::format(
+              "device map: GPU {} for '{}' is out of range", value.get<uint64_t>(), key));
+        }
+        device = Device::Cuda(static_cast<int>(value.get<uint64_t>()));
+      } else if (value.is_string()) {
+        LOADSTONE_ASSIGN_OR_RETURN(device, ParseDevice(value.get<std::string>()));
+      } else {
+        return Status::InvalidArgument(fmt::format(
+            "device map: the value for '{}' must be a GPU ordinal or a device string, not {}",
+            key, io::DescribeJsonValue(value)));
       }
-      device = Device::Cuda(static_cast<int>(value.get<uint64_t>()));
-    } else if (value.is_string()) {
-      LOADSTONE_ASSIGN_OR_RETURN(device, ParseDevice(value.get<std::string>()));
-    } else {
-      return Status::InvalidArgument(fmt::format(
-          "device map: the value for '{}' must be a GPU ordinal or a device string, not {}", key,
-          value.dump()));
+      LOADSTONE_RETURN_IF_ERROR(map.Add(key, device));
     }
-    LOADSTONE_RETURN_IF_ERROR(map.Add(key, device));
-  }
-  return map;
+    return map;
+  });
 }
 
 }  // namespace loadstone

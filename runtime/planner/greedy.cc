@@ -1,6 +1,10 @@
 // infer_auto_device_map's main loop.
 #include "runtime/planner/greedy.h"
 
+#include <algorithm>
+#include <string_view>
+#include <unordered_set>
+
 #include <fmt/format.h>
 
 namespace loadstone::planner {
@@ -59,6 +63,7 @@ class Greedy {
   }
   // One step for `entry`; false when the loop must stop (devices exhausted).
   bool Step(Entry entry);
+  void RemoveFromTodo(const std::vector<std::string>& names);
 
   const PlanContext& ctx_;
   const ModuleTree::Impl& tree_;
@@ -71,6 +76,24 @@ class Greedy {
   LayerTracker layers_;
   Placement out_;
 };
+
+// Each name leaves the list (its first entry by that name): a search each for a few names, one
+// pass over the list for many.
+void Greedy::RemoveFromTodo(const std::vector<std::string>& names) {
+  if (names.size() <= 16) {
+    for (const std::string& name : names) {
+      auto it = std::find_if(todo_.begin(), todo_.end(), [&](const Entry& e) { return e.name == name; });
+      if (it != todo_.end()) todo_.erase(it);
+    }
+    return;
+  }
+  std::unordered_set<std::string_view> leaving(names.begin(), names.end());
+  Todo kept;
+  for (Entry& e : todo_) {
+    if (leaving.erase(e.name) == 0) kept.push_back(std::move(e));
+  }
+  todo_ = std::move(kept);
+}
 
 Placement Greedy::Run() {
   todo_ = InitialTodo(tree_);
@@ -120,15 +143,8 @@ bool Greedy::Step(Entry entry) {
     Explain(line + fmt::format(" on {}.", device.ToKey()));
     used += with_ties;
     out_.map.Set(name, device);
-    for (const std::string& tied_name : tied_names) {
-      for (auto it = todo_.begin(); it != todo_.end(); ++it) {
-        if (it->name == tied_name) {
-          todo_.erase(it);
-          break;
-        }
-      }
-      out_.map.Set(tied_name, device);
-    }
+    if (!tied_names.empty()) RemoveFromTodo(tied_names);
+    for (const std::string& tied_name : tied_names) out_.map.Set(tied_name, device);
     if (!ctx_.offload_buffers && entry.is_module()) {
       AddTo(&out_.buffer_bytes, device, ModuleBufferSize(tree_, entry.node, *ctx_.policy));
     }

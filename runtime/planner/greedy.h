@@ -2,7 +2,9 @@
 #ifndef LOADSTONE_RUNTIME_PLANNER_GREEDY_H_
 #define LOADSTONE_RUNTIME_PLANNER_GREEDY_H_
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -19,12 +21,30 @@ namespace loadstone::planner {
 // first parameter (accelerate's order depends on set iteration; see docs/device-map.md).
 std::vector<std::vector<std::string>> FindTiedGroups(const ModuleTree::Impl& tree);
 
+// Which tied groups may hold a name that `name` lies inside (TieContains), found without a scan
+// of every group: an index of the dotted components of every tied name, whole and (for a name's
+// first component, which the reference's substring test also finds inside a component: "1." in
+// "11.w.") every suffix of each. Building it and each lookup are linear in the names' lengths.
+class TieIndex {
+ public:
+  TieIndex() = default;
+  explicit TieIndex(const std::vector<std::vector<std::string>>& groups);
+
+  // A superset of the groups with a member k such that TieContains(name, k), in group order.
+  const std::vector<uint32_t>& Candidates(std::string_view name) const;
+
+ private:
+  std::unordered_map<uint64_t, std::vector<uint32_t>> whole_;     // component → groups
+  std::unordered_map<uint64_t, std::vector<uint32_t>> suffixes_;  // suffix of a component → groups
+};
+
 struct PlanContext {
   const ModuleTree::Impl* tree = nullptr;
   const ModuleSizes* sizes = nullptr;
   const NoSplit* no_split = nullptr;
   const SizePolicy* policy = nullptr;
   std::vector<std::vector<std::string>> tied_groups;
+  TieIndex tie_index;  // of tied_groups
   bool offload_buffers = false;
   bool fallback_allocation = false;
   ReferenceFixes fixes;
@@ -57,7 +77,7 @@ Placement GreedyPlace(const PlanContext& ctx, const Budgets& budgets);
 
 // The tied-parameter tests: "name is inside k" (`name + "." in k + "."`, or with
 // fixes.prefix_tie_test a dotted-prefix test).
-bool TieContains(const PlanContext& ctx, const std::string& name, const std::string& k);
+bool TieContains(const PlanContext& ctx, std::string_view name, std::string_view k);
 
 // The tied parameters outside `name` that matter for it (accelerate's tied_params).
 std::vector<std::string> TiedParamsOutside(const PlanContext& ctx, const std::string& name,

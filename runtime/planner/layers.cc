@@ -6,11 +6,11 @@
 namespace loadstone::planner {
 
 Entry ModuleEntry(const ModuleTree::Impl& tree, int32_t node) {
-  return Entry{tree.nodes[static_cast<size_t>(node)].name, node, -1};
+  return Entry{std::string(tree.nodes[static_cast<size_t>(node)].name), node, -1};
 }
 
 Entry TensorEntry(const ModuleTree::Impl& tree, int32_t tensor) {
-  return Entry{tree.tensors[static_cast<size_t>(tensor)].name, -1, tensor};
+  return Entry{std::string(tree.tensors[static_cast<size_t>(tensor)].name), -1, tensor};
 }
 
 std::vector<Entry> ExpandModule(const ModuleTree::Impl& tree, int32_t node, bool with_buffers) {

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "io/file.h"
 #include "io/formats/json_util.h"
 #include "runtime/planner/module_sizes.h"
 #include "runtime/planner/module_tree.h"
@@ -14,7 +13,11 @@ namespace loadstone {
 namespace {
 
 using nlohmann::json;
-constexpr int kMaxDepth = 256;
+
+// The "tied" groups of a description name at most this many tensors in all. Real models tie a
+// handful (embeddings and heads; a few hundred where layers share weights); accelerate's
+// placement loop costs (tied names x modules), so the bound keeps a hostile file's planning short.
+constexpr size_t kMaxTiedNames = 4096;
 
 Status Invalid(std::string message) {
   return Status::InvalidArgument("model description: " + std::move(message));
@@ -39,14 +42,16 @@ Result<planner::ElemType> ParseTypeName(const std::string& name, std::string_vie
 
 struct Parser {
   ModuleTree::Impl* impl;
+  std::unordered_set<std::string_view> seen_names;  // full names, views into impl->names
+  std::vector<int32_t> storage_root;                 // union-find over storages, for "tied"
 
   Status AddTensor(int32_t node, const json& spec, bool is_buffer) {
     std::string_view kind = is_buffer ? "buffer" : "parameter";
     if (!spec.is_object()) return Invalid(fmt::format("a {} must be an object", kind));
     LOADSTONE_ASSIGN_OR_RETURN(std::string name, StringField(spec, "name", kind, true));
-    const std::string module = impl->nodes[static_cast<size_t>(node)].name;
+    const std::string_view module = impl->nodes[static_cast<size_t>(node)].name;
     std::string where = fmt::format("{} '{}' of module '{}'", kind, name, module);
-    LOADSTONE_RETURN_IF_ERROR(CheckLocalName(node, name, where));
+    LOADSTONE_ASSIGN_OR_RETURN(std::string_view full, NewName(node, name, where));
     auto shape = spec.find("shape");
     if (shape == spec.end() || !shape->is_array()) {
       return Invalid(where + " needs a \"shape\" array");
@@ -68,25 +73,41 @@ struct Parser {
       persistent = p->get<bool>();
     }
     impl->storages.push_back(storage);
-    impl->AddTensor(node, name, static_cast<int32_t>(impl->storages.size() - 1), is_buffer,
+    impl->AddTensor(node, full, static_cast<int32_t>(impl->storages.size() - 1), is_buffer,
                     persistent);
     return Status::OK();
   }
 
-  Status CheckLocalName(int32_t node, const std::string& name, const std::string& where) {
-    if (name.empty() || name.find('.') != std::string::npos) {
+  // The full name of `local` under `node`, refused when malformed, too long or used before.
+  Result<std::string_view> NewName(int32_t node, const std::string& local,
+                                   const std::string& where) {
+    if (local.empty() || local.find('.') != std::string::npos) {
       return Invalid(where + ": names must be non-empty and contain no '.'");
     }
-    std::string full = impl->nodes[static_cast<size_t>(node)].name;
-    full = full.empty() ? name : full + "." + name;
-    if (!seen_names.insert(full).second) return Invalid(where + ": the name is used twice");
+    auto full = impl->ChildName(node, local, where);
+    if (!full.ok()) return Invalid(std::string(full.status().message()));
+    if (!seen_names.insert(*full).second) return Invalid(where + ": the name is used twice");
+    return *full;
+  }
+
+  // Children are walked with an explicit stack of (module, its JSON), never by recursion.
+  Status AddModules(const json& root) {
+    std::vector<std::pair<int32_t, const json*>> pending = {{0, &root}};
+    while (!pending.empty()) {
+      auto [node, spec] = pending.back();
+      pending.pop_back();
+      std::vector<std::pair<int32_t, const json*>> children;
+      LOADSTONE_RETURN_IF_ERROR(AddModule(node, *spec, &children));
+      pending.insert(pending.end(), children.rbegin(), children.rend());
+    }
     return Status::OK();
   }
 
-  Status AddModule(int32_t node, const json& spec, int depth) {
-    if (depth > kMaxDepth) return Invalid("modules are nested too deeply");
+  // The module's parameters, children (returned in *children to be filled next) and buffers.
+  Status AddModule(int32_t node, const json& spec,
+                   std::vector<std::pair<int32_t, const json*>>* children) {
     if (!spec.is_object()) return Invalid("a module must be an object");
-    const std::string module = impl->nodes[static_cast<size_t>(node)].name;
+    const std::string module(impl->nodes[static_cast<size_t>(node)].name);
     for (const char* key : {"params", "buffers", "children"}) {
       auto it = spec.find(key);
       if (it != spec.end() && !it->is_array()) {
@@ -100,13 +121,13 @@ struct Parser {
       for (const json& child : *it) {
         if (!child.is_object()) return Invalid(fmt::format("a child of '{}' must be an object", module));
         LOADSTONE_ASSIGN_OR_RETURN(std::string name, StringField(child, "name", "a module", true));
-        LOADSTONE_RETURN_IF_ERROR(
-            CheckLocalName(node, name, fmt::format("child '{}' of module '{}'", name, module)));
+        LOADSTONE_ASSIGN_OR_RETURN(
+            std::string_view full,
+            NewName(node, name, fmt::format("child '{}' of module '{}'", name, module)));
         LOADSTONE_ASSIGN_OR_RETURN(std::string class_name,
                                    StringField(child, "class", "module " + name, false));
         impl->has_classes = impl->has_classes || !class_name.empty();
-        int32_t id = impl->AddNode(node, name, class_name);
-        LOADSTONE_RETURN_IF_ERROR(AddModule(id, child, depth + 1));
+        children->push_back({impl->AddNode(node, full, class_name), &child});
       }
     }
     if (auto it = spec.find("buffers"); it != spec.end()) {
@@ -115,7 +136,17 @@ struct Parser {
     return Status::OK();
   }
 
-  // The first name is the source; the others become the same tensor object.
+  int32_t Root(int32_t storage) {
+    while (storage_root[static_cast<size_t>(storage)] != storage) {
+      int32_t& up = storage_root[static_cast<size_t>(storage)];
+      up = storage_root[static_cast<size_t>(up)];  // path halving
+      storage = up;
+    }
+    return storage;
+  }
+
+  // The first name is the source; the others become the same tensor object (their storages
+  // are merged into the source's: union-find, so that a group of n names costs O(n)).
   Status Tie(const json& group) {
     if (!group.is_array() || group.size() < 2) {
       return Invalid("each \"tied\" entry must be an array of at least two names");
@@ -123,23 +154,24 @@ struct Parser {
     for (const json& name : group) {
       if (!name.is_string()) return Invalid("tied names must be strings");
     }
-    const std::string source = group[0].get<std::string>();
+    const std::string& source = group[0].get_ref<const std::string&>();
     int32_t src = impl->FindTensor(source);
     if (src < 0 || impl->tensors[static_cast<size_t>(src)].is_buffer) {
       return Invalid(fmt::format("tied source '{}' is not a declared parameter", source));
     }
-    int32_t storage = impl->tensors[static_cast<size_t>(src)].storage;
+    while (storage_root.size() < impl->storages.size()) {
+      storage_root.push_back(static_cast<int32_t>(storage_root.size()));
+    }
+    const int32_t storage = Root(impl->tensors[static_cast<size_t>(src)].storage);
     for (size_t i = 1; i < group.size(); ++i) {
-      const std::string target = group[i].get<std::string>();
+      const std::string& target = group[i].get_ref<const std::string&>();
       int32_t t = impl->FindTensor(target);
       if (t >= 0) {
         if (impl->tensors[static_cast<size_t>(t)].is_buffer) {
           return Invalid(fmt::format("tied name '{}' is a buffer", target));
         }
-        int32_t old = impl->tensors[static_cast<size_t>(t)].storage;
-        for (planner::TreeTensor& tensor : impl->tensors) {
-          if (tensor.storage == old) tensor.storage = storage;
-        }
+        const int32_t old = Root(impl->tensors[static_cast<size_t>(t)].storage);
+        if (old != storage) storage_root[static_cast<size_t>(old)] = storage;
         continue;
       }
       size_t dot = target.rfind('.');
@@ -149,14 +181,18 @@ struct Parser {
       if (node < 0) {
         return Invalid(fmt::format("tied name '{}': there is no module '{}'", target, module));
       }
-      LOADSTONE_RETURN_IF_ERROR(CheckLocalName(node, local, "tied name '" + target + "'"));
-      impl->AddTensor(node, local, storage, /*is_buffer=*/false, /*persistent=*/true);
-      impl->Finish();
+      LOADSTONE_ASSIGN_OR_RETURN(std::string_view full,
+                                 NewName(node, local, "tied name '" + target + "'"));
+      impl->AddTensor(node, full, storage, /*is_buffer=*/false, /*persistent=*/true);
     }
     return Status::OK();
   }
 
-  std::unordered_set<std::string> seen_names;
+  // After the last Tie: every tensor points at its storage's root.
+  void ResolveTies() {
+    if (storage_root.empty()) return;
+    for (planner::TreeTensor& tensor : impl->tensors) tensor.storage = Root(tensor.storage);
+  }
 };
 
 Result<SizeValue> ParseSizeValue(const json& value, const std::string& key) {
@@ -233,33 +269,44 @@ Status ParseOptions(const json& doc, DeviceMapOptions* options) {
 
 Result<ModelDescription> ParseModelDescription(std::string_view json_text) {
   LOADSTONE_ASSIGN_OR_RETURN(json doc, io::ParseJsonStrict(json_text, "model description"));
-  if (!doc.is_object()) return Invalid("the document must be a JSON object");
-  auto modules = doc.find("modules");
-  if (modules == doc.end()) return Invalid("there is no \"modules\" object");
-  auto impl = std::make_shared<ModuleTree::Impl>();
-  Parser parser{impl.get(), {}};
-  std::string root_class;
-  if (modules->is_object()) {
-    LOADSTONE_ASSIGN_OR_RETURN(root_class, StringField(*modules, "class", "the root module", false));
-  }
-  impl->has_classes = !root_class.empty();
-  impl->AddNode(-1, "", root_class);
-  LOADSTONE_RETURN_IF_ERROR(parser.AddModule(0, *modules, 0));
-  impl->Finish();
-  if (auto tied = doc.find("tied"); tied != doc.end() && !tied->is_null()) {
-    if (!tied->is_array()) return Invalid("\"tied\" must be an array of name arrays");
-    for (const json& group : *tied) LOADSTONE_RETURN_IF_ERROR(parser.Tie(group));
-  }
-  ModelDescription description{ModuleTree(std::move(impl)), DeviceMapOptions{}};
-  LOADSTONE_RETURN_IF_ERROR(ParseOptions(doc, &description.options));
-  return description;
+  return io::InterpretJson("model description", [&]() -> Result<ModelDescription> {
+    if (!doc.is_object()) return Invalid("the document must be a JSON object");
+    auto modules = doc.find("modules");
+    if (modules == doc.end()) return Invalid("there is no \"modules\" object");
+    auto impl = std::make_shared<ModuleTree::Impl>();
+    Parser parser{impl.get(), {}, {}};
+    std::string root_class;
+    if (modules->is_object()) {
+      LOADSTONE_ASSIGN_OR_RETURN(root_class,
+                                 StringField(*modules, "class", "the root module", false));
+    }
+    impl->has_classes = !root_class.empty();
+    impl->AddNode(-1, std::string_view(), root_class);
+    LOADSTONE_RETURN_IF_ERROR(parser.AddModules(*modules));
+    impl->Finish();
+    if (auto tied = doc.find("tied"); tied != doc.end() && !tied->is_null()) {
+      if (!tied->is_array()) return Invalid("\"tied\" must be an array of name arrays");
+      size_t names = 0;
+      for (const json& group : *tied) names += group.is_array() ? group.size() : 0;
+      if (names > kMaxTiedNames) {
+        return Invalid(fmt::format("\"tied\" names {} tensors, more than the {} a description may tie",
+                                   names, kMaxTiedNames));
+      }
+      for (const json& group : *tied) LOADSTONE_RETURN_IF_ERROR(parser.Tie(group));
+      parser.ResolveTies();
+      impl->Finish();  // number the tied names added to their modules
+    }
+    ModelDescription description{ModuleTree(std::move(impl)), DeviceMapOptions{}};
+    LOADSTONE_RETURN_IF_ERROR(ParseOptions(doc, &description.options));
+    return description;
+  });
 }
 
 Result<ModelDescription> ReadModelDescription(const std::string& path) {
-  LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(path));
-  std::string text(file.size(), '\0');
-  LOADSTONE_RETURN_IF_ERROR(
-      file.ReadExact(0, std::as_writable_bytes(std::span<char>(text.data(), text.size()))));
+  constexpr uint64_t kMaxBytes = 256ULL << 20;  // a description of every tensor of a large model is ~10 MB
+  LOADSTONE_ASSIGN_OR_RETURN(std::string text,
+                             io::ReadSmallFile(path, fmt::format("model description '{}'", path),
+                                               kMaxBytes));
   auto description = ParseModelDescription(text);
   if (!description.ok()) return description.status().WithContext(path);
   return description;

@@ -9,6 +9,11 @@ bool IsReducedFloat(DType dtype) { return IsFloatingPoint(dtype) && DTypeBits(dt
 PyNum TensorSize(const Storage& storage, std::string_view full_name, std::string_view lookup_name,
                  const SizePolicy& policy) {
   auto numel = PyNum::Int(static_cast<int64_t>(storage.numel));
+  if (policy.placed) {
+    if (auto it = policy.placed->find(full_name); it != policy.placed->end()) {
+      return numel * ElemByteSize(ElemType{it->second, CustomType::kNone});
+    }
+  }
   if (!policy.special_dtypes.empty()) {
     if (auto it = policy.special_dtypes.find(std::string(lookup_name));
         it != policy.special_dtypes.end()) {
@@ -86,7 +91,7 @@ ModuleSizes ComputeModuleSizes(const ModuleTree::Impl& tree, const SizePolicy& p
 }
 
 PyNum ModuleBufferSize(const ModuleTree::Impl& tree, int32_t node, const SizePolicy& policy) {
-  const std::string& module_name = tree.nodes[static_cast<size_t>(node)].name;
+  const std::string_view module_name = tree.nodes[static_cast<size_t>(node)].name;
   size_t strip = module_name.empty() ? 0 : module_name.size() + 1;
   PyNum total;
   std::vector<int32_t> stack = {node};

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "loadstone/device_map.h"
@@ -25,10 +26,15 @@ PyNum ElemByteSize(ElemType type);
 bool KeepsOwnSize(ElemType type);
 
 
+// Full tensor name → the dtype a load will place it as (PlacedDTypes in planner.h).
+using PlacedDTypes = std::unordered_map<std::string_view, DType>;
+
 struct SizePolicy {
   std::optional<DType> dtype;
   std::map<std::string, DType> special_dtypes;
   std::vector<std::string> keep_in_fp32;
+  // Tensors sized as numel x this dtype, before any rule above (null: none).
+  const PlacedDTypes* placed = nullptr;
 };
 
 struct ModuleSizes {

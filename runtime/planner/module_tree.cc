@@ -2,6 +2,7 @@
 #include "runtime/planner/module_tree.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -57,33 +58,73 @@ std::string NaturalKey(std::string_view name) {
 
 }  // namespace
 
-int32_t ModuleTree::Impl::AddNode(int32_t parent, std::string_view local, std::string class_name) {
+}  // namespace loadstone
+
+namespace loadstone::planner {
+
+std::string_view NameArena::Add(std::string_view text) {
+  constexpr size_t kBlock = 64 * 1024;
+  if (text.size() > left_) {
+    const size_t size = std::max(kBlock, text.size());
+    blocks_.push_back(std::make_unique<char[]>(size));
+    next_ = blocks_.back().get();
+    left_ = size;
+  }
+  if (!text.empty()) std::memcpy(next_, text.data(), text.size());
+  std::string_view out(next_, text.size());
+  next_ += text.size();
+  left_ -= text.size();
+  return out;
+}
+
+}  // namespace loadstone::planner
+
+namespace loadstone {
+
+Result<std::string_view> ModuleTree::Impl::ChildName(int32_t node, std::string_view local,
+                                                     std::string_view what) {
+  const std::string_view parent = nodes[static_cast<size_t>(node)].name;
+  const size_t size = parent.empty() ? local.size() : parent.size() + 1 + local.size();
+  size_t depth = 1;
+  for (int32_t n = node; n > 0; n = nodes[static_cast<size_t>(n)].parent) ++depth;
+  if (size > planner::kMaxNameBytes || depth > planner::kMaxNameDepth) {
+    return Status::InvalidArgument(fmt::format(
+        "{}: its full name has {} bytes in {} dotted components, more than the planner takes "
+        "({} bytes, {} components)",
+        what, size, depth, planner::kMaxNameBytes, planner::kMaxNameDepth));
+  }
+  if (parent.empty()) return names.Add(local);
+  std::string full;
+  full.reserve(size);
+  full.append(parent).append(".").append(local);
+  return names.Add(full);
+}
+
+int32_t ModuleTree::Impl::AddNode(int32_t parent, std::string_view full_name,
+                                  std::string class_name) {
   planner::TreeNode node;
   node.parent = parent;
   node.class_name = std::move(class_name);
-  if (parent >= 0) {
-    const std::string& parent_name = nodes[static_cast<size_t>(parent)].name;
-    node.name = parent_name.empty() ? std::string(local) : parent_name + "." + std::string(local);
-  }
+  node.name = full_name;
   auto id = static_cast<int32_t>(nodes.size());
   nodes.push_back(std::move(node));
   if (parent >= 0) nodes[static_cast<size_t>(parent)].children.push_back(id);
   return id;
 }
 
-int32_t ModuleTree::Impl::AddTensor(int32_t node, std::string_view local, int32_t storage,
+int32_t ModuleTree::Impl::AddTensor(int32_t node, std::string_view full_name, int32_t storage,
                                     bool is_buffer, bool persistent) {
   planner::TreeTensor tensor;
-  const std::string& module_name = nodes[static_cast<size_t>(node)].name;
-  tensor.name = module_name.empty() ? std::string(local) : module_name + "." + std::string(local);
+  tensor.name = full_name;
   tensor.node = node;
   tensor.storage = storage;
   tensor.is_buffer = is_buffer;
   tensor.persistent = persistent;
   auto id = static_cast<int32_t>(tensors.size());
-  tensors.push_back(std::move(tensor));
+  tensors.push_back(tensor);
   auto& owner = nodes[static_cast<size_t>(node)];
   (is_buffer ? owner.buffers : owner.params).push_back(id);
+  if (indexed) tensor_by_name.emplace(full_name, id);
   return id;
 }
 
@@ -117,6 +158,7 @@ void ModuleTree::Impl::Finish() {
   for (size_t i = 0; i < tensors.size(); ++i) {
     tensor_by_name.emplace(tensors[i].name, static_cast<int32_t>(i));
   }
+  indexed = true;
 }
 
 std::vector<int32_t> ModuleTree::Impl::SizedTensors() const {
@@ -158,10 +200,10 @@ std::vector<std::string> ModuleTree::StateDictNames() const {
   while (!stack.empty()) {
     const planner::TreeNode& node = impl_->nodes[static_cast<size_t>(stack.back())];
     stack.pop_back();
-    for (int32_t t : node.params) names.push_back(impl_->tensors[static_cast<size_t>(t)].name);
+    for (int32_t t : node.params) names.emplace_back(impl_->tensors[static_cast<size_t>(t)].name);
     for (int32_t t : node.buffers) {
       const planner::TreeTensor& tensor = impl_->tensors[static_cast<size_t>(t)];
-      if (tensor.persistent) names.push_back(tensor.name);
+      if (tensor.persistent) names.emplace_back(tensor.name);
     }
     for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) stack.push_back(*it);
   }
@@ -179,7 +221,7 @@ Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
   }
   auto impl = std::make_shared<Impl>();
-  impl->AddNode(-1, "", "");
+  impl->AddNode(-1, std::string_view(), "");
   impl->storages.reserve(infos.size());
   impl->tensors.reserve(infos.size());
   std::vector<int32_t> path = {0};  // path[d] = the module at depth d
@@ -193,18 +235,32 @@ Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
       return Status::InvalidArgument(
           fmt::format("tensor name '{}' has an empty dotted component", info.name));
     }
+    if (info.name.size() > planner::kMaxNameBytes || parts.size() > planner::kMaxNameDepth) {
+      return Status::InvalidArgument(fmt::format(
+          "tensor '{}' has a name of {} bytes in {} dotted components, more than the device-map "
+          "planner takes ({} bytes, {} components); load it onto one device (--device-map cpu "
+          "or cuda:N) or with an explicit map",
+          info.name.substr(0, 64) + (info.name.size() > 64 ? "..." : ""), info.name.size(),
+          parts.size(), planner::kMaxNameBytes, planner::kMaxNameDepth));
+    }
+    // One copy of the name; the modules on its path are views of its prefixes.
+    const std::string_view full = impl->names.Add(info.name);
     size_t depth = 0;  // how much of `path` (below the root) matches the name's modules
     while (depth + 1 < path.size() && depth + 1 < parts.size() &&
            LocalName(impl->nodes[static_cast<size_t>(path[depth + 1])].name) == parts[depth]) {
       ++depth;
     }
     path.resize(depth + 1);
-    for (; depth + 1 < parts.size(); ++depth) path.push_back(impl->AddNode(path[depth], parts[depth], ""));
+    for (; depth + 1 < parts.size(); ++depth) {
+      const size_t end = static_cast<size_t>(parts[depth].data() + parts[depth].size() -
+                                             info.name.data());
+      path.push_back(impl->AddNode(path[depth], full.substr(0, end), ""));
+    }
     planner::Storage storage;
     storage.numel = info.numel();
     storage.type.dtype = info.dtype;
     impl->storages.push_back(storage);
-    impl->AddTensor(path.back(), parts.back(), static_cast<int32_t>(impl->storages.size() - 1),
+    impl->AddTensor(path.back(), full, static_cast<int32_t>(impl->storages.size() - 1),
                     /*is_buffer=*/false, /*persistent=*/true);
     tensor_rank.push_back({info.file, static_cast<uint32_t>(rank)});
   }

@@ -4,6 +4,7 @@
 #define LOADSTONE_RUNTIME_PLANNER_MODULE_TREE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -11,8 +12,27 @@
 
 #include "loadstone/device_map.h"
 #include "loadstone/dtype.h"
+#include "loadstone/status.h"
 
 namespace loadstone::planner {
+
+// Bounds on the names a module tree takes, checked before anything is stored for a name. They
+// keep planning linear in its input: a tree's names are views into one copy of each tensor
+// name, but the greedy walk descends a module's path one component at a time.
+inline constexpr size_t kMaxNameBytes = 4096;  // a dotted tensor or module name
+inline constexpr size_t kMaxNameDepth = 128;   // its dotted components
+
+// Owns the names of a tree. A name it returns keeps its address for the arena's life (names
+// live in blocks that never move), so the tree and its indexes hold views.
+class NameArena {
+ public:
+  std::string_view Add(std::string_view text);
+
+ private:
+  std::vector<std::unique_ptr<char[]>> blocks_;
+  char* next_ = nullptr;
+  size_t left_ = 0;
+};
 
 // Element types beyond DType that accelerate sizes specially (CustomDtype).
 enum class CustomType : uint8_t { kNone, kInt4, kInt2 };
@@ -29,7 +49,7 @@ struct Storage {
 };
 
 struct TreeTensor {
-  std::string name;  // full dotted name
+  std::string_view name;  // full dotted name (in the tree's NameArena)
   int32_t node = 0;  // owning module
   int32_t storage = 0;
   bool is_buffer = false;
@@ -37,7 +57,7 @@ struct TreeTensor {
 };
 
 struct TreeNode {
-  std::string name;  // full dotted name; "" for the root
+  std::string_view name;  // full dotted name (in the tree's NameArena); "" for the root
   std::string class_name;
   int32_t parent = -1;
   std::vector<int32_t> children;
@@ -54,19 +74,26 @@ struct TreeNode {
 namespace loadstone {
 
 struct ModuleTree::Impl {
+  planner::NameArena names;             // every name below
   std::vector<planner::TreeNode> nodes;  // nodes[0] is the root
   std::vector<planner::TreeTensor> tensors;
   std::vector<planner::Storage> storages;
   std::vector<int32_t> tensor_pre;     // pre-order number of each tensor
   std::vector<int32_t> nodes_by_pre;   // modules in pre-order (named_modules order)
   bool has_classes = false;
-  // Views of the names above; rebuilt by Finish(), valid while the vectors stay unchanged.
+  // Name → index; filled by Finish(), and by AddTensor once Finish() has run.
   std::unordered_map<std::string_view, int32_t> node_by_name;
   std::unordered_map<std::string_view, int32_t> tensor_by_name;
+  bool indexed = false;  // Finish() has run
 
-  // Adds a child module / tensor (no checks); Finish() numbers the tree and fills the indexes.
-  int32_t AddNode(int32_t parent, std::string_view local, std::string class_name);
-  int32_t AddTensor(int32_t node, std::string_view local, int32_t storage, bool is_buffer,
+  // `local` under module `node`, as a full dotted name in `names`.
+  // Errors: InvalidArgument past kMaxNameBytes or kMaxNameDepth (`what` names the entry).
+  Result<std::string_view> ChildName(int32_t node, std::string_view local, std::string_view what);
+  // Adds a child module / tensor named `full_name` (a view into `names`; no checks). Finish()
+  // numbers the tree and fills the indexes; a tensor added after it is indexed at once (call
+  // Finish() again before numbering is used).
+  int32_t AddNode(int32_t parent, std::string_view full_name, std::string class_name);
+  int32_t AddTensor(int32_t node, std::string_view full_name, int32_t storage, bool is_buffer,
                     bool persistent);
   void Finish();
 

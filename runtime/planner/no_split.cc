@@ -39,26 +39,51 @@ bool ClassMatch(std::string_view pattern, char c, size_t* consumed) {
   return matched != negate;
 }
 
-}  // namespace
-
-bool GlobMatch(std::string_view pattern, std::string_view name) {
-  if (pattern.empty()) return name.empty();
-  if (pattern[0] == '*') {
-    for (size_t k = 0;; ++k) {  // '*' takes k characters, none of them a '.'
-      if (GlobMatch(pattern.substr(1), name.substr(k))) return true;
-      if (k >= name.size() || name[k] == '.') return false;
-    }
-  }
-  if (name.empty()) return false;
-  if (pattern[0] == '?') return name[0] != '.' && GlobMatch(pattern.substr(1), name.substr(1));
+// Whether the pattern token at pattern[0] ('?', a class or a literal) matches `c`; *length is
+// the token's length.
+bool TokenMatches(std::string_view pattern, char c, size_t* length) {
+  *length = 1;
+  if (pattern[0] == '?') return c != '.';
   if (pattern[0] == '[') {
     size_t consumed = 0;
-    bool matched = ClassMatch(pattern, name[0], &consumed);
+    const bool matched = ClassMatch(pattern, c, &consumed);
     if (consumed > 0) {
-      return matched && name[0] != '.' && GlobMatch(pattern.substr(consumed), name.substr(1));
+      *length = consumed;
+      return matched && c != '.';
     }
   }
-  return pattern[0] == name[0] && GlobMatch(pattern.substr(1), name.substr(1));
+  return pattern[0] == c;
+}
+
+}  // namespace
+
+// Iterative, with one backtracking point (the last '*'): O(pattern x name), no recursion. That
+// is exact here because a '*' never takes a '.': dots are matched only by literal dots, so any
+// match of the pattern before the last '*' ends in the same component as the leftmost one.
+bool GlobMatch(std::string_view pattern, std::string_view name) {
+  size_t pi = 0, ni = 0;
+  size_t star_pi = std::string_view::npos, star_ni = 0;
+  while (ni < name.size()) {
+    if (pi < pattern.size() && pattern[pi] == '*') {
+      star_pi = ++pi;
+      star_ni = ni;
+      continue;
+    }
+    size_t length = 0;
+    if (pi < pattern.size() && TokenMatches(pattern.substr(pi), name[ni], &length)) {
+      pi += length;
+      ++ni;
+      continue;
+    }
+    if (star_pi != std::string_view::npos && name[star_ni] != '.') {
+      pi = star_pi;  // the last '*' takes one more character
+      ni = ++star_ni;
+      continue;
+    }
+    return false;
+  }
+  while (pi < pattern.size() && pattern[pi] == '*') ++pi;
+  return pi == pattern.size();
 }
 
 bool IsNameGlob(std::string_view entry) {
@@ -97,7 +122,7 @@ std::vector<std::string> DefaultNoSplit(const ModuleTree::Impl& tree) {
       if (IsNumber(LocalName(tree.nodes[static_cast<size_t>(c)].name))) ++numbered;
     }
     bool blocks = numbered >= 2;
-    if (blocks) globs.push_back(node.name.empty() ? "*" : node.name + ".*");
+    if (blocks) globs.push_back(node.name.empty() ? "*" : std::string(node.name) + ".*");
     for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) {
       bool is_block = blocks && IsNumber(LocalName(tree.nodes[static_cast<size_t>(*it)].name));
       if (!is_block) stack.push_back(*it);

@@ -10,6 +10,7 @@
 #include "runtime/planner/greedy.h"
 #include "runtime/planner/min_max.h"
 #include "runtime/planner/modes.h"
+#include "runtime/planner/planner.h"
 
 namespace loadstone {
 namespace planner {
@@ -97,7 +98,7 @@ void Report(const ModuleTree::Impl& tree, const ModuleSizes& sizes, const Budget
     std::optional<Device> device = own ? std::optional<Device>(*own)
                                        : node_device[static_cast<size_t>(tensor.node)];
     if (!device) {
-      uncovered.push_back(tensor.name);
+      uncovered.emplace_back(tensor.name);
       continue;
     }
     double v = sizes.tensor[static_cast<size_t>(t)].AsDouble() * 8.0;
@@ -140,19 +141,56 @@ void PlaceBuffers(const ModuleTree::Impl& tree, const DeviceMapOptions& options,
     std::optional<Device> device = plan->device_map.Lookup(t.name);
     if (!device) continue;
     if (*device == Device::Cpu() && main != Device::Cpu()) {
-      plan->buffers.push_back({t.name, main});
+      plan->buffers.push_back({std::string(t.name), main});
     } else if (*device == Device::Disk()) {
       plan->buffers.push_back(
-          {t.name, options.fixes.load_disk_buffers ? std::optional<Device>(main) : std::nullopt});
+          {std::string(t.name), options.fixes.load_disk_buffers ? std::optional<Device>(main) : std::nullopt});
+    }
+  }
+}
+
+// No-split entries that match no module: a class name on a tree that has none cannot be meant
+// (an accelerate habit on a bare checkpoint) and is an error; others are warned about.
+Status CheckNoSplit(const ModuleTree::Impl& tree, const NoSplit& no_split,
+                    std::vector<std::string>* warnings) {
+  std::vector<bool> matched(no_split.entries().size(), false);
+  for (size_t n = 0; n < tree.nodes.size(); ++n) {
+    for (size_t i = 0; i < matched.size(); ++i) {
+      if (!matched[i] && no_split.EntryMatches(i, static_cast<int32_t>(n))) matched[i] = true;
+    }
+  }
+  for (size_t i = 0; i < matched.size(); ++i) {
+    if (matched[i]) continue;
+    const std::string& entry = no_split.entries()[i];
+    if (!tree.has_classes && !IsNameGlob(entry)) {
+      return Status::InvalidArgument(fmt::format(
+          "no-split entry '{}' matches no module: a checkpoint's module tree comes from its "
+          "tensor names and has no class names; keep blocks whole with a name glob such as "
+          "'model.layers.*' (what loadstone keeps whole by default), or describe the model "
+          "with classes (--model-json)",
+          entry));
+    }
+    warnings->push_back(fmt::format(
+        "no-split entry '{}' matches no module, so it keeps nothing whole{}", entry,
+        IsNameGlob(entry) ? "" : " (no module has that class name)"));
+  }
+  return Status::OK();
+}
+
+void CheckSpecialDTypes(const ModuleTree::Impl& tree, const DeviceMapOptions& options,
+                        std::vector<std::string>* warnings) {
+  for (const auto& [name, dtype] : options.special_dtypes) {
+    if (tree.FindTensor(name) < 0) {
+      warnings->push_back(fmt::format(
+          "special dtype for '{}' names no tensor of the model; it changes nothing", name));
     }
   }
 }
 
 }  // namespace
-}  // namespace planner
 
-Result<DevicePlan> InferDeviceMap(const ModuleTree& tree, const DeviceMapOptions& options) {
-  using namespace planner;  // NOLINT(google-build-using-namespace)
+Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapOptions& options,
+                                        const PlacedDTypes& placed) {
   const ModuleTree::Impl& impl = tree.impl();
   DevicePlan plan;
   LOADSTONE_ASSIGN_OR_RETURN(ModeChoice mode, ParseDeviceMapString(options.device_map));
@@ -163,7 +201,10 @@ Result<DevicePlan> InferDeviceMap(const ModuleTree& tree, const DeviceMapOptions
     plan.default_no_split = true;
   }
   NoSplit no_split(impl, plan.no_split);
-  SizePolicy policy{options.dtype, options.special_dtypes, options.keep_in_fp32};
+  if (!plan.default_no_split) LOADSTONE_RETURN_IF_ERROR(CheckNoSplit(impl, no_split, &plan.warnings));
+  CheckSpecialDTypes(impl, options, &plan.warnings);
+  SizePolicy policy{options.dtype, options.special_dtypes, options.keep_in_fp32,
+                    placed.empty() ? nullptr : &placed};
   ModuleSizes sizes = ComputeModuleSizes(impl, policy);
 
   Budgets budgets;
@@ -188,6 +229,7 @@ Result<DevicePlan> InferDeviceMap(const ModuleTree& tree, const DeviceMapOptions
     ctx.no_split = &no_split;
     ctx.policy = &policy;
     ctx.tied_groups = FindTiedGroups(impl);
+    ctx.tie_index = TieIndex(ctx.tied_groups);
     ctx.offload_buffers = options.offload_buffers;
     ctx.fallback_allocation = options.fallback_allocation;
     ctx.fixes = options.fixes;
@@ -212,6 +254,12 @@ Result<DevicePlan> InferDeviceMap(const ModuleTree& tree, const DeviceMapOptions
   Report(impl, sizes, budgets, &plan);
   PlaceBuffers(impl, options, budgets, &plan);
   return plan;
+}
+
+}  // namespace planner
+
+Result<DevicePlan> InferDeviceMap(const ModuleTree& tree, const DeviceMapOptions& options) {
+  return planner::InferDeviceMapPlaced(tree, options, {});
 }
 
 Result<DevicePlan> InferDeviceMap(const Checkpoint& checkpoint, const DeviceMapOptions& options) {

@@ -1,0 +1,17 @@
+// The device-map planner's entry for Plan(): InferDeviceMap sized by the bytes a load places.
+#ifndef LOADSTONE_RUNTIME_PLANNER_PLANNER_H_
+#define LOADSTONE_RUNTIME_PLANNER_PLANNER_H_
+
+#include "loadstone/device_map.h"
+#include "runtime/planner/module_sizes.h"
+
+namespace loadstone::planner {
+
+// InferDeviceMap, with each tensor named in `placed` sized as numel x that dtype (what the load
+// will place) instead of by accelerate's min(dtype, stored) rule; other tensors keep the rule.
+Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapOptions& options,
+                                        const PlacedDTypes& placed);
+
+}  // namespace loadstone::planner
+
+#endif  // LOADSTONE_RUNTIME_PLANNER_PLANNER_H_
