@@ -9,7 +9,7 @@ namespace loadstone::cuda {
 struct CudaProbeResult {
   int device_count = 0;      // 0 when there is no driver or no device
   int runtime_version = 0;   // e.g. 13000
-  std::string reason;        // why device_count is 0, for the log line
+  std::string reason;        // why device_count is 0 ("no NVIDIA driver is loaded ..."), for the log line
 };
 
 CudaProbeResult ProbeCuda();

@@ -1,14 +1,17 @@
 #include "loadstone/checkpoint.h"
 
+#include <array>
 #include <filesystem>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "io/file.h"
+#include "io/formats/hf_config.h"
 #include "io/formats/hf_index.h"
 #include "io/formats/hf_layout.h"
 #include "io/formats/safetensors.h"
+#include "io/formats/sniff.h"
 
 namespace loadstone {
 
@@ -20,6 +23,8 @@ struct Checkpoint::Impl {
   std::map<std::string, std::string> metadata;
   std::string index_path;
   std::string resolution;
+  ModelConfig config;
+  std::vector<std::string> warnings;
   uint64_t total_bytes = 0;
 };
 
@@ -28,9 +33,21 @@ namespace {
 using io::ResolvedCheckpoint;
 
 // Appends one file's header to `impl`; the file's index is impl->files.size().
+// A header the safetensors rules refuse, with what the file is when its first bytes say so
+// (a GGUF file or a zip archive named .safetensors gets more than "HeaderTooLarge").
+Status NameForeignFormat(const io::File& file, Status refused) {
+  std::array<std::byte, 8> head{};
+  if (file.size() < head.size() || !file.ReadExact(0, head).ok()) return refused;
+  const std::string what = io::ForeignFormat(head);
+  if (what.empty()) return refused;
+  return Status(refused.code(), fmt::format("{}; {}", refused.message(), what));
+}
+
 Status AddSafetensorsFile(const std::string& path, Checkpoint::Impl* impl) {
   LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(path));
-  LOADSTONE_ASSIGN_OR_RETURN(io::SafetensorsHeader header, io::ReadSafetensorsHeader(file));
+  auto parsed = io::ReadSafetensorsHeader(file);
+  if (!parsed.ok()) return NameForeignFormat(file, parsed.status());
+  io::SafetensorsHeader header = std::move(*parsed);
   const auto file_index = static_cast<uint32_t>(impl->files.size());
   impl->files.push_back({path, file.size()});
   for (auto& [key, value] : header.metadata) impl->metadata.emplace(key, value);
@@ -128,11 +145,28 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
       return Status::Corruption(fmt::format("tensor '{}' appears twice", impl->tensors[i].name));
     }
   }
+  if (!resolved.config_dir.empty()) {
+    const std::string config_path = (std::filesystem::path(resolved.config_dir) / "config.json").string();
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(config_path, ec)) {
+      auto config = io::ReadModelConfig(config_path);
+      if (config.ok()) {
+        impl->config = std::move(*config);
+      } else {
+        impl->warnings.push_back(fmt::format("{}; its settings are not used",
+                                             config.status().message()));
+      }
+    }
+  }
   impl->resolution = resolved.note.empty()
                          ? fmt::format("{} file(s), {} tensors", impl->files.size(),
                                        impl->tensors.size())
                          : fmt::format("{}: {} file(s), {} tensors", resolved.note,
                                        impl->files.size(), impl->tensors.size());
+  if (const auto& block = impl->config.weight_block_size) {
+    impl->resolution += fmt::format("; config.json: float8 weight_block_size {}x{}", (*block)[0],
+                                    (*block)[1]);
+  }
   return Checkpoint(std::move(impl));
 }
 
@@ -142,6 +176,8 @@ const std::vector<TensorInfo>& Checkpoint::tensors() const { return impl_->tenso
 const std::map<std::string, std::string>& Checkpoint::metadata() const { return impl_->metadata; }
 const std::string& Checkpoint::index_path() const { return impl_->index_path; }
 const std::string& Checkpoint::resolution() const { return impl_->resolution; }
+const ModelConfig& Checkpoint::config() const { return impl_->config; }
+const std::vector<std::string>& Checkpoint::warnings() const { return impl_->warnings; }
 uint64_t Checkpoint::total_bytes() const { return impl_->total_bytes; }
 
 const TensorInfo* Checkpoint::Find(std::string_view name) const {

@@ -32,14 +32,24 @@ File& File::operator=(File&& other) noexcept {
 
 Result<File> File::OpenForRead(const std::string& path, int extra_flags) {
   int fd;
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | extra_flags);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | extra_flags);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return ErrnoStatus(errno, "cannot open", path);
   File file(fd, 0, path);
   struct stat st;
   if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "cannot stat", path);
   if (S_ISDIR(st.st_mode)) return ErrnoStatus(EISDIR, "cannot read", path);
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(fmt::format(
+        "'{}' is not a regular file ({}); give a checkpoint file or folder", path,
+        S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : "a device"));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoStatus(errno, "cannot set up", path);
+  }
   file.size_ = static_cast<uint64_t>(st.st_size);
   return file;
 }

@@ -12,9 +12,11 @@
 #ifndef LOADSTONE_CHECKPOINT_H_
 #define LOADSTONE_CHECKPOINT_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +45,17 @@ struct TensorInfo {
   uint64_t nbytes = 0;
 
   uint64_t numel() const;  // 1 for a scalar, 0 when any dimension is 0
+};
+
+// What loadstone takes from the model's config.json: only what a load needs. A folder's
+// config.json is read (after `subfolder`), or the one beside an index file; never for a single
+// .safetensors file given by path.
+struct ModelConfig {
+  std::string path;  // the config.json read; empty when there is none
+  // quantization_config.quant_method ("fp8", "compressed-tensors", ...), or empty.
+  std::string quant_method;
+  // quantization_config.weight_block_size: the rows x columns one float8 scale covers.
+  std::optional<std::array<uint64_t, 2>> weight_block_size;
 };
 
 struct OpenOptions {
@@ -79,6 +92,9 @@ class Checkpoint {
   const std::string& index_path() const;
   // How the path was resolved, e.g. "folder: picked model.safetensors.index.json (3 shards)".
   const std::string& resolution() const;
+  const ModelConfig& config() const;
+  // What Open noticed and went on without (a config.json it could not use, ...).
+  const std::vector<std::string>& warnings() const;
   uint64_t total_bytes() const;  // sum of tensor nbytes
 
   struct Impl;

@@ -103,7 +103,9 @@ class DeviceMap {
   std::string ToJson() const;
 
   // Parses a JSON object of the ToJson form; values may also be device strings ("cuda:1").
-  // Keeps the key order. Errors: InvalidArgument (not an object, a bad device, a key twice).
+  // A document with a "device_map" object member (what `loadstone plan --json` prints) gives
+  // that member. Keeps the key order. Errors: InvalidArgument (not an object, a bad device, a
+  // key twice, a number beyond double's range, nesting deeper than 256).
   static Result<DeviceMap> FromJson(std::string_view json);
 
   friend bool operator==(const DeviceMap& a, const DeviceMap& b) { return a.entries_ == b.entries_; }

@@ -50,7 +50,8 @@ std::optional<DType> DTypeFromSafetensorsName(std::string_view name);
 // The torch name without the "torch." prefix: "float32", "bfloat16", "float8_e4m3fn", ...
 std::string_view TorchName(DType dtype);
 // Accepts torch names with or without "torch.", their aliases ("float", "half", "long", ...),
-// the safetensors names and the short CLI names ("f32", "bf16", "fp16", "f8_e4m3").
+// the safetensors names and the short CLI names ("f32", "bf16", "fp16", "f8_e4m3", "fp8" and
+// "f8_e4m3fn" for float8_e4m3fn). Case does not matter.
 std::optional<DType> ParseDType(std::string_view name);
 
 bool IsFloatingPoint(DType dtype);  // every f*, bf16 and float8; not complex

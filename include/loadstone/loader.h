@@ -71,9 +71,12 @@ class Tensor {
 };
 
 struct Progress {
-  uint64_t bytes_total = 0;   // bytes to read
-  uint64_t bytes_read = 0;    // read from storage so far
-  uint64_t bytes_placed = 0;  // in place (converted where asked) so far
+  uint64_t bytes_total = 0;     // bytes to read (LoadPlan::read_bytes)
+  uint64_t bytes_read = 0;      // read from storage (or copied from the page cache) so far
+  uint64_t bytes_to_place = 0;  // bytes once loaded (LoadPlan::placed_bytes)
+  // In place, converted where asked, so far: never more than bytes_to_place, and equal to it
+  // once every tensor is in place (mapped tensors count when mapped).
+  uint64_t bytes_placed = 0;
   size_t tensors_total = 0;
   size_t tensors_done = 0;
   double seconds = 0;         // since the load started
@@ -90,6 +93,8 @@ struct ReadStats {
   // Copied by the workers straight out of the page cache into fresh pages (no read at all;
   // LoaderOptions::fill_fresh_pages).
   uint64_t cache_copied_bytes = 0;
+  // Mapped instead of read (LoadOptions::mmap): these bytes come in on first touch.
+  uint64_t mapped_bytes = 0;
 };
 
 enum class ReadBackend { kAuto, kUring, kPread };

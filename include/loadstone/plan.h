@@ -58,25 +58,38 @@ struct ReadChunk {
   bool staged = false;            // read into staging (conversion or coalescing), not in place
 };
 
-struct PlanOptions {
-  // Target dtype for floating-point tensors; integer and bool tensors are never cast.
-  std::optional<DType> dtype;
-  // Tensors kept in float32 when `dtype` is a reduced float: a pattern matches a tensor when it
-  // equals one of its dotted components or a run of them ((^|\.)pattern($|\.)).
-  std::vector<std::string> keep_in_fp32;
-  // Where tensors go: "cpu" (default), one device ("cuda:1", "1"), or a mode inferred exactly as
-  // accelerate infers it ("auto", "balanced", "balanced_low_0", "sequential"; see
-  // device_map.h), with these budgets and no-split blocks.
-  std::string device_map = "cpu";
-  std::optional<MaxMemory> max_memory;
-  std::optional<std::vector<std::string>> no_split;
+// What to plan: the device-map options of device_map.h — every one of them honoured, exactly as
+// `loadstone plan` honours them — plus what only a load needs. The default map is "cpu".
+//
+// dtype: the target for floating-point tensors, one of f32, f16 and bf16 (integer and bool
+//   tensors are never cast; float8 weights with scales are dequantized into it, see fp8_block).
+// keep_in_fp32: tensors kept in float32 when `dtype` is f16 or bf16: a pattern matches a tensor
+//   when it equals one of its dotted components or a run of them ((^|\.)pattern($|\.)).
+// special_dtypes: tensors cast to the dtype given (a float type) whatever `dtype` says.
+// device_map: "cpu" (default), one device ("cuda:1", "1"), or a mode inferred as accelerate
+//   infers it ("auto", "balanced", "balanced_low_0", "sequential"), with max_memory, no_split,
+//   strategy, fallback_allocation, offload_buffers, fixes and clean_result as documented there.
+//   Budgets count the bytes this plan places: where loadstone converts up (a float8 weight
+//   dequantized into bf16, f16 cast to f32, float8 scales kept in f32 under a bf16 target) a
+//   tensor is sized after conversion, where accelerate sizes it as min(dtype, stored)
+//   (docs/device-map.md, "Placed bytes").
+struct PlanOptions : DeviceMapOptions {
+  PlanOptions() { device_map = "cpu"; }
+
+  // A map given in full (accelerate's dict form; `loadstone plan --json` prints one), used as it
+  // is instead of inferring one from `device_map`. Every tensor must fall under a key.
+  std::optional<DeviceMap> explicit_map;
+  // The model's module tree (class names, buffers, ties) to infer the map on, from a model
+  // description (specs/model-json.md); unset: the tree of the checkpoint's tensor names.
+  std::optional<ModuleTree> model;
   // Scaled float8 weights: a 2-D float8 tensor `W` with a sibling `W_scale_inv` (DeepSeek-V3:
   // f32, ceil(rows / block[0]) x ceil(cols / block[1]) scales) or `W_scale` (compressed-tensors:
   // f32/bf16/f16, per tensor, channel, group or block, told apart by its shape; a block scale
   // uses this block when it fits, else an exact division). With `dtype` set, each such weight is
-  // dequantized into `dtype` (the scales stay as stored); without, both load as stored. The
-  // block is the checkpoint's quantization_config.weight_block_size.
-  std::array<uint64_t, 2> fp8_block = {128, 128};
+  // dequantized into `dtype` (the scales stay as stored); without, both load as stored.
+  // Unset: the checkpoint's quantization_config.weight_block_size (Checkpoint::config()), else
+  // 128 x 128.
+  std::optional<std::array<uint64_t, 2>> fp8_block;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
   // Tensors smaller than this are coalesced with their file neighbours into one staged read.
@@ -86,8 +99,14 @@ struct PlanOptions {
 struct LoadPlan {
   std::vector<TensorPlan> tensors;  // priority order: shard order, then natural name order
   std::vector<ReadChunk> reads;     // the read schedule, in priority order
-  DeviceMap device_map;             // the map used ({"": cpu} for a plain CPU load)
-  std::vector<std::string> warnings;  // from the device-map planner
+  // The device map used ({"": cpu} for a plain CPU load) with what the planner reports: bytes
+  // per device (placed bytes, as this plan places them) against their budgets, the no-split
+  // blocks, the explanation. Its warnings are moved into `warnings`.
+  DevicePlan devices;
+  // The device-map planner's warnings, then the plan's own (options that change nothing, such
+  // as keep_in_fp32 without a reduced-float dtype or a pattern that matches no tensor).
+  std::vector<std::string> warnings;
+  std::array<uint64_t, 2> fp8_block = {128, 128};  // the float8 block used
   uint64_t read_bytes = 0;          // bytes read from storage
   uint64_t placed_bytes = 0;        // bytes once loaded (after conversion)
 
@@ -95,8 +114,12 @@ struct LoadPlan {
   std::string ToString() const;
 };
 
-// Plans a load of `checkpoint`. Errors: InvalidArgument (unknown device, a dtype that cannot be
-// a cast target, a tensor no map entry covers, float8 scales that fit no rule of `fp8_block`),
+// The dtypes a plan can cast floating-point tensors to: f32, f16, bf16.
+bool IsCastTarget(DType dtype);
+
+// Plans a load of `checkpoint`. Errors: InvalidArgument (a dtype that is not a cast target, an
+// unknown device, a tensor no map entry covers, a special dtype that cannot be cast to, float8
+// scales that fit no rule of `fp8_block`, a no-split class name on a tree without classes),
 // Unsupported (disk offload, before its issue; a float8 weight and its scales on two devices).
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options = {});
 

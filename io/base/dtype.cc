@@ -56,6 +56,8 @@ constexpr Alias kAliases[] = {
     {"fp16", DType::kF16},   {"bf16", DType::kBF16},    {"f64", DType::kF64},
     {"fp64", DType::kF64},   {"f8_e4m3", DType::kF8E4M3}, {"fp8_e4m3", DType::kF8E4M3},
     {"f8_e5m2", DType::kF8E5M2}, {"fp8_e5m2", DType::kF8E5M2}, {"cfloat", DType::kC64},
+    {"fp8", DType::kF8E4M3},     {"f8", DType::kF8E4M3},       {"f8_e4m3fn", DType::kF8E4M3},
+    {"fp8_e4m3fn", DType::kF8E4M3}, {"float8", DType::kF8E4M3}, {"f8_e8m0", DType::kF8E8M0},
 };
 
 }  // namespace

@@ -22,8 +22,11 @@ Result<ResolvedCheckpoint> ResolveFile(const std::string& path, const OpenOption
     return Status::InvalidArgument(fmt::format(
         "'{}' is a file: --variant and --subfolder apply to model folders only", path));
   }
-  if (EndsWith(path, ".json")) return ResolvedCheckpoint{Kind::kSafetensorsIndex, path, ""};
-  if (EndsWith(path, ".safetensors")) return ResolvedCheckpoint{Kind::kSafetensorsFile, path, ""};
+  if (EndsWith(path, ".json")) {
+    return ResolvedCheckpoint{Kind::kSafetensorsIndex, path, "",
+                              fs::path(path).parent_path().string()};
+  }
+  if (EndsWith(path, ".safetensors")) return ResolvedCheckpoint{Kind::kSafetensorsFile, path, "", ""};
   for (std::string_view ext : {".bin", ".pt", ".pth", ".gguf", ".ckpt"}) {
     if (EndsWith(path, ext)) {
       return Status::Unsupported(fmt::format(
@@ -48,6 +51,105 @@ std::vector<std::string> FolderListing(const fs::path& dir) {
   return names;
 }
 
+bool IsWeightsPrefix(std::string_view name) {
+  return name.starts_with("model.") || name.starts_with("diffusion_pytorch_model.");
+}
+
+// The variants whose weights `dir` holds ("fp16" for model.fp16.safetensors or
+// model.safetensors.index.fp16.json).
+std::vector<std::string> VariantsIn(const fs::path& dir) {
+  std::vector<std::string> variants;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!IsWeightsPrefix(name)) continue;
+    std::string_view rest = std::string_view(name).substr(name.find('.') + 1);
+    constexpr std::string_view kFile = ".safetensors", kIndex = "safetensors.index.",
+                               kLegacyIndex = ".safetensors.index.json";
+    std::string variant;
+    if (EndsWith(rest, kLegacyIndex)) {  // P.V.safetensors.index.json
+      variant = std::string(rest.substr(0, rest.size() - kLegacyIndex.size()));
+    } else if (EndsWith(rest, kFile)) {  // P.V.safetensors
+      variant = std::string(rest.substr(0, rest.size() - kFile.size()));
+      if (variant.find('-') != std::string::npos) variant.clear();  // a shard: V-00001-of-...
+    } else if (rest.starts_with(kIndex) && EndsWith(rest, ".json") &&
+               rest.size() > kIndex.size() + 5) {  // P.safetensors.index.V.json
+      variant = std::string(rest.substr(kIndex.size(), rest.size() - kIndex.size() - 5));
+    }
+    if (!variant.empty() && variant.find('.') == std::string::npos &&
+        std::find(variants.begin(), variants.end(), variant) == variants.end()) {
+      variants.push_back(variant);
+    }
+  }
+  std::sort(variants.begin(), variants.end());
+  return variants;
+}
+
+// The subfolders of `dir` that hold safetensors weights (a diffusers pipeline's components).
+std::vector<std::string> ComponentsIn(const fs::path& dir) {
+  std::vector<std::string> components;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (!entry.is_directory(ec)) continue;
+    std::error_code inner;
+    for (const auto& file : fs::directory_iterator(entry.path(), inner)) {
+      const std::string name = file.path().filename().string();
+      if (IsWeightsPrefix(name) && (EndsWith(name, ".safetensors") || EndsWith(name, ".json"))) {
+        components.push_back(entry.path().filename().string());
+        break;
+      }
+    }
+  }
+  std::sort(components.begin(), components.end());
+  return components;
+}
+
+// Why `dir` holds no checkpoint, and the fix when one is obvious.
+Status NothingFound(const fs::path& dir, const OpenOptions& options) {
+  const std::string& v = options.variant;
+  std::error_code ec;
+  if (fs::exists(dir / "pytorch_model.bin", ec) || fs::exists(dir / "pytorch_model.bin.index.json", ec) ||
+      fs::exists(dir / "diffusion_pytorch_model.bin", ec)) {
+    return Status::Unsupported(fmt::format(
+        "'{}' holds only PyTorch .bin weights, which are not supported yet; convert them to "
+        "safetensors", dir.string()));
+  }
+  std::string hint;
+  const std::vector<std::string> variants = VariantsIn(dir);
+  const std::vector<std::string> components = ComponentsIn(dir);
+  if (!variants.empty()) {
+    hint = fmt::format("; it has weights for variant{} {}: pass --variant {}",
+                       variants.size() > 1 ? "s" : "", fmt::join(variants, ", "), variants.front());
+  } else if (!components.empty()) {
+    hint = fmt::format(
+        "; it looks like a pipeline folder whose components hold the weights ({}): pass "
+        "--subfolder {}",
+        fmt::join(components, ", "),
+        std::find(components.begin(), components.end(), "unet") != components.end()
+            ? std::string("unet")
+            : components.front());
+  }
+  const std::vector<std::string> listing = FolderListing(dir);
+  return Status::NotFound(fmt::format(
+      "no safetensors checkpoint{} in '{}' (looked for model[.{}].safetensors, "
+      "model.safetensors.index.json, diffusion_pytorch_model*); {}{}",
+      v.empty() ? "" : fmt::format(" for variant '{}'", v), dir.string(),
+      v.empty() ? "VARIANT" : v,
+      listing.empty() ? "the folder is empty" : fmt::format("it holds: {}", fmt::join(listing, ", ")),
+      hint));
+}
+
+// "a FIFO", "a socket", ... for a path that is neither a regular file nor a folder.
+std::string_view SpecialKind(fs::file_type type) {
+  switch (type) {
+    case fs::file_type::fifo: return "a FIFO (named pipe)";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    default: return "not a regular file";
+  }
+}
+
 }  // namespace
 
 Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
@@ -56,6 +158,10 @@ Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
   const fs::file_status status = fs::status(path, ec);
   if (ec || !fs::exists(status)) {
     return Status::NotFound(fmt::format("'{}' does not exist", path));
+  }
+  if (!fs::is_directory(status) && !fs::is_regular_file(status)) {
+    return Status::InvalidArgument(fmt::format(
+        "'{}' is {}: a checkpoint is a file or a folder", path, SpecialKind(status.type())));
   }
   if (!fs::is_directory(status)) return ResolveFile(path, options);
 
@@ -70,7 +176,7 @@ Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
   for (std::string_view prefix : {"model", "diffusion_pytorch_model"}) {
     std::vector<ResolvedCheckpoint> candidates;
     auto add = [&](Kind kind, const std::string& name) {
-      if (fs::is_regular_file(dir / name, ec)) candidates.push_back({kind, (dir / name).string(), name});
+      if (fs::is_regular_file(dir / name, ec)) candidates.push_back({kind, (dir / name).string(), name, ""});
     };
     add(Kind::kSafetensorsFile, v.empty() ? fmt::format("{}.safetensors", prefix)
                                           : fmt::format("{}.{}.safetensors", prefix, v));
@@ -88,25 +194,14 @@ Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
         "'{}' holds two checkpoints, {} and {}; pass the one you want as the path",
         dir.string(), found[0].note, found[1].note));
   }
-  if (found.empty()) {
-    std::string hint;
-    if (fs::exists(dir / "pytorch_model.bin", ec) || fs::exists(dir / "pytorch_model.bin.index.json", ec)) {
-      return Status::Unsupported(fmt::format(
-          "'{}' holds only PyTorch .bin weights, which are not supported yet; convert them to "
-          "safetensors", dir.string()));
-    }
-    if (!v.empty()) hint = fmt::format(" for variant '{}'", v);
-    return Status::NotFound(fmt::format(
-        "no safetensors checkpoint{} in '{}' (looked for model[.{}].safetensors, "
-        "model.safetensors.index.json, diffusion_pytorch_model*); it holds: {}",
-        hint, dir.string(), v.empty() ? "VARIANT" : v, fmt::join(FolderListing(dir), ", ")));
-  }
+  if (found.empty()) return NothingFound(dir, options);
   ResolvedCheckpoint chosen = found.front();
   std::string note = fmt::format("picked {}", chosen.note);
   if (!passed_over.empty()) {
     note += fmt::format(" (also present, not used: {})", fmt::join(passed_over, ", "));
   }
   chosen.note = note;
+  chosen.config_dir = dir.string();
   return chosen;
 }
 

@@ -15,12 +15,15 @@ struct ResolvedCheckpoint {
   Kind kind = Kind::kSafetensorsFile;
   std::string path;  // the .safetensors file or the index file
   std::string note;  // how it was chosen, for the user
+  std::string config_dir;  // where the model's config.json would be; empty for a single file
 };
 
 // Preference in a folder (Hugging Face's order): for the prefixes `model` then
 // `diffusion_pytorch_model`, the single file `P[.V].safetensors` before the index
 // `P.safetensors.index[.V].json` (legacy: `P.V.safetensors.index.json`). Two prefixes both
-// present, or no candidate, are errors that list what the folder holds.
+// present, or no candidate, are errors that list what the folder holds and, where it is the
+// obvious fix, say which --subfolder or --variant would find weights. A path that is neither a
+// regular file nor a folder (a FIFO, a device) is refused before anything opens it.
 Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
                                                  const OpenOptions& options);
 

@@ -14,7 +14,7 @@ DeviceSet OpenDefaultDevices(std::string* log) {
   std::string line;
   DeviceSet devices;
   if (probe.device_count == 0) {
-    line = "CPU only: " + probe.reason;
+    line = "CPU only: no CUDA device: " + probe.reason;
   } else {
     // Ordinals must stay names: stop at the first GPU that fails to open ("cuda:N" is index N).
     for (int i = 0; i < probe.device_count; ++i) {

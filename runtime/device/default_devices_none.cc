@@ -3,7 +3,7 @@
 namespace loadstone::device {
 
 DeviceSet OpenDefaultDevices(std::string* log) {
-  if (log) *log = "CPU only: built without the CUDA backend";
+  if (log) *log = "CPU only: no CUDA device: built without the CUDA backend";
   return {};
 }
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "io/posix_error.h"
 
@@ -56,7 +57,34 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
   if (options.on_tensor) callbacks.push_back(options.on_tensor);
 }
 
+std::string LoadHandle::State::TraceLabel(uint64_t id) const {
+  const ReadChunk& chunk = plan.reads[id];
+  const std::string& first = checkpoint.tensors()[plan.tensors[chunk.tensors.front()].source].name;
+  return chunk.tensors.size() == 1 ? first
+                                   : fmt::format("{} and {} more", first, chunk.tensors.size() - 1);
+}
+
+std::string_view LoadHandle::State::Route(uint64_t id) const {
+  if (staged_[id] <= 0) return "in place";
+  return plan.reads[id].staged ? "staged" : "staged (cold)";
+}
+
+std::string LoadHandle::State::TraceArgs(uint64_t id, std::string_view route) const {
+  const ReadChunk& chunk = plan.reads[id];
+  nlohmann::json args = {{"file", checkpoint.files()[chunk.file].path},
+                         {"offset", chunk.offset},
+                         {"bytes", chunk.length},
+                         {"route", route}};
+  auto& names = args["tensors"] = nlohmann::json::array();
+  for (size_t k = 0; k < chunk.tensors.size() && k < 8; ++k) {
+    names.push_back(checkpoint.tensors()[plan.tensors[chunk.tensors[k]].source].name);
+  }
+  if (chunk.tensors.size() > 8) args["more_tensors"] = chunk.tensors.size() - 8;
+  return args.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 void LoadHandle::State::Start() {
+  trace.NameThread("event loop");
   std::vector<std::string> paths;
   for (const CheckpointFile& f : checkpoint.files()) paths.push_back(f.path);
   io::ReaderOptions ro;
@@ -89,8 +117,12 @@ void LoadHandle::State::Start() {
     if (name.rfind("cuda:", 0) == 0) ordinal = std::atoi(name.c_str() + 5);
     if (ordinal < 0 || ordinal >= static_cast<int>(devices.size())) {
       return Fail(Status::InvalidArgument(fmt::format(
-          "tensor '{}' is planned on {}, but this Loader has {} GPU(s) ({})",
-          checkpoint.tensors()[plan.tensors[i].source].name, name, devices.size(), device_log)));
+          "tensor '{}' is planned on {}, but {}; plan for the devices this machine has "
+          "(--device-map cpu, or auto without --max-memory for GPUs)",
+          checkpoint.tensors()[plan.tensors[i].source].name, name,
+          devices.empty() ? fmt::format("the Loader has no GPU ({})", device_log)
+                          : fmt::format("this machine has {} GPU(s), cuda:0 to cuda:{}",
+                                        devices.size(), devices.size() - 1))));
     }
     tensor_device_[i] = ordinal;
     if (!staging_device_) staging_device_ = devices[ordinal];
@@ -186,6 +218,7 @@ void LoadHandle::State::Pump() {
           std::max(end, std::min((end + a - 1) / a * a, checkpoint.files()[chunk.file].bytes));
       request = {chunk.file, lo, hi - lo, staging_[s].buffer.get(), id};
     } else if (options.mmap && first.conversion == Conversion::kNone) {
+      mapped_bytes.fetch_add(chunk.length, std::memory_order_relaxed);
       Advance(chunk.tensors.front(), chunk.length);
       ++next_read_;
       continue;
@@ -236,8 +269,8 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
   --reads_in_flight_;
   const ReadChunk& chunk = plan.reads[id];
   if (trace.enabled()) {
-    trace.Span(fmt::format("read {} B", chunk.length), "read", submitted_at_[id],
-               fmt::format(R"({{"file":{},"offset":{}}})", chunk.file, chunk.offset));
+    trace.SpanInLane(fmt::format("read {}", TraceLabel(id)), "read", "reads in flight",
+                     submitted_at_[id], trace.Now(), TraceArgs(id, Route(id)));
   }
   if (!status.ok()) {
     if (staged_[id] > 0) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
@@ -263,10 +296,17 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
 void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   TensorSlot& slot = tensors[index];
   const TensorPlan& tp = plan.tensors[index];
-  slot.remaining -= source_bytes;
   const TensorInfo& src = checkpoint.tensors()[tp.source];
-  bytes_placed.fetch_add(src.nbytes ? source_bytes * tp.nbytes / src.nbytes : 0,
-                         std::memory_order_relaxed);
+  // Placed bytes in proportion to the source bytes in place, so that a tensor's pieces add up
+  // to exactly its placed size (a cast changes the size; rounding piece by piece would not).
+  auto placed = [&](uint64_t remaining) -> uint64_t {
+    if (src.nbytes == 0) return 0;
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(src.nbytes - remaining) *
+                                 tp.nbytes / src.nbytes);
+  };
+  const uint64_t before = placed(slot.remaining);
+  slot.remaining -= source_bytes;
+  bytes_placed.fetch_add(placed(slot.remaining) - before, std::memory_order_relaxed);
   if (slot.remaining != 0 || slot.done) return;
   slot.done = true;
   loadstone::Tensor tensor(src.name, tp.dtype, src.shape, tp.device, slot.buffer, slot.data,
@@ -316,7 +356,7 @@ void LoadHandle::State::MaybeFinish() {
     const io::ReaderStats stats = reader_->stats();
     std::lock_guard lock(callbacks_mu);
     read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits,
-                  cache_copied_bytes.load()};
+                  cache_copied_bytes.load(), mapped_bytes.load()};
   }
   reader_.reset();         // nothing in flight: closes the ring and the files now
   fresh_.reset();          // every placed tensor is whole: unregisters their pages

@@ -69,6 +69,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> bytes_placed{0};
   std::atomic<uint64_t> cache_copied_bytes{0};
+  std::atomic<uint64_t> mapped_bytes{0};
   std::atomic<size_t> tensors_done{0};
   std::atomic<bool> finished{false};
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -119,6 +120,12 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void Fail(Status status);
   void MaybeFinish();
   Status ChunkError(uint64_t chunk, const Status& status) const;
+  // For the trace: "NAME" or "NAME and 3 more"; the route the chunk took ("in place",
+  // "staged" as planned, "staged (cold)" where a planned in-place read found its bytes cold,
+  // "page-cache copy", "mapped"); the read's file, range, tensors and route as JSON.
+  std::string TraceLabel(uint64_t chunk) const;
+  std::string_view Route(uint64_t chunk) const;
+  std::string TraceArgs(uint64_t chunk, std::string_view route) const;
 
   const pipeline::ReaderFactory reader_factory_;
   const size_t workers_count_;  // threads in `workers`

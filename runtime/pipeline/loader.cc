@@ -165,6 +165,7 @@ Progress LoadHandle::progress() const {
   Progress p;
   p.bytes_total = state_->plan.read_bytes;
   p.bytes_read = state_->bytes_read.load();
+  p.bytes_to_place = state_->plan.placed_bytes;
   p.bytes_placed = state_->bytes_placed.load();
   p.tensors_total = state_->tensors.size();
   p.tensors_done = state_->tensors_done.load();

@@ -6,12 +6,14 @@
 #include <map>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
+#include "runtime/planner/planner.h"
 
 namespace loadstone {
 namespace {
@@ -38,53 +40,35 @@ bool NaturalLess(std::string_view a, std::string_view b) {
 
 bool IsReducedFloat(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16; }
 
-// The device map: {"": cpu} for a CPU load, else the planner's (accelerate's) answer.
-Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& options) {
-  DevicePlan plan;
-  if (options.device_map == "cpu") {
-    LOADSTONE_RETURN_IF_ERROR(plan.device_map.Add("", Device::Cpu()));
-    return plan;
-  }
-  DeviceMapOptions dm;
-  dm.device_map = options.device_map;
-  dm.max_memory = options.max_memory;
-  dm.dtype = options.dtype;
-  dm.no_split = options.no_split;
-  dm.keep_in_fp32 = options.keep_in_fp32;
-  return InferDeviceMap(checkpoint, dm);
-}
+// The dtype and conversion of one tensor, whatever its device.
+struct Target {
+  DType dtype = DType::kF32;
+  Conversion conversion = Conversion::kNone;
+};
 
-Result<TensorPlan> PlanTensor(const TensorInfo& t, size_t index, const PlanOptions& options,
-                              const DeviceMap& map) {
-  TensorPlan plan;
-  plan.source = index;
-  const std::optional<Device> device = map.Lookup(t.name);
-  if (!device) {
-    return Status::InvalidArgument(
-        fmt::format("the device map gives no device for tensor '{}'", t.name));
-  }
-  if (device->type == Device::Type::kDisk || device->type == Device::Type::kMps) {
-    return Status::Unsupported(fmt::format(
-        "tensor '{}' is mapped to {}: disk offload and mps are not supported by the streaming "
-        "engine yet; give more memory (--max-memory) or another device map",
-        t.name, device->ToString()));
-  }
-  plan.device = device->ToString();
-  plan.dtype = t.dtype;
-  if (options.dtype && IsFloatingPoint(t.dtype)) {
-    DType target = *options.dtype;
-    if (IsReducedFloat(target)) {
+Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
+  Target out{t.dtype, Conversion::kNone};
+  std::optional<DType> target;
+  if (auto special = options.special_dtypes.find(t.name); special != options.special_dtypes.end()) {
+    if (!convert::CanCast(t.dtype, special->second)) {
+      return Status::InvalidArgument(fmt::format(
+          "special dtype {} for tensor '{}' ({}): loadstone casts f32, f16, bf16, f64 and "
+          "float8 tensors to f32, f16 or bf16 only",
+          TorchName(special->second), t.name, TorchName(t.dtype)));
+    }
+    target = special->second;
+  } else if (options.dtype && IsFloatingPoint(t.dtype)) {
+    target = *options.dtype;
+    if (IsReducedFloat(*target)) {
       for (const std::string& pattern : options.keep_in_fp32) {
         if (MatchesModulePattern(t.name, pattern)) target = DType::kF32;
       }
     }
-    if (target != t.dtype && convert::CanCast(t.dtype, target)) {
-      plan.dtype = target;
-      plan.conversion = Conversion::kCast;
-    }
   }
-  plan.nbytes = t.numel() * DTypeBits(plan.dtype) / 8;
-  return plan;
+  if (target && *target != t.dtype && convert::CanCast(t.dtype, *target)) {
+    out = {*target, Conversion::kCast};
+  }
+  return out;
 }
 
 std::string ShapeString(const std::vector<uint64_t>& shape) {
@@ -123,11 +107,12 @@ std::optional<std::array<uint64_t, 2>> ScaleGrid(const TensorInfo& scale) {
 // `fp8_block` exactly; compressed-tensors' `W_scale` (f32, bf16 or f16) says by its shape
 // whether it is per tensor, channel, group or block. A scale that fits no rule is an error.
 Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
-                                                const PlanOptions& options) {
+                                                const PlanOptions& options,
+                                                std::array<uint64_t, 2> block) {
   std::map<size_t, Fp8Pair> pairs;
   if (!options.dtype) return pairs;
   const auto& infos = checkpoint.tensors();
-  const auto [block_rows, block_cols] = options.fp8_block;
+  const auto [block_rows, block_cols] = block;
   if (block_rows == 0 || block_cols == 0) {
     return Status::InvalidArgument("the float8 block size must be positive in both dimensions");
   }
@@ -181,10 +166,90 @@ std::string_view ConversionName(Conversion conversion) {
   return "?";
 }
 
+bool IsCastTarget(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+}
+
+namespace {
+
+// The plan's own warnings: options that change nothing for this checkpoint.
+void WarnIneffective(const Checkpoint& checkpoint, const PlanOptions& options,
+                     std::vector<std::string>* warnings) {
+  if (!options.keep_in_fp32.empty()) {
+    if (!options.dtype) {
+      warnings->push_back(
+          "keep_in_fp32 has no effect without a target dtype: every tensor keeps its stored "
+          "dtype (give --dtype f16 or bf16)");
+    } else if (!IsReducedFloat(*options.dtype)) {
+      warnings->push_back(fmt::format(
+          "keep_in_fp32 has no effect with the target dtype {}: it only keeps tensors out of f16 "
+          "and bf16",
+          TorchName(*options.dtype)));
+    }
+  }
+  for (const std::string& pattern : options.keep_in_fp32) {
+    const bool any = std::any_of(checkpoint.tensors().begin(), checkpoint.tensors().end(),
+                                 [&](const TensorInfo& t) { return MatchesModulePattern(t.name, pattern); });
+    if (!any) {
+      warnings->push_back(fmt::format(
+          "keep_in_fp32 pattern '{}' matches no tensor (a pattern is whole dotted components of "
+          "a name, e.g. 'norm' for model.norm.weight)",
+          pattern));
+    }
+  }
+  for (const auto& [name, dtype] : options.special_dtypes) {
+    if (checkpoint.Find(name) == nullptr && !options.model) {
+      warnings->push_back(fmt::format(
+          "special dtype for '{}' names no tensor of the checkpoint; it changes nothing", name));
+    }
+  }
+}
+
+// The device map: an explicit one, {"": cpu} for a CPU load, else the planner's answer over
+// the model's tree with every tensor sized as it will be placed.
+Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& options,
+                              const planner::PlacedDTypes& placed) {
+  DevicePlan plan;
+  if (options.explicit_map) {
+    plan.device_map = *options.explicit_map;
+    return plan;
+  }
+  if (options.device_map == "cpu" && !options.max_memory && !options.model) {
+    LOADSTONE_RETURN_IF_ERROR(plan.device_map.Add("", Device::Cpu()));
+    return plan;
+  }
+  if (options.model) return planner::InferDeviceMapPlaced(*options.model, options, placed);
+  LOADSTONE_ASSIGN_OR_RETURN(ModuleTree tree, ModuleTree::FromCheckpoint(checkpoint));
+  return planner::InferDeviceMapPlaced(tree, options, placed);
+}
+
+// Bytes per device as the plan places them (`device_of[i]` holds tensor i); budgets and devices
+// without tensors are kept.
+void CountUsage(const LoadPlan& plan, const std::vector<Device>& device_of,
+                std::vector<DeviceUsage>* usage) {
+  for (DeviceUsage& u : *usage) u.bytes = 0;
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorPlan& t = plan.tensors[i];
+    const Device device = device_of[i];
+    auto it = std::find_if(usage->begin(), usage->end(),
+                           [&](const DeviceUsage& u) { return u.device == device; });
+    if (it == usage->end()) {
+      usage->push_back({device, 0, std::nullopt});
+      it = usage->end() - 1;
+    }
+    it->bytes += t.nbytes;
+  }
+  std::sort(usage->begin(), usage->end(),
+            [](const DeviceUsage& a, const DeviceUsage& b) { return a.device < b.device; });
+}
+
+}  // namespace
+
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
-  if (options.dtype && !IsFloatingPoint(*options.dtype)) {
-    return Status::InvalidArgument(fmt::format("--dtype {}: the target must be a float type",
-                                               TorchName(*options.dtype)));
+  if (options.dtype && !IsCastTarget(*options.dtype)) {
+    return Status::InvalidArgument(fmt::format(
+        "dtype {}: loadstone casts to float32, float16 or bfloat16 (f32, f16, bf16) only",
+        TorchName(*options.dtype)));
   }
   if (options.max_chunk < 4096 || options.max_chunk % 4096 != 0) {
     return Status::InvalidArgument("max_chunk must be a positive multiple of 4096");
@@ -197,33 +262,73 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     return NaturalLess(infos[a].name, infos[b].name);
   });
 
-  LOADSTONE_ASSIGN_OR_RETURN(DevicePlan devices, MapDevices(checkpoint, options));
-  LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs, PairFp8Scales(checkpoint, options));
+  LoadPlan plan;
+  plan.fp8_block = options.fp8_block ? *options.fp8_block
+                   : checkpoint.config().weight_block_size
+                       ? *checkpoint.config().weight_block_size
+                       : std::array<uint64_t, 2>{128, 128};
+  LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs, PairFp8Scales(checkpoint, options, plan.fp8_block));
   std::vector<bool> is_scale(infos.size());
   for (const auto& [w, pair] : fp8_pairs) is_scale[pair.scale] = true;
-  LoadPlan plan;
-  plan.device_map = std::move(devices.device_map);
-  plan.warnings = std::move(devices.warnings);
-  plan.tensors.reserve(order.size());
-  PlanOptions as_stored = options;  // for float8 scales: loaded as they are
+  // What each tensor becomes (float8 scales: as stored), known before any device is.
+  PlanOptions as_stored = options;
   as_stored.dtype.reset();
-  auto add = [&](size_t index, const PlanOptions& opts) -> Result<uint32_t> {
-    LOADSTONE_ASSIGN_OR_RETURN(TensorPlan tp,
-                               PlanTensor(infos[index], index, opts, plan.device_map));
+  std::vector<Target> targets(infos.size());
+  planner::PlacedDTypes placed;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    LOADSTONE_ASSIGN_OR_RETURN(targets[i], TargetOf(infos[i], is_scale[i] ? as_stored : options));
+    if (fp8_pairs.contains(i) && targets[i].conversion != Conversion::kNone) {
+      targets[i].conversion = Conversion::kDequantFp8Block;
+    }
+    if (options.dtype || !options.special_dtypes.empty()) placed.emplace(infos[i].name, targets[i].dtype);
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(plan.devices, MapDevices(checkpoint, options, placed));
+  plan.warnings = std::move(plan.devices.warnings);
+  plan.devices.warnings.clear();
+  WarnIneffective(checkpoint, options, &plan.warnings);
+  std::unordered_map<std::string_view, Device> buffer_device;  // buffers placed apart from the map
+  for (const BufferPlacement& b : plan.devices.buffers) {
+    if (b.device) buffer_device.emplace(b.name, *b.device);
+  }
+  plan.tensors.reserve(order.size());
+  std::vector<Device> device_of;  // per planned tensor
+  device_of.reserve(order.size());
+  auto add = [&](size_t index) -> Result<uint32_t> {
+    const TensorInfo& t = infos[index];
+    std::optional<Device> device = plan.devices.device_map.Lookup(t.name);
+    if (auto b = buffer_device.find(t.name); b != buffer_device.end()) device = b->second;
+    if (!device) {
+      return Status::InvalidArgument(
+          fmt::format("the device map gives no device for tensor '{}'", t.name));
+    }
+    if (device->type == Device::Type::kDisk || device->type == Device::Type::kMps) {
+      return Status::Unsupported(fmt::format(
+          "tensor '{}' is mapped to {}: disk offload and mps are not supported by the streaming "
+          "engine yet; give more memory (--max-memory) or another device map",
+          t.name, device->ToString()));
+    }
+    TensorPlan tp;
+    tp.source = index;
+    tp.device = device->ToString();
+    tp.dtype = targets[index].dtype;
+    tp.conversion = targets[index].conversion;
+    tp.nbytes = t.numel() * DTypeBits(tp.dtype) / 8;
     plan.placed_bytes += tp.nbytes;
     plan.tensors.push_back(tp);
+    device_of.push_back(*device);
     return static_cast<uint32_t>(plan.tensors.size() - 1);
   };
   for (size_t index : order) {
     if (is_scale[index]) continue;  // planned just before its weight
     const auto pair = fp8_pairs.find(index);
-    if (pair == fp8_pairs.end()) {
-      LOADSTONE_RETURN_IF_ERROR(add(index, options).status());
+    if (pair == fp8_pairs.end() || targets[index].conversion == Conversion::kNone) {
+      if (pair != fp8_pairs.end()) LOADSTONE_RETURN_IF_ERROR(add(pair->second.scale).status());
+      LOADSTONE_RETURN_IF_ERROR(add(index).status());
       continue;
     }
     // A dequantized weight: its scales come first, as stored, on the same device.
-    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, add(pair->second.scale, as_stored));
-    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, add(index, options));
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, add(pair->second.scale));
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, add(index));
     TensorPlan& weight = plan.tensors[w];
     if (weight.device != plan.tensors[s].device) {
       return Status::Unsupported(fmt::format(
@@ -231,14 +336,11 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
           infos[index].name, weight.device, infos[pair->second.scale].name,
           plan.tensors[s].device));
     }
-    if (weight.conversion == Conversion::kNone) {  // a float8 target: nothing to dequantize
-      continue;
-    }
-    weight.conversion = Conversion::kDequantFp8Block;
     weight.scale = s;
     weight.block_rows = pair->second.block_rows;
     weight.block_cols = pair->second.block_cols;
   }
+  CountUsage(plan, device_of, &plan.devices.usage);
   // Large tensors: pieces of max_chunk, in place unless converted. Small ones (or small converted
   // ones): gathered, then coalesced with their file neighbours into staged reads. Reads are then
   // ordered by the priority of their first tensor.
@@ -303,7 +405,7 @@ std::string LoadPlan::ToString() const {
                                 tensors.size(), read_bytes, placed_bytes, casts);
   if (dequants > 0) out += fmt::format(", {} float8 block dequants", dequants);
   out += "\n";
-  out += fmt::format("  device map: {}\n", device_map.ToJson());
+  out += fmt::format("  device map: {}\n", devices.device_map.ToJson());
   for (const std::string& w : warnings) out += fmt::format("  warning: {}\n", w);
   for (const auto& [target, count_bytes] : per_target) {
     out += fmt::format("  {}: {} tensors, {} bytes\n", target, count_bytes.first, count_bytes.second);

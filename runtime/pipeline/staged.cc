@@ -74,9 +74,7 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
         }
       };
     }
-    const auto begin = trace.Now();
-    job.done = [self = shared_from_this(), id, slot, t, bytes = hi - lo, begin](Status s) {
-      self->trace.Span(fmt::format("{} {} B", self->plan.tensors[t].device, bytes), "device", begin);
+    job.done = [self = shared_from_this(), id, slot, t, bytes = hi - lo](Status s) {
       asio::post(self->loop, [self, id, slot, t, bytes, s = std::move(s)]() mutable {
         self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
       });
@@ -176,8 +174,17 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
       break;
     }
   }
-  trace.Span(fmt::format("{} {} B", chunk.staged ? "convert" : "copy", chunk.length), "convert",
-             begin);
+  if (trace.enabled()) {  // named by what the workers did: a conversion, or a copy
+    Conversion did = Conversion::kNone;
+    for (uint32_t t : chunk.tensors) {
+      if (tensor_device_[t] < 0 && plan.tensors[t].conversion != Conversion::kNone) {
+        did = plan.tensors[t].conversion;
+      }
+    }
+    trace.Span(fmt::format("{} {}", did == Conversion::kNone ? "copy" : ConversionName(did),
+                           TraceLabel(id)),
+               did == Conversion::kNone ? "copy" : "convert", begin, TraceArgs(id, Route(id)));
+  }
   asio::post(loop, [self = shared_from_this(), id, slot, status = std::move(status)]() mutable {
     self->OnStagedDone(id, slot, std::move(status));
   });
@@ -207,7 +214,10 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
         "or it shrank while loading; check the disk and the file, then load again",
         status.message()));
   }
-  trace.Span(fmt::format("cached copy {} B", chunk.length), "convert", begin);
+  if (trace.enabled()) {
+    trace.Span(fmt::format("copy {} (page cache)", TraceLabel(id)), "copy", begin,
+               TraceArgs(id, "page-cache copy"));
+  }
   asio::post(loop, [self = shared_from_this(), id, status = std::move(status)]() mutable {
     self->OnCachedDone(id, std::move(status));
   });

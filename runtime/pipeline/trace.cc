@@ -15,15 +15,50 @@ uint64_t TraceRecorder::ThreadId() {  // REQUIRES: mu_ held
     if (id == self) return n;
   }
   threads_.emplace_back(self, next_tid_);
+  tracks_.push_back({fmt::format("worker {}", ++workers_seen_), next_tid_});
   return next_tid_++;
 }
 
 uint64_t TraceRecorder::TrackId(const std::string& track) {  // REQUIRES: mu_ held
-  for (const auto& [name, n] : tracks_) {
-    if (name == track) return n;
+  for (const Track& t : tracks_) {
+    if (t.name == track) return t.tid;
   }
-  tracks_.emplace_back(track, next_tid_);
+  tracks_.push_back({track, next_tid_});
   return next_tid_++;
+}
+
+void TraceRecorder::NameThread(std::string name) {
+  if (!enabled_) return;
+  std::lock_guard lock(mu_);
+  const uint64_t tid = ThreadId();
+  for (Track& t : tracks_) {
+    if (t.tid == tid) {
+      if (t.name.starts_with("worker ")) --workers_seen_;
+      t.name = std::move(name);
+    }
+  }
+}
+
+void TraceRecorder::SpanInLane(std::string name, const char* category, const std::string& group,
+                               Clock::time_point begin, Clock::time_point end, std::string args) {
+  if (!enabled_) return;
+  const double begin_us = Micros(begin), end_us = Micros(end);
+  std::lock_guard lock(mu_);
+  Lane* lane = nullptr;
+  size_t in_group = 0;
+  for (Lane& l : lanes_) {
+    if (l.group != group) continue;
+    ++in_group;
+    if (!lane && l.end_us <= begin_us) lane = &l;
+  }
+  if (!lane) {
+    const uint64_t tid = TrackId(fmt::format("{} {}", group, in_group));
+    lanes_.push_back({group, 0, tid});
+    lane = &lanes_.back();
+  }
+  lane->end_us = end_us;
+  events_.push_back({std::move(name), category, 'X', begin_us, end_us - begin_us, lane->tid,
+                     std::move(args)});
 }
 
 void TraceRecorder::Span(std::string name, const char* category, Clock::time_point begin,
@@ -62,9 +97,11 @@ Status TraceRecorder::WriteJson(const std::string& path) const {
   if (!out) return io::ErrnoStatus(errno, "cannot create", path);
   std::lock_guard lock(mu_);
   out << "{\"traceEvents\":[\n";
-  for (const auto& [track, tid] : tracks_) {  // names for the tracks that are not threads
-    out << fmt::format(R"({{"name":"thread_name","ph":"M","pid":1,"tid":{},)", tid)
-        << fmt::format(R"("args":{{"name":{}}}}},)", nlohmann::json(track).dump()) << "\n";
+  out << R"({"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":"loadstone"}},)"
+      << "\n";
+  for (const Track& track : tracks_) {  // every track is named: threads, streams, lanes
+    out << fmt::format(R"({{"name":"thread_name","ph":"M","pid":1,"tid":{},)", track.tid)
+        << fmt::format(R"("args":{{"name":{}}}}},)", nlohmann::json(track.name).dump()) << "\n";
   }
   for (size_t i = 0; i < events_.size(); ++i) {
     const Event& e = events_[i];

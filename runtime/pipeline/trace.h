@@ -27,8 +27,15 @@ class TraceRecorder {
   // which the file labels with that name. Thread-safe.
   void SpanOnTrack(std::string name, const char* category, const std::string& track,
                    Clock::time_point begin, Clock::time_point end, std::string args = "");
+  // A complete event from `begin` to `end` on a track of the group `group` ("read 0",
+  // "read 1", ...): the first whose last event ended by `begin`, so that work that overlaps
+  // (reads in flight) lies on as many tracks as it needs and every track nests. Thread-safe.
+  void SpanInLane(std::string name, const char* category, const std::string& group,
+                  Clock::time_point begin, Clock::time_point end, std::string args = "");
   // An instant event ("ph":"i") now on the calling thread.
   void Instant(std::string name, const char* category);
+  // Names the calling thread's track (else: "worker N" in the order threads are first seen).
+  void NameThread(std::string name);
 
   Status WriteJson(const std::string& path) const;
 
@@ -42,16 +49,30 @@ class TraceRecorder {
     uint64_t tid;
     std::string args;  // a JSON object's text, or empty
   };
+  struct Track {
+    std::string name;
+    uint64_t tid;
+  };
+  struct Lane {
+    std::string group;
+    double end_us;  // of its last event
+    uint64_t tid;
+  };
   uint64_t ThreadId();                        // REQUIRES: mu_ held
   uint64_t TrackId(const std::string& track);  // REQUIRES: mu_ held
+  double Micros(Clock::time_point t) const {
+    return std::chrono::duration<double, std::micro>(t - start_).count();
+  }
 
   const bool enabled_;
   const Clock::time_point start_;
   mutable std::mutex mu_;
   std::vector<Event> events_;  // guarded by mu_
   std::vector<std::pair<std::thread::id, uint64_t>> threads_;  // guarded by mu_
-  std::vector<std::pair<std::string, uint64_t>> tracks_;       // guarded by mu_
-  uint64_t next_tid_ = 1;                                      // guarded by mu_
+  std::vector<Track> tracks_;  // every tid with its name; guarded by mu_
+  std::vector<Lane> lanes_;    // guarded by mu_
+  uint64_t next_tid_ = 1;      // guarded by mu_
+  int workers_seen_ = 0;       // guarded by mu_
 };
 
 }  // namespace loadstone::pipeline

@@ -16,13 +16,15 @@
 #include "tools/loadstone/bench_methods.h"
 #include "tools/loadstone/commands.h"
 #include "tools/loadstone/format.h"
-#include "tools/loadstone/load_flags.h"
+#include "tools/loadstone/parse.h"
+#include "tools/loadstone/plan_flags.h"
 
 namespace loadstone::cli {
 namespace {
 
 struct BenchArgs {
-  LoadFlags flags;
+  PlanFlags flags;
+  ReadFlags read;
   bool cold = false;
   bool json = false;
   int repeat = 3;
@@ -47,7 +49,8 @@ double Median(std::vector<double> v) {
 }
 
 std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
-                                 const PlanOptions& plan, const LoaderOptions& loader) {
+                                 const PlanOptions& plan, const LoaderOptions& loader,
+                                 DType convert_to) {
   std::vector<BenchMethod> methods;
   methods.push_back({"loadstone", BenchMethod::Kind::kLoadstone, plan, loader});
   methods.push_back({"first-touch", BenchMethod::Kind::kFirstTouch, plan, {}});
@@ -58,7 +61,7 @@ std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
   for (const TensorInfo& t : ckpt.tensors()) has_bf16 |= t.dtype == DType::kBF16;
   if (has_bf16 && !plan.dtype) {
     PlanOptions cast = plan;
-    cast.dtype = ParseDType(args.convert_to);
+    cast.dtype = convert_to;
     methods.push_back(
         {"loadstone-bf16-to-" + args.convert_to, BenchMethod::Kind::kLoadstone, cast, loader});
     methods.push_back({"first-touch-" + args.convert_to, BenchMethod::Kind::kFirstTouch, cast, {}});
@@ -70,13 +73,17 @@ std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
 }
 
 int RunBench(const BenchArgs& args) {
-  auto ckpt = Checkpoint::Open(args.flags.path, args.flags.open);
-  if (!ckpt.ok()) return ReportError(ckpt.status());
-  auto plan = args.flags.ToPlanOptions();
-  if (!plan.ok()) return ReportError(plan.status());
-  auto loader = args.flags.ToLoaderOptions();
+  auto in = args.flags.Resolve("cpu");
+  if (!in.ok()) return ReportError(in.status());
+  PrintWarnings(in->warnings);
+  const std::optional<Checkpoint>& ckpt = in->checkpoint;
+  const PlanOptions& plan = in->options;
+  auto loader = args.read.ToLoaderOptions();
   if (!loader.ok()) return ReportError(loader.status());
-  auto methods = Methods(*ckpt, args, *plan, *loader);
+  if (auto checked = Plan(*ckpt, plan); !checked.ok()) return ReportError(checked.status());
+  auto convert_to = ParseCastTarget(args.convert_to, "--convert-to");
+  if (!convert_to.ok()) return ReportError(convert_to.status());
+  auto methods = Methods(*ckpt, args, plan, *loader, *convert_to);
   if (!args.peers.empty()) {
     auto peers = ListExternalPeers(SplitWords(args.peers));
     if (!peers.ok()) return ReportError(peers.status());
@@ -213,7 +220,8 @@ int RunBench(const BenchArgs& args) {
 void AddBenchCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Time loadstone against baselines, same run");
-  args->flags.Register(cmd);
+  args->flags.Register(cmd, /*path_required=*/true);
+  args->read.Register(cmd);
   cmd->add_flag("--cold", args->cold, "Drop the files from the page cache before every run");
   cmd->add_option("--repeat", args->repeat, "Runs per method (the median is reported)")
       ->check(CLI::Range(1, 100));

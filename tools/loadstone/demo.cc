@@ -64,10 +64,16 @@ int RunDemo(const DemoArgs& args) {
                      std::chrono::steady_clock::now() - load_start).count();
     }
   };
+  InterruptToCancel interrupt;
   LoadHandle load = loader.Load(*ckpt, *plan, options);
-  const Status status = WaitWithProgress(load, ::isatty(STDERR_FILENO));
-  if (!status.ok()) return ReportError(status);
+  const WaitResult wait = WaitWithProgress(load, ::isatty(STDERR_FILENO), &interrupt);
   const Progress p = load.progress();
+  if (wait.interrupted && wait.status.code() == StatusCode::kCancelled) {
+    std::cerr << fmt::format("demo: cancelled (Ctrl-C) after {:.3f} s, {} of {} tensors in place\n",
+                             p.seconds, p.tensors_done, p.tensors_total);
+    return 130;
+  }
+  if (!wait.status.ok()) return ReportError(wait.status);
   std::cout << fmt::format(
       "demo: streamed {} tensors ({}) into host memory in {:.3f} s = {:.2f} GB/s\n"
       "demo: first tensor ready after {:.1f} ms ({})\n"

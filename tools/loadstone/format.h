@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "loadstone/device_map.h"
 #include "loadstone/status.h"
 
 namespace loadstone::cli {
@@ -19,10 +18,6 @@ std::string HumanBytes(uint64_t bytes);
 
 // "[4096, 4096]".
 std::string ShapeString(const std::vector<uint64_t>& shape);
-
-// --max-memory "0=10GiB,1=10GiB,cpu=30GiB": digits alone are bytes, anything else a size string
-// (checked later by the planner). Errors: InvalidArgument for an item that is not DEVICE=SIZE.
-Result<MaxMemory> ParseMaxMemoryFlag(const std::string& text);
 
 }  // namespace loadstone::cli
 

@@ -34,6 +34,16 @@ void PrintJson(const Checkpoint& ckpt) {
   }
   doc["metadata"] = ckpt.metadata();
   doc["total_bytes"] = ckpt.total_bytes();
+  doc["resolution"] = ckpt.resolution();
+  const ModelConfig& config = ckpt.config();
+  if (config.path.empty()) {
+    doc["config"] = nullptr;
+  } else {
+    doc["config"] = {{"path", config.path}, {"quant_method", config.quant_method}};
+    doc["config"]["weight_block_size"] =
+        config.weight_block_size ? nlohmann::ordered_json(*config.weight_block_size) : nullptr;
+  }
+  doc["warnings"] = ckpt.warnings();
   std::cout << doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
 }
 
@@ -77,6 +87,7 @@ void PrintTable(const Checkpoint& ckpt) {
 int RunInspect(const InspectArgs& args) {
   auto ckpt = Checkpoint::Open(args.path, args.open);
   if (!ckpt.ok()) return ReportError(ckpt.status());
+  for (const std::string& w : ckpt->warnings()) std::cerr << "warning: " << w << "\n";
   if (args.json) {
     PrintJson(*ckpt);
   } else {

@@ -1,9 +1,12 @@
-// loadstone load PATH [plan flags] [--backend B] [--json] [--trace FILE] [--mmap]
+// loadstone load PATH [plan flags] [read flags] [--json] [--trace FILE] [--mmap]
+#include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <iostream>
 #include <map>
 
@@ -12,14 +15,15 @@
 
 #include "tools/loadstone/commands.h"
 #include "tools/loadstone/format.h"
-#include "tools/loadstone/load_flags.h"
+#include "tools/loadstone/plan_flags.h"
 #include "tools/loadstone/progress_bar.h"
 
 namespace loadstone::cli {
 namespace {
 
 struct LoadArgs {
-  LoadFlags flags;
+  PlanFlags flags;
+  ReadFlags read;
   bool json = false;
   bool mmap = false;
   std::string trace;
@@ -44,15 +48,84 @@ Result<uint32_t> Crc32(const loadstone::Tensor& t) {
   return static_cast<uint32_t>(crc);
 }
 
+// The trace file must be writable before the load starts, not found unwritable at its end.
+Status CheckWritable(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return Status::IOError(fmt::format("--trace {}: cannot write there ({}); give a path you "
+                                       "can write to",
+                                       path, std::strerror(errno)));
+  }
+  ::close(fd);
+  return Status::OK();
+}
+
+// "1.30 GiB read at 1.82 GB/s" or, for a mapped load, what was mapped and what was read.
+std::string HowBytesCame(const Progress& p, const ReadStats& rs) {
+  const double gbps = p.seconds > 0 ? p.bytes_read / p.seconds / 1e9 : 0;
+  std::string out;
+  if (rs.mapped_bytes > 0) {
+    out = fmt::format("{} mapped (read from the file on first touch, not now), ",
+                      HumanBytes(rs.mapped_bytes));
+  }
+  return out + fmt::format("{} read at {:.2f} GB/s", HumanBytes(p.bytes_read), gbps);
+}
+
+int PrintJson(const LoadHandle& load, const LoadPlan& plan, double first_ms) {
+  const Progress progress = load.progress();
+  const ReadStats rs = load.read_stats();
+  const double seconds = progress.seconds;
+  nlohmann::ordered_json doc;
+  doc["bytes"] = plan.read_bytes;
+  doc["read_bytes"] = progress.bytes_read;
+  doc["mapped_bytes"] = rs.mapped_bytes;
+  doc["placed_bytes"] = plan.placed_bytes;
+  doc["seconds"] = seconds;
+  doc["gbps"] = seconds > 0 ? progress.bytes_read / seconds / 1e9 : 0;
+  doc["backend"] = load.backend();
+  doc["first_tensor_ms"] = first_ms;
+  doc["read"] = {{"direct_bytes", rs.direct_bytes},
+                 {"buffered_bytes", rs.buffered_bytes},
+                 {"bounced_bytes", rs.bounced_bytes},
+                 {"resubmits", rs.resubmits},
+                 {"cache_copied_bytes", rs.cache_copied_bytes},
+                 {"mapped_bytes", rs.mapped_bytes}};
+  std::map<std::string, uint64_t> per_device;
+  auto& tensors = doc["tensors"] = nlohmann::ordered_json::array();
+  for (const loadstone::Tensor& t : load.Tensors()) {
+    auto crc = Crc32(t);
+    if (!crc.ok()) return ReportError(crc.status());
+    per_device[t.device()] += t.nbytes();
+    tensors.push_back({{"name", t.name()},
+                       {"dtype", SafetensorsName(t.dtype())},
+                       {"shape", t.shape()},
+                       {"device", t.device()},
+                       {"crc32", *crc}});
+  }
+  auto& devices = doc["devices"] = nlohmann::ordered_json::object();
+  for (const auto& [device, bytes] : per_device) {
+    devices[device] = {{"bytes", bytes}, {"gbps", seconds > 0 ? bytes / seconds / 1e9 : 0}};
+  }
+  doc["warnings"] = plan.warnings;
+  std::cout << doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+  return 0;
+}
+
 int RunLoad(const LoadArgs& args) {
-  auto ckpt = Checkpoint::Open(args.flags.path, args.flags.open);
-  if (!ckpt.ok()) return ReportError(ckpt.status());
-  auto plan_options = args.flags.ToPlanOptions();
-  if (!plan_options.ok()) return ReportError(plan_options.status());
-  auto plan = Plan(*ckpt, *plan_options);
+  auto in = args.flags.Resolve("cpu");
+  if (!in.ok()) return ReportError(in.status());
+  auto plan = Plan(*in->checkpoint, in->options);
   if (!plan.ok()) return ReportError(plan.status());
-  auto loader_options = args.flags.ToLoaderOptions();
+  PrintWarnings(in->warnings);
+  PrintWarnings(plan->warnings);
+  if (in->options.explain) {
+    for (const std::string& line : plan->devices.explanation) std::cerr << "plan: " << line << "\n";
+  }
+  auto loader_options = args.read.ToLoaderOptions();
   if (!loader_options.ok()) return ReportError(loader_options.status());
+  if (!args.trace.empty()) {
+    if (Status s = CheckWritable(args.trace); !s.ok()) return ReportError(s);
+  }
 
   Loader loader(*loader_options);
   const auto start = std::chrono::steady_clock::now();
@@ -66,53 +139,32 @@ int RunLoad(const LoadArgs& args) {
         unset, std::chrono::duration_cast<std::chrono::nanoseconds>(
                    std::chrono::steady_clock::now() - start).count());
   };
-  LoadHandle load = loader.Load(*ckpt, *plan, options);
-  const Status status = WaitWithProgress(load, /*show=*/!args.json && ::isatty(STDERR_FILENO));
+  InterruptToCancel interrupt;
+  LoadHandle load = loader.Load(*in->checkpoint, *plan, options);
+  const WaitResult wait =
+      WaitWithProgress(load, /*show=*/!args.json && ::isatty(STDERR_FILENO), &interrupt);
   const Progress progress = load.progress();
   if (!args.trace.empty()) {
     if (Status s = load.WriteTrace(args.trace); !s.ok()) return ReportError(s);
   }
-  if (!status.ok()) return ReportError(status);
+  if (wait.interrupted && wait.status.code() == StatusCode::kCancelled) {
+    std::cerr << fmt::format(
+        "cancelled (Ctrl-C) after {:.3f} s: {} of {} tensors in place, {} of {} placed; "
+        "nothing is kept{}\n",
+        progress.seconds, progress.tensors_done, progress.tensors_total,
+        HumanBytes(progress.bytes_placed), HumanBytes(progress.bytes_to_place),
+        args.trace.empty() ? "" : fmt::format("; trace written to {}", args.trace));
+    return 130;
+  }
+  if (!wait.status.ok()) return ReportError(wait.status);
 
-  const double seconds = progress.seconds;
-  const double gbps = seconds > 0 ? plan->read_bytes / seconds / 1e9 : 0;
   const double first_ms = first_tensor_ns.load() / 1e6;
-  if (!args.json) {
-    std::cout << fmt::format(
-        "loaded {} tensors, {} read ({} placed) in {:.3f} s: {:.2f} GB/s, first tensor after "
-        "{:.1f} ms\nbackend: {}\n",
-        progress.tensors_total, HumanBytes(plan->read_bytes), HumanBytes(plan->placed_bytes),
-        seconds, gbps, first_ms, load.backend());
-    return 0;
-  }
-  nlohmann::ordered_json doc;
-  doc["bytes"] = plan->read_bytes;
-  doc["seconds"] = seconds;
-  doc["gbps"] = gbps;
-  doc["backend"] = load.backend();
-  doc["first_tensor_ms"] = first_ms;
-  const ReadStats rs = load.read_stats();
-  doc["read"] = {{"direct_bytes", rs.direct_bytes},
-                 {"buffered_bytes", rs.buffered_bytes},
-                 {"bounced_bytes", rs.bounced_bytes},
-                 {"resubmits", rs.resubmits},
-                 {"cache_copied_bytes", rs.cache_copied_bytes}};
-  std::map<std::string, uint64_t> per_device;
-  auto& tensors = doc["tensors"] = nlohmann::ordered_json::array();
-  for (const loadstone::Tensor& t : load.Tensors()) {
-    auto crc = Crc32(t);
-    if (!crc.ok()) return ReportError(crc.status());
-    per_device[t.device()] += t.nbytes();
-    tensors.push_back({{"name", t.name()},
-                       {"dtype", SafetensorsName(t.dtype())},
-                       {"shape", t.shape()},
-                       {"crc32", *crc}});
-  }
-  auto& devices = doc["devices"] = nlohmann::ordered_json::object();
-  for (const auto& [device, bytes] : per_device) {
-    devices[device] = {{"bytes", bytes}, {"gbps", seconds > 0 ? bytes / seconds / 1e9 : 0}};
-  }
-  std::cout << doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+  if (args.json) return PrintJson(load, *plan, first_ms);
+  std::cout << fmt::format(
+      "loaded {} tensors in {:.3f} s: {}; {} placed; first tensor after {:.1f} ms\n"
+      "backend: {}\n",
+      progress.tensors_total, progress.seconds, HowBytesCame(progress, load.read_stats()),
+      HumanBytes(plan->placed_bytes), first_ms, load.backend());
   return 0;
 }
 
@@ -121,10 +173,12 @@ int RunLoad(const LoadArgs& args) {
 void AddLoadCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<LoadArgs>();
   CLI::App* cmd = app.add_subcommand("load", "Stream a checkpoint into memory");
-  args->flags.Register(cmd);
+  args->flags.Register(cmd, /*path_required=*/true);
+  args->read.Register(cmd);
   cmd->add_flag("--json", args->json, "Print one JSON document (with CRC-32 per tensor)");
   cmd->add_flag("--mmap", args->mmap, "Map tensors that need no conversion instead of reading");
-  cmd->add_option("--trace", args->trace, "Write a Chrome trace-event JSON of the load");
+  cmd->add_option("--trace", args->trace,
+                  "Write a Chrome trace-event JSON of the load (open it in Perfetto)");
   cmd->callback([args, exit_code] { *exit_code = RunLoad(*args); });
 }
 

@@ -1,5 +1,5 @@
-// loadstone plan PATH | --model-json FILE [--device-map MODE|DEVICE] [--max-memory 0=10GiB,cpu=30GiB]
-//   [--dtype D] [--no-split X]... [--keep-fp32 X]... [--strategy greedy|min-max] [--explain] [--json]
+// loadstone plan PATH | --model-json FILE [plan flags (plan_flags.h)] [--json]: the device map a
+// load would use, with bytes per device against the budgets.
 #include <iostream>
 #include <map>
 #include <optional>
@@ -10,87 +10,20 @@
 
 #include "loadstone/checkpoint.h"
 #include "loadstone/device_map.h"
+#include "loadstone/plan.h"
 #include "tools/loadstone/commands.h"
 #include "tools/loadstone/format.h"
+#include "tools/loadstone/plan_flags.h"
 
 namespace loadstone::cli {
 namespace {
 
 struct PlanArgs {
-  std::string path;
-  std::string model_json;
-  OpenOptions open;
-  std::string device_map;
-  std::string max_memory;
-  std::string dtype;
-  std::vector<std::string> no_split;
-  std::vector<std::string> keep_fp32;
-  std::vector<std::string> special_dtypes;
-  std::vector<std::string> fixes;
-  std::string strategy = "greedy";
-  bool offload_buffers = false;
-  bool fallback_allocation = false;
-  bool no_clean = false;
-  bool explain = false;
+  PlanFlags flags;
   bool json = false;
 };
 
 std::string Quote(std::string_view s) { return nlohmann::json(std::string(s)).dump(); }
-
-Result<DType> ParseDTypeArg(const std::string& text, std::string_view flag) {
-  std::optional<DType> dtype = ParseDType(text);
-  if (!dtype) return Status::InvalidArgument(fmt::format("{}: unknown dtype '{}'", flag, text));
-  return *dtype;
-}
-
-// Command-line values override the description's (or the defaults).
-Status ApplyArgs(const PlanArgs& args, DeviceMapOptions* o) {
-  if (!args.device_map.empty()) o->device_map = args.device_map;
-  if (!args.max_memory.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(o->max_memory, ParseMaxMemoryFlag(args.max_memory));
-  }
-  if (args.dtype == "none") {
-    o->dtype.reset();
-  } else if (!args.dtype.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(o->dtype, ParseDTypeArg(args.dtype, "--dtype"));
-  }
-  if (!args.no_split.empty()) {
-    std::vector<std::string> entries;
-    for (const std::string& x : args.no_split) {
-      if (x != "none") entries.push_back(x);
-    }
-    o->no_split = entries;
-  }
-  for (const std::string& k : args.keep_fp32) o->keep_in_fp32.push_back(k);
-  for (const std::string& item : args.special_dtypes) {
-    size_t eq = item.rfind('=');
-    if (eq == std::string::npos || eq == 0) {
-      return Status::InvalidArgument(fmt::format("--special-dtype: '{}' is not NAME=DTYPE", item));
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(o->special_dtypes[item.substr(0, eq)],
-                               ParseDTypeArg(item.substr(eq + 1), "--special-dtype"));
-  }
-  if (args.strategy == "min-max") {
-    o->strategy = PlanStrategy::kMinMax;
-  } else if (args.strategy != "greedy") {
-    return Status::InvalidArgument(
-        fmt::format("--strategy: '{}' is neither greedy nor min-max", args.strategy));
-  }
-  for (const std::string& fix : args.fixes) {
-    if (fix == "tie-prefix" || fix == "all") o->fixes.prefix_tie_test = true;
-    if (fix == "split-buffers" || fix == "all") o->fixes.requeue_split_buffers = true;
-    if (fix == "disk-buffers" || fix == "all") o->fixes.load_disk_buffers = true;
-    if (fix != "tie-prefix" && fix != "split-buffers" && fix != "disk-buffers" && fix != "all") {
-      return Status::InvalidArgument(fmt::format(
-          "--fix: '{}' is not tie-prefix, split-buffers, disk-buffers or all", fix));
-    }
-  }
-  o->offload_buffers = o->offload_buffers || args.offload_buffers;
-  o->fallback_allocation = o->fallback_allocation || args.fallback_allocation;
-  o->clean_result = !args.no_clean;
-  o->explain = args.explain;
-  return Status::OK();
-}
 
 std::string StringList(const std::vector<std::string>& items) {
   std::string out = "[";
@@ -98,7 +31,9 @@ std::string StringList(const std::vector<std::string>& items) {
   return out + "]";
 }
 
-void PrintJson(const DevicePlan& plan, bool explain) {
+// `placed`: sized as the load places each tensor (a checkpoint's plan); else as accelerate sizes.
+void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings, bool explain,
+               bool placed) {
   std::string bytes = "{";
   std::string budgets = "{";
   for (size_t i = 0; i < plan.usage.size(); ++i) {
@@ -111,14 +46,19 @@ void PrintJson(const DevicePlan& plan, bool explain) {
   std::cout << "{\"device_map\": " << plan.device_map.ToJson() << ", \"bytes_per_device\": " << bytes
             << "}, \"budgets\": " << budgets << "}, \"no_split\": " << StringList(plan.no_split)
             << ", \"default_no_split\": " << (plan.default_no_split ? "true" : "false")
-            << ", \"warnings\": " << StringList(plan.warnings);
+            << ", \"warnings\": " << StringList(warnings)
+            << ", \"sizes\": " << (placed ? "\"placed\"" : "\"accelerate\"");
   if (explain) std::cout << ", \"explanation\": " << StringList(plan.explanation);
   std::cout << "}\n";
 }
 
-void PrintHuman(const DevicePlan& plan, const std::string& source, const DeviceMapOptions& o) {
-  std::cout << fmt::format("plan for {}: device_map={}, strategy={}\n", source, o.device_map,
+void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOptions& o,
+                bool placed) {
+  std::cout << fmt::format("plan for {}: device_map={}, strategy={}\n", source,
+                           o.explicit_map ? "explicit" : o.device_map,
                            o.strategy == PlanStrategy::kMinMax ? "min-max" : "greedy");
+  std::cout << (placed ? "sizes: bytes as the load places them (after --dtype conversions)\n"
+                       : "sizes: accelerate's (min of --dtype and the stored dtype)\n");
   if (plan.default_no_split) {
     std::cout << fmt::format(
         "no-split: {} (default: repeated numbered blocks stay whole; --no-split none turns it off)\n",
@@ -152,35 +92,27 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const DeviceM
 }
 
 int RunPlan(const PlanArgs& args) {
-  if (args.path.empty() == args.model_json.empty()) {
-    return ReportError(Status::InvalidArgument("give a checkpoint PATH or --model-json FILE (one of them)"));
-  }
-  std::optional<ModuleTree> tree;
-  DeviceMapOptions options;
-  std::string source;
-  if (!args.model_json.empty()) {
-    auto description = ReadModelDescription(args.model_json);
-    if (!description.ok()) return ReportError(description.status());
-    tree = description->tree;
-    options = description->options;
-    source = args.model_json;
+  auto in = args.flags.Resolve("auto");
+  if (!in.ok()) return ReportError(in.status());
+  DevicePlan plan;
+  std::vector<std::string> warnings = in->warnings;
+  const bool placed = in->checkpoint.has_value();
+  if (placed) {
+    auto load_plan = Plan(*in->checkpoint, in->options);
+    if (!load_plan.ok()) return ReportError(load_plan.status());
+    plan = load_plan->devices;
+    warnings.insert(warnings.end(), load_plan->warnings.begin(), load_plan->warnings.end());
   } else {
-    auto ckpt = Checkpoint::Open(args.path, args.open);
-    if (!ckpt.ok()) return ReportError(ckpt.status());
-    auto built = ModuleTree::FromCheckpoint(*ckpt);
-    if (!built.ok()) return ReportError(built.status());
-    tree = *built;
-    source = fmt::format("{} ({} tensors)", args.path, ckpt->tensors().size());
+    auto inferred = InferDeviceMap(*in->options.model, in->options);
+    if (!inferred.ok()) return ReportError(inferred.status());
+    plan = *std::move(inferred);
+    warnings.insert(warnings.end(), plan.warnings.begin(), plan.warnings.end());
   }
-  Status applied = ApplyArgs(args, &options);
-  if (!applied.ok()) return ReportError(applied);
-  auto plan = InferDeviceMap(*tree, options);
-  if (!plan.ok()) return ReportError(plan.status());
-  for (const std::string& w : plan->warnings) std::cerr << "warning: " << w << "\n";
+  PrintWarnings(warnings);
   if (args.json) {
-    PrintJson(*plan, args.explain);
+    PrintJson(plan, warnings, in->options.explain, placed);
   } else {
-    PrintHuman(*plan, source, options);
+    PrintHuman(plan, in->source, in->options, placed);
   }
   return 0;
 }
@@ -191,35 +123,8 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Plan where each part of a model goes (accelerate's device_map, exactly)");
-  cmd->add_option("path", args->path, "A .safetensors file, an index file or a model folder");
-  cmd->add_option("--model-json", args->model_json, "A model description JSON instead of a checkpoint");
-  cmd->add_option("--device-map", args->device_map,
-                  "auto | balanced | balanced_low_0 | sequential, or one device (cpu, cuda:1, 1)");
-  cmd->add_option("--max-memory", args->max_memory, "Budgets, e.g. 0=10GiB,1=10GiB,cpu=30GiB");
-  cmd->add_option("--dtype", args->dtype, "Target dtype for float tensors (bf16, fp16, ...; none)");
-  cmd->add_option("--no-split", args->no_split,
-                  "Keep whole: a class name or a name glob (model.layers.*); 'none' for nothing")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--keep-fp32", args->keep_fp32, "Keep tensors with this dotted component in float32")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--special-dtype", args->special_dtypes, "NAME=DTYPE for one tensor")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--strategy", args->strategy, "greedy (accelerate) or min-max");
-  cmd->add_option("--fix", args->fixes,
-                  "Fix a reference defect: tie-prefix, split-buffers, disk-buffers or all")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_flag("--offload-buffers", args->offload_buffers, "Buffers stay with offloaded modules");
-  cmd->add_flag("--fallback-allocation", args->fallback_allocation,
-                "Put a smaller module on a device that would get nothing");
-  cmd->add_flag("--no-clean", args->no_clean, "Do not merge keys that share a device");
-  cmd->add_flag("--explain", args->explain, "Print the planner's step-by-step reasons");
+  args->flags.Register(cmd, /*path_required=*/false);
   cmd->add_flag("--json", args->json, "Print one JSON document on stdout");
-  cmd->add_option("--variant", args->open.variant, "Weight variant, e.g. fp16");
-  cmd->add_option("--subfolder", args->open.subfolder, "Folder inside the model, e.g. unet");
   cmd->callback([args, exit_code] { *exit_code = RunPlan(*args); });
 }
 

@@ -1,6 +1,15 @@
 #include "tools/loadstone/progress_bar.h"
 
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -10,29 +19,81 @@
 namespace loadstone::cli {
 namespace {
 
-void Draw(const Progress& p) {
-  constexpr int kWidth = 30;
-  const double fraction = p.bytes_total ? double(p.bytes_placed) / double(p.bytes_total) : 1.0;
-  const int filled = static_cast<int>(fraction * kWidth);
-  std::cerr << fmt::format("\r[{}{}] {:>5.1f}% {} / {}  {:.2f} GB/s  ETA {:.1f} s  ",
-                           std::string(filled, '#'), std::string(kWidth - filled, '.'),
-                           100 * fraction, HumanBytes(p.bytes_placed), HumanBytes(p.bytes_total),
-                           p.read_gbps, p.eta_seconds)
-            << std::flush;
-}
+std::atomic<bool> g_interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "set from a signal handler");
+
+void OnInterrupt(int) { g_interrupted.store(true); }
 
 }  // namespace
 
-Status WaitWithProgress(const LoadHandle& load, bool show) {
+std::string RenderProgress(const Progress& p, int columns) {
+  const size_t width = static_cast<size_t>(std::max(columns, 2) - 1);
+  const double fraction =
+      p.bytes_to_place ? std::clamp(double(p.bytes_placed) / double(p.bytes_to_place), 0.0, 1.0)
+                       : 1.0;
+  // Parts in the order they are dropped when the line does not fit.
+  const std::string percent = fmt::format("{:5.1f}%", 100 * fraction);
+  const std::string bytes =
+      fmt::format(" {} / {}", HumanBytes(p.bytes_placed), HumanBytes(p.bytes_to_place));
+  const std::string rate = fmt::format("  {:.2f} GB/s", p.read_gbps);
+  const std::string eta = p.eta_seconds > 0 ? fmt::format("  ETA {:.1f} s", p.eta_seconds) : "";
+  constexpr size_t kMinBar = 10;
+  std::string text;
+  for (int parts = 4; parts >= 0; --parts) {
+    text = percent + (parts >= 2 ? bytes : "") + (parts >= 3 ? rate : "") + (parts >= 4 ? eta : "");
+    if (parts == 0 || text.size() + 3 + kMinBar <= width) break;
+  }
+  if (text.size() + 3 + kMinBar > width) return text.substr(0, width);  // no room for a bar
+  const size_t bar = std::min<size_t>(width - text.size() - 3, 40);
+  const auto filled = static_cast<size_t>(fraction * static_cast<double>(bar));
+  return "[" + std::string(filled, '#') + std::string(bar - filled, '.') + "] " + text;
+}
+
+int TerminalColumns() {
+  struct winsize ws{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* env = std::getenv("COLUMNS")) {
+    int n = 0;
+    auto [ptr, ec] = std::from_chars(env, env + std::strlen(env), n);
+    if (ec == std::errc() && n > 0) return n;
+  }
+  return 80;
+}
+
+InterruptToCancel::InterruptToCancel() {
+  g_interrupted.store(false);
+  struct sigaction action{};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESETHAND;  // a second Ctrl-C is the default: the process ends
+  ::sigaction(SIGINT, &action, nullptr);
+}
+
+InterruptToCancel::~InterruptToCancel() { ::signal(SIGINT, SIG_DFL); }
+
+bool InterruptToCancel::interrupted() const { return g_interrupted.load(); }
+
+WaitResult WaitWithProgress(LoadHandle& load, bool show, const InterruptToCancel* interrupt) {
+  WaitResult result;
+  auto draw = [&] {
+    std::cerr << "\r" << RenderProgress(load.progress(), TerminalColumns()) << "\x1b[K"
+              << std::flush;
+  };
   auto done = load.Done();
   while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-    if (show) Draw(load.progress());
+    if (interrupt && interrupt->interrupted() && !result.interrupted) {
+      result.interrupted = true;
+      load.Cancel();
+    }
+    if (show) draw();
   }
   if (show) {
-    Draw(load.progress());
+    draw();
     std::cerr << "\n";
   }
-  return done.get();
+  result.status = done.get();
+  if (interrupt && interrupt->interrupted()) result.interrupted = true;
+  return result;
 }
 
 }  // namespace loadstone::cli

@@ -1,14 +1,43 @@
-// A live progress line on a terminal while a load runs.
+// The live progress line while a load runs, and Ctrl-C as a cancel.
 #ifndef LOADSTONE_TOOLS_PROGRESS_BAR_H_
 #define LOADSTONE_TOOLS_PROGRESS_BAR_H_
+
+#include <string>
 
 #include "loadstone/loader.h"
 
 namespace loadstone::cli {
 
-// Waits for `load` to finish; when `show`, redraws a bar on stderr every 100 ms
-// (bytes, GB/s, ETA). Returns the load's final status.
-Status WaitWithProgress(const LoadHandle& load, bool show);
+// One progress line of at most `columns - 1` characters (a line as wide as the terminal would
+// wrap on some terminals): "[####....] 45.3% 1.20 GiB / 2.60 GiB  1.23 GB/s  ETA 3.4 s", the
+// fraction being bytes placed over bytes to place, never past 100%. On a narrow terminal the
+// ETA, then the rate, then the byte counts, then the bar are left out.
+std::string RenderProgress(const Progress& progress, int columns);
+
+// The width of the terminal on stderr (TIOCGWINSZ), else $COLUMNS, else 80.
+int TerminalColumns();
+
+// SIGINT, while one lives, asks the running load to cancel instead of killing the process; a
+// second Ctrl-C kills it as usual. Not nestable.
+class InterruptToCancel {
+ public:
+  InterruptToCancel();
+  ~InterruptToCancel();
+  InterruptToCancel(const InterruptToCancel&) = delete;
+  InterruptToCancel& operator=(const InterruptToCancel&) = delete;
+
+  bool interrupted() const;
+};
+
+struct WaitResult {
+  Status status;
+  bool interrupted = false;  // Ctrl-C cancelled the load
+};
+
+// Waits for `load` to finish. When `show`, redraws the line on stderr every 100 ms, fitted to
+// the terminal's width at each redraw, and ends it with a newline. When `interrupt` is given and
+// Ctrl-C comes, cancels the load and waits for it to stop.
+WaitResult WaitWithProgress(LoadHandle& load, bool show, const InterruptToCancel* interrupt);
 
 }  // namespace loadstone::cli
 

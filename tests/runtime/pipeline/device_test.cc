@@ -80,7 +80,7 @@ TEST_CASE("sim: a sequential map over two GPUs and cpu puts every tensor where t
   std::map<std::string, uint64_t> bytes;
   for (const Tensor& t : load.Tensors()) {
     INFO(t.name());
-    CHECK(t.device() == plan->device_map.Lookup(t.name())->ToString());
+    CHECK(t.device() == plan->devices.device_map.Lookup(t.name())->ToString());
     bytes[t.device()] += t.nbytes();
     testing::CheckTensorBytes(t);
   }

@@ -97,7 +97,7 @@ TEST_CASE("plan: device maps route tensors, GPU tensors are always staged") {
   REQUIRE(all_on_one.ok());
   for (const TensorPlan& t : all_on_one->tensors) CHECK(t.device == "cuda:1");
   for (const ReadChunk& r : all_on_one->reads) CHECK(r.staged);
-  CHECK(all_on_one->device_map.ToJson() == R"({"": 1})");
+  CHECK(all_on_one->devices.device_map.ToJson() == R"({"": 1})");
 
   PlanOptions balanced;
   balanced.device_map = "sequential";
@@ -110,7 +110,7 @@ TEST_CASE("plan: device maps route tensors, GPU tensors are always staged") {
   CHECK(used.count("cuda:0") == 1);
   CHECK(used.size() >= 2);
   for (const TensorPlan& t : split->tensors) {
-    CHECK(split->device_map.Lookup(ckpt.tensors()[t.source].name)->ToString() == t.device);
+    CHECK(split->devices.device_map.Lookup(ckpt.tensors()[t.source].name)->ToString() == t.device);
   }
 }
 

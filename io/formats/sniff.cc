@@ -1,0 +1,28 @@
+#include "io/formats/sniff.h"
+
+#include <cstring>
+#include <string_view>
+
+namespace loadstone::io {
+
+std::string ForeignFormat(std::span<const std::byte> head) {
+  auto starts = [&](std::string_view magic) {
+    return head.size() >= magic.size() && std::memcmp(head.data(), magic.data(), magic.size()) == 0;
+  };
+  if (starts("GGUF")) {
+    return "it is a GGUF file (it starts with \"GGUF\"), not safetensors; GGUF is not supported "
+           "yet";
+  }
+  if (starts("PK\x03\x04") || starts("PK\x05\x06")) {
+    return "it is a zip archive (as torch.save writes a PyTorch checkpoint), not safetensors; "
+           ".bin checkpoints are not supported yet: convert it to safetensors";
+  }
+  if (head.size() >= 2 && head[0] == std::byte{0x80} && static_cast<int>(head[1]) <= 5) {
+    return "it is a Python pickle (a legacy torch.save checkpoint?), not safetensors; pickles "
+           "are not supported: convert it to safetensors";
+  }
+  if (starts("\x89HDF")) return "it is an HDF5 file (a Keras .h5 model?), not safetensors";
+  return "";
+}
+
+}  // namespace loadstone::io

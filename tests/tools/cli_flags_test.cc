@@ -1,0 +1,256 @@
+// The flags every planning command shares, as a user types them: values that never swallow the
+// path, accelerate's spellings, errors that name the flag and the item, and nothing silent.
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "loadstone/version.h"
+#include "loadstone/writer.h"
+#include "tests/tools/cli_runner.h"
+
+namespace loadstone {
+namespace {
+
+using testing::RunCli;
+using testing::TempDir;
+
+bool OneErrorLine(const testing::CliRun& run) {
+  return run.code == 1 && run.err.starts_with("error: ") &&
+         std::count(run.err.begin(), run.err.end(), '\n') == 1;
+}
+
+// A small Llama-shaped bf16 checkpoint with norms, a head and a float8 weight with scales.
+struct Model {
+  TempDir dir;
+  std::string path;
+  Model() {
+    static const std::vector<std::byte> big(64 * 64 * 2), norm(64 * 2), f8(256 * 256), scales(16);
+    std::vector<TensorToWrite> t = {
+        {"model.embed_tokens.weight", DType::kBF16, {64, 64}, big, {}},
+        {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {64, 64}, big, {}},
+        {"model.layers.0.input_layernorm.weight", DType::kBF16, {64}, norm, {}},
+        {"model.layers.1.mlp.up_proj.weight", DType::kBF16, {64, 64}, big, {}},
+        {"model.layers.1.input_layernorm.weight", DType::kBF16, {64}, norm, {}},
+        {"model.norm.weight", DType::kBF16, {64}, norm, {}},
+        {"lm_head.weight", DType::kBF16, {64, 64}, big, {}},
+        {"model.layers.1.mlp.fp8.weight", DType::kF8E4M3, {256, 256}, f8, {}},
+        {"model.layers.1.mlp.fp8.weight_scale_inv", DType::kF32, {2, 2}, scales, {}},
+    };
+    path = dir.Path("model");
+    REQUIRE(WriteShardedSafetensors(path, t, {.max_shard_size = 40'000}).ok());
+  }
+};
+
+// name → dtype from `load --json`.
+std::map<std::string, std::string> DTypes(const std::string& json_text) {
+  std::map<std::string, std::string> out;
+  const nlohmann::json doc = nlohmann::json::parse(json_text);
+  for (const auto& t : doc["tensors"]) out[t["name"].get<std::string>()] = t["dtype"].get<std::string>();
+  return out;
+}
+
+TEST_CASE("cli: --version and parse errors in loadstone's own form", "[tools][cli]") {
+  const auto version = RunCli("--version");
+  CHECK(version.code == 0);
+  CHECK(version.out == std::string("loadstone ") + LOADSTONE_VERSION_STRING + "\n");
+  const auto missing = RunCli("load");
+  CHECK(OneErrorLine(missing));
+  CHECK(missing.err == "error: InvalidArgument: path is required; see 'loadstone load --help'\n");
+  const auto bogus = RunCli("plan --bogus");
+  CHECK(OneErrorLine(bogus));
+  CHECK(bogus.err.find("--bogus") != std::string::npos);
+  const auto help = RunCli("load --help");
+  CHECK(help.code == 0);
+  CHECK(help.out.find("f32 (float32, fp32, float), f16 (float16, fp16, half) or bf16") != std::string::npos);
+  CHECK(help.out.find("uring (io_uring)") != std::string::npos);
+}
+
+TEST_CASE("cli: repeatable options take one value each and split commas", "[tools][cli]") {
+  Model m;
+  const auto swallow = RunCli("load --keep-fp32 norm " + m.path + " --dtype f16 --json");
+  INFO(swallow.err);
+  REQUIRE(swallow.code == 0);
+  auto dtypes = DTypes(swallow.out);
+  CHECK(dtypes["model.norm.weight"] == "F32");
+  CHECK(dtypes["model.layers.0.input_layernorm.weight"] == "F16");  // 'norm' is a whole component
+  CHECK(dtypes["lm_head.weight"] == "F16");
+  const auto commas = RunCli("load " + m.path + " --dtype bf16 --keep-fp32 norm,lm_head --json");
+  REQUIRE(commas.code == 0);
+  dtypes = DTypes(commas.out);
+  CHECK(dtypes["model.norm.weight"] == "F32");
+  CHECK(dtypes["lm_head.weight"] == "F32");
+  CHECK(dtypes["model.layers.1.mlp.fp8.weight"] == "BF16");
+  const auto block = RunCli("load --fp8-block 128,128 " + m.path + " --dtype bf16 --json");
+  CHECK(block.code == 0);
+  const auto bad_block = RunCli("load " + m.path + " --fp8-block 128");
+  CHECK(OneErrorLine(bad_block));
+  CHECK(bad_block.err.find("--fp8-block 128: give ROWS,COLS") != std::string::npos);
+}
+
+TEST_CASE("cli: dtype spellings, and errors that list them", "[tools][cli]") {
+  Model m;
+  for (const char* ok : {"f16", "fp16", "float16", "half", "torch.float16", "F16"}) {
+    INFO(ok);
+    CHECK(RunCli("plan " + m.path + " --device-map cpu --dtype " + ok).code == 0);
+  }
+  const auto unknown = RunCli("load " + m.path + " --dtype f12");
+  CHECK(OneErrorLine(unknown));
+  CHECK(unknown.err.find("--dtype f12: unknown dtype; --dtype takes f32 (float32, fp32, float)") !=
+        std::string::npos);
+  for (const char* not_target : {"f64", "fp8", "f8_e4m3fn", "F8_E5M2", "float8_e4m3fn", "int8"}) {
+    INFO(not_target);
+    const auto load = RunCli("load " + m.path + " --dtype " + not_target);
+    const auto plan = RunCli("plan " + m.path + " --dtype " + not_target);
+    CHECK(OneErrorLine(load));
+    CHECK(load.err.find("loadstone does not cast to") != std::string::npos);
+    CHECK(load.err == plan.err);  // plan and load agree on what a dtype is
+  }
+  const auto special = RunCli("load " + m.path + " --special-dtype lm_head.weight=fp32 --json");
+  REQUIRE(special.code == 0);
+  CHECK(DTypes(special.out)["lm_head.weight"] == "F32");
+  const auto no_eq = RunCli("load " + m.path + " --special-dtype lm_head.weight");
+  CHECK(OneErrorLine(no_eq));
+  CHECK(no_eq.err.find("is not NAME=DTYPE") != std::string::npos);
+}
+
+TEST_CASE("cli: budgets: spaces, devices twice, bits, and errors naming the item", "[tools][cli]") {
+  Model m;
+  CHECK(RunCli("plan " + m.path + " --device-map sequential --max-memory '0=400KiB, cpu=1GiB'").code == 0);
+  const auto twice = RunCli("plan " + m.path + " --max-memory cpu=10GB,cpu=1GB");
+  CHECK(OneErrorLine(twice));
+  CHECK(twice.err.find("--max-memory gives cpu twice ('cpu=10GB' and 'cpu=1GB')") != std::string::npos);
+  const auto alias = RunCli("plan " + m.path + " --max-memory 0=1GB,cuda:0=2GB");
+  CHECK(alias.err.find("gives cuda:0 twice") != std::string::npos);
+  const auto bits = RunCli("plan " + m.path + " --max-memory cpu=10gb");
+  CHECK(bits.code == 0);
+  CHECK(bits.err.find("warning: --max-memory cpu=10gb: a lowercase 'b' means bits, as in accelerate "
+                      "(10gb = 1250000000 bytes); write 10GB for bytes") != std::string::npos);
+  const auto bad = RunCli("plan " + m.path + " --max-memory 0=5XB");
+  CHECK(OneErrorLine(bad));
+  CHECK(bad.err.find("--max-memory 0=5XB: `size` 5XB is not in a valid format") != std::string::npos);
+  const auto device = RunCli("plan " + m.path + " --max-memory gpu0=1GB");
+  CHECK(device.err.find("'gpu0' in 'gpu0=1GB' is not a device") != std::string::npos);
+  const auto staging = RunCli("load " + m.path + " --staging 64XB");
+  CHECK(staging.err.find("--staging 64XB: ") != std::string::npos);
+}
+
+TEST_CASE("cli: options that change nothing are warned about, never silent", "[tools][cli]") {
+  Model m;
+  const auto keep = RunCli("load " + m.path + " --keep-fp32 norm");
+  CHECK(keep.code == 0);
+  CHECK(keep.err.find("warning: keep_in_fp32 has no effect without a target dtype") != std::string::npos);
+  const auto special = RunCli("load " + m.path + " --special-dtype nonexist=bf16");
+  CHECK(special.code == 0);
+  CHECK(special.err.find("warning: special dtype for 'nonexist' names no tensor") != std::string::npos);
+  const auto cls = RunCli("plan " + m.path + " --device-map auto --max-memory 0=20KiB,cpu=1GiB "
+                          "--no-split LlamaDecoderLayer");
+  CHECK(OneErrorLine(cls));
+  CHECK(cls.err.find("no-split entry 'LlamaDecoderLayer' matches no module") != std::string::npos);
+  const auto glob = RunCli("plan " + m.path + " --device-map auto --max-memory 0=20KiB,cpu=1GiB "
+                           "--no-split 'foo.*'");
+  CHECK(glob.code == 0);
+  CHECK(glob.err.find("warning: no-split entry 'foo.*' matches no module") != std::string::npos);
+  const auto backend = RunCli("load " + m.path + " --backend io_uring");
+  CHECK(backend.code == 0);
+  CHECK(backend.out.find("backend: io_uring") != std::string::npos);
+}
+
+TEST_CASE("cli: load takes what plan takes: a description, a strategy, an explicit map", "[tools][cli]") {
+  Model m;
+  TempDir dir;
+  const auto plan = RunCli("plan " + m.path + " --device-map cpu --json", dir.Path("plan.json"));
+  REQUIRE(plan.code == 0);
+  const auto from_file = RunCli("load " + m.path + " --device-map " + dir.Path("plan.json") + " --json");
+  INFO(from_file.err);
+  REQUIRE(from_file.code == 0);
+  const nlohmann::json loaded = nlohmann::json::parse(from_file.out);
+  for (const auto& t : loaded["tensors"]) CHECK(t["device"] == "cpu");
+  const auto inline_map = RunCli("load " + m.path + R"( --device-map '{"model": "cpu", "lm_head": "cpu"}')");
+  CHECK(inline_map.code == 0);
+  const auto partial = RunCli("load " + m.path + R"( --device-map '{"model": "cpu"}')");
+  CHECK(OneErrorLine(partial));
+  CHECK(partial.err.find("gives no device for tensor 'lm_head.weight'") != std::string::npos);
+  const auto missing = RunCli("load " + m.path + " --device-map /nonexistent/map.json");
+  CHECK(OneErrorLine(missing));
+  CHECK(RunCli("load " + m.path + " --strategy min-max --device-map sequential").code == 0);
+  const std::string description = dir.Write("model.json", R"({"modules": {"class": "M", "children": [
+      {"name": "model", "class": "Model", "children": [
+        {"name": "embed_tokens", "class": "Embedding", "params": [{"name": "weight", "shape": [64, 64], "dtype": "bfloat16"}]},
+        {"name": "layers", "class": "ModuleList", "children": [
+          {"name": "0", "class": "Layer", "children": [
+            {"name": "mlp", "class": "MLP", "children": [{"name": "up_proj", "class": "Linear", "params": [{"name": "weight", "shape": [64, 64], "dtype": "bfloat16"}]}]},
+            {"name": "input_layernorm", "class": "Norm", "params": [{"name": "weight", "shape": [64], "dtype": "bfloat16"}]}]},
+          {"name": "1", "class": "Layer", "children": [
+            {"name": "mlp", "class": "MLP", "children": [
+              {"name": "up_proj", "class": "Linear", "params": [{"name": "weight", "shape": [64, 64], "dtype": "bfloat16"}]},
+              {"name": "fp8", "class": "Linear", "params": [{"name": "weight", "shape": [256, 256], "dtype": "float8_e4m3fn"},
+                                                          {"name": "weight_scale_inv", "shape": [2, 2], "dtype": "float32"}]}]},
+            {"name": "input_layernorm", "class": "Norm", "params": [{"name": "weight", "shape": [64], "dtype": "bfloat16"}]}]}]},
+        {"name": "norm", "class": "Norm", "params": [{"name": "weight", "shape": [64], "dtype": "bfloat16"}]}]},
+      {"name": "lm_head", "class": "Linear", "params": [{"name": "weight", "shape": [64, 64], "dtype": "bfloat16"}]}]},
+      "no_split": ["Layer"], "mode": "cpu"})");
+  const auto described = RunCli("load " + m.path + " --model-json " + description + " --json");
+  INFO(described.err);
+  CHECK(described.code == 0);
+  const auto described_plan = RunCli("plan " + m.path + " --model-json " + description + " --json");
+  CHECK(described_plan.code == 0);
+  CHECK(nlohmann::json::parse(described_plan.out)["no_split"] == nlohmann::json::array({"Layer"}));
+}
+
+TEST_CASE("cli: a full disk, an unwritable trace, a FIFO are errors, not exit 0 or a hang",
+          "[tools][cli]") {
+  Model m;
+  TempDir dir;
+  for (const std::string args : {"load " + m.path + " --json", "inspect " + m.path + " --json",
+                                 "plan " + m.path + " --json"}) {
+    INFO(args);
+    const auto full = RunCli(args, "/dev/full");
+    CHECK(OneErrorLine(full));
+    CHECK(full.err == "error: IOError: cannot write to standard output: No space left on device\n");
+  }
+  const auto trace = RunCli("load " + m.path + " --trace /nonexistent/dir/trace.json");
+  CHECK(OneErrorLine(trace));
+  CHECK(trace.err.find("--trace /nonexistent/dir/trace.json: cannot write there") != std::string::npos);
+  CHECK(trace.out.empty());  // found before the load, not after it
+  const std::string fifo = dir.Path("pipe.safetensors");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const auto pipe = RunCli("inspect " + fifo);
+  CHECK(OneErrorLine(pipe));
+  CHECK(pipe.err.find("is a FIFO (named pipe): a checkpoint is a file or a folder") != std::string::npos);
+}
+
+TEST_CASE("cli: messages that say what a file or folder is and what to pass", "[tools][cli]") {
+  TempDir dir;
+  std::filesystem::create_directories(dir.Path("empty"));
+  CHECK(RunCli("inspect " + dir.Path("empty")).err.find("; the folder is empty") != std::string::npos);
+  const std::string gguf = dir.Write("model.safetensors", std::string("GGUF\x03\0\0\0", 8) + std::string(64, '\0'));
+  const auto g = RunCli("inspect " + gguf);
+  CHECK(OneErrorLine(g));
+  CHECK(g.err.find("it is a GGUF file (it starts with \"GGUF\"), not safetensors") != std::string::npos);
+  const std::string zip = dir.Write("zip.safetensors", std::string("PK\x03\x04", 4) + std::string(64, 'x'));
+  CHECK(RunCli("inspect " + zip).err.find("it is a zip archive (as torch.save writes") != std::string::npos);
+  std::vector<std::byte> four(4);
+  for (const char* sub : {"pipeline/unet", "pipeline/vae", "variant"}) {
+    std::filesystem::create_directories(dir.Path(sub));
+  }
+  REQUIRE(WriteSafetensors(dir.Path("pipeline/unet/diffusion_pytorch_model.safetensors"),
+                           {{"w", DType::kF32, {1}, four, {}}}).ok());
+  REQUIRE(WriteSafetensors(dir.Path("pipeline/vae/diffusion_pytorch_model.safetensors"),
+                           {{"w", DType::kF32, {1}, four, {}}}).ok());
+  const auto pipeline = RunCli("inspect " + dir.Path("pipeline"));
+  CHECK(pipeline.err.find("components hold the weights (unet, vae): pass --subfolder unet") !=
+        std::string::npos);
+  REQUIRE(WriteSafetensors(dir.Path("variant/model.fp16.safetensors"), {{"w", DType::kF16, {2}, four, {}}}).ok());
+  CHECK(RunCli("inspect " + dir.Path("variant")).err.find("it has weights for variant fp16: pass --variant fp16") !=
+        std::string::npos);
+  const auto gpu = RunCli("load " + dir.Path("variant") + " --variant fp16 --device-map cuda:0");
+  CHECK(OneErrorLine(gpu));
+  CHECK(gpu.err.find("but the Loader has no GPU (CPU only: no CUDA device") != std::string::npos);
+  CHECK(gpu.err.find("insufficient") == std::string::npos);
+}
+
+}  // namespace
+}  // namespace loadstone

@@ -1,0 +1,187 @@
+#include "tools/loadstone/plan_flags.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "tools/loadstone/parse.h"
+
+namespace loadstone::cli {
+namespace {
+
+// Options a flag may take several times, each time one value (so that a value never swallows
+// the positional path), commas splitting further ("norm,lm_head").
+CLI::Option* Repeatable(CLI::App* cmd, const char* name, std::vector<std::string>& into,
+                        const std::string& help) {
+  return cmd->add_option(name, into, help)
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->allow_extra_args(false);
+}
+
+// --device-map as a map: JSON text ('{"model.embed_tokens": 0, ...}') or a .json file holding
+// one, or the document `loadstone plan --json` prints. nullopt for a mode or a device name.
+Result<std::optional<DeviceMap>> ExplicitMap(const std::string& value) {
+  std::string text;
+  if (!value.empty() && value.front() == '{') {
+    text = value;
+  } else if (value.ends_with(".json")) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(value, ec)) {
+      return Status::NotFound(fmt::format("--device-map {}: no such file", value));
+    }
+    std::ifstream in(value);
+    std::stringstream s;
+    s << in.rdbuf();
+    if (!in) return Status::IOError(fmt::format("--device-map {}: cannot read the file", value));
+    text = s.str();
+  } else {
+    return std::optional<DeviceMap>();
+  }
+  auto map = DeviceMap::FromJson(text);
+  if (!map.ok()) return map.status().WithContext("--device-map");
+  return std::optional<DeviceMap>(*std::move(map));
+}
+
+}  // namespace
+
+void PlanFlags::Register(CLI::App* cmd, bool path_required) {
+  auto* p = cmd->add_option("path", path, "A .safetensors file, an index file or a model folder");
+  if (path_required) p->required();
+  cmd->add_option("--model-json", model_json,
+                  "A model description JSON (specs/model-json.md): the module tree, classes and "
+                  "ties to plan on, and its planning fields");
+  cmd->add_option("--variant", open.variant, "Weight variant, e.g. fp16");
+  cmd->add_option("--subfolder", open.subfolder, "Folder inside the model, e.g. unet");
+  cmd->add_option("--dtype", dtype,
+                  fmt::format("Cast floating-point tensors to {}", kCastTargetSpellings));
+  Repeatable(cmd, "--keep-fp32", keep_fp32,
+             "With --dtype f16|bf16: keep tensors whose dotted name has this component (or run "
+             "of components) in float32; repeat or separate with commas");
+  Repeatable(cmd, "--special-dtype", special_dtypes,
+             "NAME=DTYPE: cast this one tensor (full name) to DTYPE; repeatable");
+  cmd->add_option("--fp8-block", fp8_block,
+                  "ROWS,COLS of one float8 weight scale (quantization_config.weight_block_size; "
+                  "default: the model's config.json, else 128,128); with --dtype, float8 "
+                  "weights with a _scale_inv or _scale sibling are dequantized");
+  cmd->add_option("--device-map", device_map,
+                  "cpu, a device (cuda:1, 1), auto|balanced|balanced_low_0|sequential, or a map: "
+                  "JSON text or a .json file (also what `plan --json` prints)");
+  cmd->add_option("--max-memory", max_memory,
+                  "Budgets for the device map, e.g. 0=10GiB,cpu=30GiB (GiB = 2^30, GB = 10^9)");
+  Repeatable(cmd, "--no-split", no_split,
+             "Keep whole: a name glob (model.layers.*) or, with --model-json, a class name; "
+             "repeatable; 'none' keeps nothing whole (default: repeated numbered blocks)");
+  cmd->add_option("--strategy", strategy, "greedy (accelerate, default) or min-max")
+      ->check(CLI::IsMember({"greedy", "min-max"}));
+  Repeatable(cmd, "--fix", fixes,
+             "Fix a reference defect: tie-prefix, split-buffers, disk-buffers or all");
+  cmd->add_flag("--offload-buffers", offload_buffers, "Buffers stay with offloaded modules");
+  cmd->add_flag("--fallback-allocation", fallback_allocation,
+                "Put a smaller module on a device that would get nothing");
+  cmd->add_flag("--no-clean", no_clean, "Do not merge keys that share a device");
+  cmd->add_flag("--explain", explain, "Print the planner's step-by-step reasons");
+}
+
+Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
+  PlanInput in;
+  if (path.empty() && model_json.empty()) {
+    return Status::InvalidArgument("give a checkpoint PATH, a --model-json FILE, or both");
+  }
+  if (!model_json.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(in.description, ReadModelDescription(model_json));
+    static_cast<DeviceMapOptions&>(in.options) = in.description->options;
+    in.options.model = in.description->tree;
+    in.source = model_json;
+  }
+  if (!path.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(in.checkpoint, Checkpoint::Open(path, open));
+    for (const std::string& w : in.checkpoint->warnings()) in.warnings.push_back(w);
+    in.source = fmt::format("{} ({} tensors)", path, in.checkpoint->tensors().size());
+  }
+  PlanOptions& o = in.options;
+  if (model_json.empty()) o.device_map = std::string(default_map);
+  if (!device_map.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(o.explicit_map, ExplicitMap(device_map));
+    if (!o.explicit_map) o.device_map = device_map;
+  }
+  if (!max_memory.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(o.max_memory, ParseMaxMemoryFlag(max_memory, &in.warnings));
+  }
+  if (dtype == "none") {
+    o.dtype.reset();
+  } else if (!dtype.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(o.dtype, ParseCastTarget(dtype, "--dtype"));
+  }
+  for (const std::string& k : SplitLists(keep_fp32)) o.keep_in_fp32.push_back(k);
+  for (const std::string& item : special_dtypes) {
+    const size_t eq = item.rfind('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Status::InvalidArgument(
+          fmt::format("--special-dtype: '{}' is not NAME=DTYPE (a full tensor name)", item));
+    }
+    LOADSTONE_ASSIGN_OR_RETURN(
+        o.special_dtypes[item.substr(0, eq)],
+        ParseCastTarget(item.substr(eq + 1), fmt::format("--special-dtype {}", item.substr(0, eq))));
+  }
+  if (!fp8_block.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(o.fp8_block, ParseBlockFlag(fp8_block, "--fp8-block"));
+  }
+  if (!no_split.empty()) {
+    std::vector<std::string> entries;
+    for (const std::string& x : SplitLists(no_split)) {
+      if (x != "none") entries.push_back(x);
+    }
+    o.no_split = entries;
+  }
+  if (strategy == "min-max") o.strategy = PlanStrategy::kMinMax;
+  if (strategy == "greedy") o.strategy = PlanStrategy::kGreedy;
+  for (const std::string& fix : SplitLists(fixes)) {
+    if (fix == "tie-prefix" || fix == "all") o.fixes.prefix_tie_test = true;
+    if (fix == "split-buffers" || fix == "all") o.fixes.requeue_split_buffers = true;
+    if (fix == "disk-buffers" || fix == "all") o.fixes.load_disk_buffers = true;
+    if (fix != "tie-prefix" && fix != "split-buffers" && fix != "disk-buffers" && fix != "all") {
+      return Status::InvalidArgument(fmt::format(
+          "--fix: '{}' is not tie-prefix, split-buffers, disk-buffers or all", fix));
+    }
+  }
+  o.offload_buffers = o.offload_buffers || offload_buffers;
+  o.fallback_allocation = o.fallback_allocation || fallback_allocation;
+  o.clean_result = !no_clean;
+  o.explain = explain;
+  return in;
+}
+
+void ReadFlags::Register(CLI::App* cmd) {
+  cmd->add_option("--backend", backend, "Read backend: auto, uring (io_uring) or pread")
+      ->check(CLI::IsMember({"auto", "uring", "io_uring", "pread"}));
+  cmd->add_option("--queue-depth", queue_depth, "Reads in flight")->check(CLI::Range(1, 4096));
+  cmd->add_option("--staging", staging, "Staging pool per load, e.g. 64MiB (default 256MiB)");
+  cmd->add_flag("--no-stage-cold", no_stage_cold,
+                "Read cold CPU tensors straight into place instead of through staging");
+  cmd->add_flag("--no-fresh-pages", no_fresh_pages,
+                "Write CPU tensors into ordinary (kernel-zeroed) pages, not userfaultfd-filled ones");
+}
+
+Result<LoaderOptions> ReadFlags::ToLoaderOptions() const {
+  LoaderOptions options;
+  options.backend = backend == "uring" || backend == "io_uring" ? ReadBackend::kUring
+                    : backend == "pread"                        ? ReadBackend::kPread
+                                                                : ReadBackend::kAuto;
+  options.queue_depth = queue_depth;
+  options.stage_cold_reads = !no_stage_cold;
+  options.fill_fresh_pages = !no_fresh_pages;
+  if (!staging.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(options.staging_bytes, ParseSizeFlag(staging, "--staging " + staging));
+  }
+  return options;
+}
+
+void PrintWarnings(const std::vector<std::string>& warnings) {
+  for (const std::string& w : warnings) std::cerr << "warning: " << w << "\n";
+}
+
+}  // namespace loadstone::cli

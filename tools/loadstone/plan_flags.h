@@ -1,0 +1,71 @@
+// The flags of every command that plans (plan, load, bench): what to open, how to plan it —
+// each PlanOptions field has its flag — and, for commands that load, how to read.
+#ifndef LOADSTONE_TOOLS_PLAN_FLAGS_H_
+#define LOADSTONE_TOOLS_PLAN_FLAGS_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/device_map.h"
+#include "loadstone/loader.h"
+#include "loadstone/plan.h"
+
+namespace loadstone::cli {
+
+// What the flags name, resolved: the checkpoint (when a path was given), the model description
+// (--model-json), the options, and the warnings the flags themselves raised.
+struct PlanInput {
+  std::optional<Checkpoint> checkpoint;
+  std::optional<ModelDescription> description;
+  PlanOptions options;
+  std::vector<std::string> warnings;
+  std::string source;  // "PATH (N tensors)" or the description's path
+};
+
+struct PlanFlags {
+  std::string path;
+  std::string model_json;
+  OpenOptions open;
+  std::string dtype;  // "none" (plan): no target, over a description's own
+  std::vector<std::string> keep_fp32;
+  std::vector<std::string> special_dtypes;
+  std::string fp8_block;
+  std::string device_map;  // empty: the command's default
+  std::string max_memory;
+  std::vector<std::string> no_split;
+  std::string strategy;
+  std::vector<std::string> fixes;
+  bool offload_buffers = false;
+  bool fallback_allocation = false;
+  bool no_clean = false;
+  bool explain = false;
+
+  // `path_required`: load and bench need a checkpoint; plan takes one, a description or both.
+  void Register(CLI::App* cmd, bool path_required);
+  // Opens what was named and builds the options: the description's fields first, then the
+  // flags over them. `default_map` applies when neither gives a device map.
+  Result<PlanInput> Resolve(std::string_view default_map) const;
+};
+
+// How a command that loads reads (LoaderOptions).
+struct ReadFlags {
+  std::string backend = "auto";
+  int queue_depth = 32;
+  std::string staging;  // size string; empty: the Loader's default
+  bool no_stage_cold = false;
+  bool no_fresh_pages = false;
+
+  void Register(CLI::App* cmd);
+  Result<LoaderOptions> ToLoaderOptions() const;
+};
+
+// Prints each warning as "warning: ..." on stderr.
+void PrintWarnings(const std::vector<std::string>& warnings);
+
+}  // namespace loadstone::cli
+
+#endif  // LOADSTONE_TOOLS_PLAN_FLAGS_H_
