@@ -207,9 +207,7 @@ TEST_CASE("sim: the trace shows each device's copy and compute streams, job by j
   options.trace = true;
   LoadHandle load = loader.Load(m.ckpt, *plan, options);
   REQUIRE(load.Done().get().ok());
-  REQUIRE(load.WriteTrace(dir.Path("trace.json")).ok());
-  std::ifstream in(dir.Path("trace.json"));
-  const auto doc = nlohmann::json::parse(in);
+  const auto doc = nlohmann::json::parse(testing::TraceText(load, dir));
   std::map<uint64_t, std::string> tracks;  // tid → name, from the metadata events
   for (const auto& e : doc["traceEvents"]) {
     if (e["ph"] == "M") tracks[e["tid"].get<uint64_t>()] = e["args"]["name"].get<std::string>();

@@ -18,11 +18,6 @@ namespace {
 using testing::TempDir;
 using testing::UseColdReader;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
@@ -52,8 +47,7 @@ TEST_CASE("staging: cold tensors are staged and copied byte-exact, off means in 
     testing::CheckTensorBytes(t);
   }
   CHECK(load.progress().bytes_placed == ckpt.total_bytes());
-  REQUIRE(load.WriteTrace(dir.Path("trace.json")).ok());
-  const std::string trace = ReadFile(dir.Path("trace.json"));
+  const std::string trace = testing::TraceText(load, dir);
   size_t in_place = 0;
   for (const ReadChunk& chunk : plan->reads) in_place += !chunk.staged;
   REQUIRE(in_place > 2);
@@ -131,8 +125,7 @@ TEST_CASE("staging: a real cold load reads with O_DIRECT into staging, bytes exa
   for (const CheckpointFile& f : ckpt.files()) partial_last_pages += f.bytes % 4096;
   INFO("buffered " << stats.buffered_bytes << " bytes");
   CHECK(stats.buffered_bytes <= partial_last_pages);
-  REQUIRE(load.WriteTrace(dir.Path("trace.json")).ok());
-  CHECK(Count(ReadFile(dir.Path("trace.json")), "\"name\":\"copy ") > 0);
+  CHECK(Count(testing::TraceText(load, dir), "\"name\":\"copy ") > 0);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cmath>
+#include <fstream>
 #include <cstring>
 #include <map>
 #include <string>
@@ -183,6 +184,13 @@ inline Fp8Checkpoint WriteFp8Checkpoint(const TempDir& dir, uint64_t max_shard =
     tensors.push_back({t.name, t.dtype, t.shape, bytes[t.name], {}});
   }
   return {WriteAndOpen(dir, tensors, max_shard), std::move(bytes)};
+}
+
+// The load's trace (LoadOptions::trace), written into `dir` and read back as text.
+inline std::string TraceText(const LoadHandle& load, const TempDir& dir) {
+  REQUIRE(load.WriteTrace(dir.Path("trace.json")).ok());
+  std::ifstream in(dir.Path("trace.json"), std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 }  // namespace loadstone::testing

@@ -1,7 +1,6 @@
 // The trace renders in Perfetto as it should: every track named, the events of a track nested
 // (never partly overlapping), reads named by file and tensors with their route, copies called
 // copies and conversions conversions.
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -25,9 +24,7 @@ json Traced(const Checkpoint& ckpt, const PlanOptions& po, const TempDir& dir) {
   options.trace = true;
   LoadHandle load = loader.Load(ckpt, *plan, options);
   REQUIRE(load.Done().get().ok());
-  REQUIRE(load.WriteTrace(dir.Path("trace.json")).ok());
-  std::ifstream in(dir.Path("trace.json"));
-  return json::parse(in);
+  return json::parse(testing::TraceText(load, dir));
 }
 
 // Complete events of one track either nest or follow each other (what Perfetto can draw).
