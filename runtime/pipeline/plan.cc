@@ -13,6 +13,7 @@
 
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
+#include "runtime/pipeline/fp8_pairs.h"
 #include "runtime/planner/planner.h"
 
 namespace loadstone {
@@ -71,89 +72,6 @@ Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
   return out;
 }
 
-std::string ShapeString(const std::vector<uint64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
-bool IsFloat8(DType dtype) { return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2; }
-
-struct Fp8Pair {
-  size_t scale = 0;  // index into Checkpoint::tensors
-  uint64_t block_rows = 0, block_cols = 0;
-};
-
-uint64_t CeilDiv(uint64_t n, uint64_t d) { return (n + d - 1) / d; }
-
-// The block that one compressed-tensors scale covers along a dimension of `n` elements with
-// `scales` scales: the whole dimension (one scale), the configured block when it fits (ragged
-// edges included), else an exact division (channel: 1, group: n / groups). 0: none fits.
-uint64_t InferBlock(uint64_t n, uint64_t scales, uint64_t configured) {
-  if (scales == 1) return n;
-  if (CeilDiv(n, configured) == scales) return configured;
-  return scales != 0 && n % scales == 0 ? n / scales : 0;
-}
-
-// The scales' [rows, cols] as compressed-tensors stores them: [] / [1] / [1, 1] per tensor,
-// [M, 1] per channel, [M, G] per group, [R, C] per block. nullopt for any other rank.
-std::optional<std::array<uint64_t, 2>> ScaleGrid(const TensorInfo& scale) {
-  const auto& s = scale.shape;
-  if (s.empty() || (s.size() == 1 && s[0] == 1)) return std::array<uint64_t, 2>{1, 1};
-  if (s.size() == 2) return std::array<uint64_t, 2>{s[0], s[1]};
-  return std::nullopt;
-}
-
-// The float8 weights to dequantize: weight index → its scales and block (indices into
-// Checkpoint::tensors). Only with a target dtype. DeepSeek-V3's `W_scale_inv` (f32) must fit
-// `fp8_block` exactly; compressed-tensors' `W_scale` (f32, bf16 or f16) says by its shape
-// whether it is per tensor, channel, group or block. A scale that fits no rule is an error.
-Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
-                                                const PlanOptions& options,
-                                                std::array<uint64_t, 2> block) {
-  std::map<size_t, Fp8Pair> pairs;
-  if (!options.dtype) return pairs;
-  const auto& infos = checkpoint.tensors();
-  const auto [block_rows, block_cols] = block;
-  if (block_rows == 0 || block_cols == 0) {
-    return Status::InvalidArgument("the float8 block size must be positive in both dimensions");
-  }
-  for (size_t w = 0; w < infos.size(); ++w) {
-    const TensorInfo& weight = infos[w];
-    if (!IsFloat8(weight.dtype)) continue;
-    const TensorInfo* scale = checkpoint.Find(weight.name + "_scale_inv");
-    const bool deepseek = scale != nullptr;
-    if (!deepseek) scale = checkpoint.Find(weight.name + "_scale");
-    if (scale == nullptr) continue;
-    Fp8Pair pair{static_cast<size_t>(scale - infos.data()), 0, 0};
-    const auto grid = ScaleGrid(*scale);
-    if (weight.shape.size() == 2 && grid) {
-      if (deepseek) {
-        const bool fits = scale->shape.size() == 2 && scale->dtype == DType::kF32 &&
-                          (*grid)[0] == CeilDiv(weight.shape[0], block_rows) &&
-                          (*grid)[1] == CeilDiv(weight.shape[1], block_cols);
-        if (fits) pair = {pair.scale, block_rows, block_cols};
-      } else if (convert::IsFp8ScaleDType(scale->dtype)) {
-        pair.block_rows = InferBlock(weight.shape[0], (*grid)[0], block_rows);
-        pair.block_cols = InferBlock(weight.shape[1], (*grid)[1], block_cols);
-      }
-    }
-    if (pair.block_rows == 0 || pair.block_cols == 0) {
-      const std::string expected =
-          deepseek ? fmt::format("2-D f32 scales of ceil(rows / {}) x ceil(cols / {})",
-                                 block_rows, block_cols)
-                   : "f32, bf16 or f16 scales of [] or [1] (per tensor), [rows, 1] (per "
-                     "channel), [rows, groups] (per group) or [ceil(rows / R), ceil(cols / C)] "
-                     "(per block)";
-      return Status::InvalidArgument(fmt::format(
-          "float8 tensor '{}' {} {} has scales '{}' {} {} that do not fit its shape ({} "
-          "expected; float8 blocks of {} x {}); give the checkpoint's quantization block size "
-          "(--fp8-block ROWS,COLS), or load without --dtype to keep the float8 bytes as stored",
-          weight.name, TorchName(weight.dtype), ShapeString(weight.shape), scale->name,
-          TorchName(scale->dtype), ShapeString(scale->shape), expected, block_rows, block_cols));
-    }
-    pairs[w] = pair;
-  }
-  return pairs;
-}
 
 }  // namespace
 
@@ -206,9 +124,10 @@ void WarnIneffective(const Checkpoint& checkpoint, const PlanOptions& options,
 }
 
 // The device map: an explicit one, {"": cpu} for a CPU load, else the planner's answer over
-// the model's tree with every tensor sized as it will be placed.
+// the model's tree with every tensor sized as it will be placed (`targets`, per checkpoint
+// tensor).
 Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& options,
-                              const planner::PlacedDTypes& placed) {
+                              const std::vector<Target>& targets) {
   DevicePlan plan;
   if (options.explicit_map) {
     plan.device_map = *options.explicit_map;
@@ -217,6 +136,13 @@ Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& o
   if (options.device_map == "cpu" && !options.max_memory && !options.model) {
     LOADSTONE_RETURN_IF_ERROR(plan.device_map.Add("", Device::Cpu()));
     return plan;
+  }
+  planner::PlacedDTypes placed;
+  if (options.dtype || !options.special_dtypes.empty()) {
+    placed.reserve(targets.size());
+    for (size_t i = 0; i < targets.size(); ++i) {
+      placed.emplace(checkpoint.tensors()[i].name, targets[i].dtype);
+    }
   }
   if (options.model) return planner::InferDeviceMapPlaced(*options.model, options, placed);
   LOADSTONE_ASSIGN_OR_RETURN(ModuleTree tree, ModuleTree::FromCheckpoint(checkpoint));
@@ -243,6 +169,57 @@ void CountUsage(const LoadPlan& plan, const std::vector<Device>& device_of,
             [](const DeviceUsage& a, const DeviceUsage& b) { return a.device < b.device; });
 }
 
+// The read schedule: large tensors in pieces of max_chunk, in place unless converted; small
+// ones (or small converted ones) gathered, then coalesced with their file neighbours into staged
+// reads; reads ordered by the priority of their first tensor.
+void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
+                   const PlanOptions& options, LoadPlan* out) {
+  LoadPlan& plan = *out;
+  std::vector<std::pair<uint32_t, ReadChunk>> keyed;  // (priority, read)
+  std::vector<uint32_t> small;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorPlan& tp = plan.tensors[i];
+    const TensorInfo& src = infos[tp.source];
+    plan.read_bytes += src.nbytes;
+    if (src.nbytes == 0) continue;
+    const bool staged = tp.conversion != Conversion::kNone || tp.device != "cpu";
+    // A dequantized weight and its scales are never coalesced: the scales' read then comes
+    // before every read of the weight, whose conversion waits for them.
+    const bool fp8_pair = tp.conversion == Conversion::kDequantFp8Block || is_scale[tp.source];
+    if (src.nbytes < options.coalesce_below && !fp8_pair) {
+      small.push_back(i);
+      continue;
+    }
+    for (uint64_t done = 0; done < src.nbytes; done += options.max_chunk) {
+      keyed.push_back({i, {src.file, src.offset + done,
+                           std::min(options.max_chunk, src.nbytes - done), {i}, staged}});
+    }
+  }
+  std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
+    const TensorInfo& x = infos[plan.tensors[a].source];
+    const TensorInfo& y = infos[plan.tensors[b].source];
+    return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
+  });
+  for (uint32_t i : small) {
+    const TensorInfo& src = infos[plan.tensors[i].source];
+    if (!keyed.empty()) {
+      auto& [key, last] = keyed.back();
+      if (last.staged && last.file == src.file && last.offset + last.length == src.offset &&
+          last.length + src.nbytes <= options.max_chunk) {
+        last.length += src.nbytes;
+        last.tensors.push_back(i);
+        key = std::min(key, i);
+        continue;
+      }
+    }
+    keyed.push_back({i, {src.file, src.offset, src.nbytes, {i}, true}});
+  }
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  plan.reads.reserve(keyed.size());
+  for (auto& [key, read] : keyed) plan.reads.push_back(std::move(read));
+}
+
 }  // namespace
 
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
@@ -267,22 +244,20 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
                    : checkpoint.config().weight_block_size
                        ? *checkpoint.config().weight_block_size
                        : std::array<uint64_t, 2>{128, 128};
-  LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs, PairFp8Scales(checkpoint, options, plan.fp8_block));
+  LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs, pipeline::PairFp8Scales(checkpoint, options, plan.fp8_block));
   std::vector<bool> is_scale(infos.size());
   for (const auto& [w, pair] : fp8_pairs) is_scale[pair.scale] = true;
   // What each tensor becomes (float8 scales: as stored), known before any device is.
   PlanOptions as_stored = options;
   as_stored.dtype.reset();
   std::vector<Target> targets(infos.size());
-  planner::PlacedDTypes placed;
   for (size_t i = 0; i < infos.size(); ++i) {
     LOADSTONE_ASSIGN_OR_RETURN(targets[i], TargetOf(infos[i], is_scale[i] ? as_stored : options));
     if (fp8_pairs.contains(i) && targets[i].conversion != Conversion::kNone) {
       targets[i].conversion = Conversion::kDequantFp8Block;
     }
-    if (options.dtype || !options.special_dtypes.empty()) placed.emplace(infos[i].name, targets[i].dtype);
   }
-  LOADSTONE_ASSIGN_OR_RETURN(plan.devices, MapDevices(checkpoint, options, placed));
+  LOADSTONE_ASSIGN_OR_RETURN(plan.devices, MapDevices(checkpoint, options, targets));
   plan.warnings = std::move(plan.devices.warnings);
   plan.devices.warnings.clear();
   WarnIneffective(checkpoint, options, &plan.warnings);
@@ -341,52 +316,7 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     weight.block_cols = pair->second.block_cols;
   }
   CountUsage(plan, device_of, &plan.devices.usage);
-  // Large tensors: pieces of max_chunk, in place unless converted. Small ones (or small converted
-  // ones): gathered, then coalesced with their file neighbours into staged reads. Reads are then
-  // ordered by the priority of their first tensor.
-  std::vector<std::pair<uint32_t, ReadChunk>> keyed;  // (priority, read)
-  std::vector<uint32_t> small;
-  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
-    const TensorPlan& tp = plan.tensors[i];
-    const TensorInfo& src = infos[tp.source];
-    plan.read_bytes += src.nbytes;
-    if (src.nbytes == 0) continue;
-    const bool staged = tp.conversion != Conversion::kNone || tp.device != "cpu";
-    // A dequantized weight and its scales are never coalesced: the scales' read then comes
-    // before every read of the weight, whose conversion waits for them.
-    const bool fp8_pair = tp.conversion == Conversion::kDequantFp8Block || is_scale[tp.source];
-    if (src.nbytes < options.coalesce_below && !fp8_pair) {
-      small.push_back(i);
-      continue;
-    }
-    for (uint64_t done = 0; done < src.nbytes; done += options.max_chunk) {
-      keyed.push_back({i, {src.file, src.offset + done,
-                           std::min(options.max_chunk, src.nbytes - done), {i}, staged}});
-    }
-  }
-  std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
-    const TensorInfo& x = infos[plan.tensors[a].source];
-    const TensorInfo& y = infos[plan.tensors[b].source];
-    return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
-  });
-  for (uint32_t i : small) {
-    const TensorInfo& src = infos[plan.tensors[i].source];
-    if (!keyed.empty()) {
-      auto& [key, last] = keyed.back();
-      if (last.staged && last.file == src.file && last.offset + last.length == src.offset &&
-          last.length + src.nbytes <= options.max_chunk) {
-        last.length += src.nbytes;
-        last.tensors.push_back(i);
-        key = std::min(key, i);
-        continue;
-      }
-    }
-    keyed.push_back({i, {src.file, src.offset, src.nbytes, {i}, true}});
-  }
-  std::stable_sort(keyed.begin(), keyed.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  plan.reads.reserve(keyed.size());
-  for (auto& [key, read] : keyed) plan.reads.push_back(std::move(read));
+  ScheduleReads(infos, is_scale, options, &plan);
   return plan;
 }
 

@@ -1,0 +1,32 @@
+// Scaled float8 weights: which weight is dequantized with which scales and block (plan.h,
+// PlanOptions::fp8_block; specs/quant.md, "FP8 weights").
+#ifndef LOADSTONE_RUNTIME_PIPELINE_FP8_PAIRS_H_
+#define LOADSTONE_RUNTIME_PIPELINE_FP8_PAIRS_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/plan.h"
+
+namespace loadstone::pipeline {
+
+struct Fp8Pair {
+  size_t scale = 0;  // index into Checkpoint::tensors
+  uint64_t block_rows = 0, block_cols = 0;
+};
+
+// The float8 weights to dequantize: weight index -> its scales and block (indices into
+// Checkpoint::tensors). Only with a target dtype. DeepSeek-V3's `W_scale_inv` (f32) must fit
+// `block` exactly; compressed-tensors' `W_scale` (f32, bf16 or f16) says by its shape whether
+// it is per tensor, channel, group or block. Errors: InvalidArgument for a scale that fits no
+// rule (naming both tensors and the fix) or a block with a zero side.
+Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
+                                                const PlanOptions& options,
+                                                std::array<uint64_t, 2> block);
+
+}  // namespace loadstone::pipeline
+
+#endif  // LOADSTONE_RUNTIME_PIPELINE_FP8_PAIRS_H_
