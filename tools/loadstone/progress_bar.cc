@@ -60,8 +60,12 @@ int TerminalColumns() {
   return 80;
 }
 
+struct sigaction g_previous{};  // SIGINT's disposition before InterruptToCancel
+
 InterruptToCancel::InterruptToCancel() {
   g_interrupted.store(false);
+  ::sigaction(SIGINT, nullptr, &g_previous);
+  if (g_previous.sa_handler == SIG_IGN) return;  // a background job: SIGINT stays ignored
   struct sigaction action{};
   action.sa_handler = OnInterrupt;
   sigemptyset(&action.sa_mask);
@@ -69,7 +73,7 @@ InterruptToCancel::InterruptToCancel() {
   ::sigaction(SIGINT, &action, nullptr);
 }
 
-InterruptToCancel::~InterruptToCancel() { ::signal(SIGINT, SIG_DFL); }
+InterruptToCancel::~InterruptToCancel() { ::sigaction(SIGINT, &g_previous, nullptr); }
 
 bool InterruptToCancel::interrupted() const { return g_interrupted.load(); }
 

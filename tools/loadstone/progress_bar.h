@@ -18,7 +18,8 @@ std::string RenderProgress(const Progress& progress, int columns);
 int TerminalColumns();
 
 // SIGINT, while one lives, asks the running load to cancel instead of killing the process; a
-// second Ctrl-C kills it as usual. Not nestable.
+// second Ctrl-C kills it as usual; an ignored SIGINT (a background job) stays ignored. Its
+// destruction restores what SIGINT did before. Not nestable.
 class InterruptToCancel {
  public:
   InterruptToCancel();
