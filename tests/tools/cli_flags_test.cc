@@ -204,7 +204,7 @@ TEST_CASE("cli: a full disk, an unwritable trace, a FIFO are errors, not exit 0 
           "[tools][cli]") {
   Model m;
   TempDir dir;
-  for (const std::string args : {"load " + m.path + " --json", "inspect " + m.path + " --json",
+  for (const std::string& args : {"load " + m.path + " --json", "inspect " + m.path + " --json",
                                  "plan " + m.path + " --json"}) {
     INFO(args);
     const auto full = RunCli(args, "/dev/full");

@@ -194,7 +194,7 @@ int RunBench(const BenchArgs& args) {
   }
   ratios["loadstone_peak_rss_over_bytes"] = peak_rss["loadstone"] / bytes;
   if (args.json) {
-    std::cout << doc.dump(2) << "\n";
+    std::cout << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return 0;
   }
   std::cout << fmt::format("{} bench of {} ({}), median of {} runs:\n",

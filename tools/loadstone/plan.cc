@@ -23,7 +23,10 @@ struct PlanArgs {
   bool json = false;
 };
 
-std::string Quote(std::string_view s) { return nlohmann::json(std::string(s)).dump(); }
+// A JSON string; bytes that are not UTF-8 (a flag's value can hold any) become U+FFFD.
+std::string Quote(std::string_view s) {
+  return nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 std::string StringList(const std::vector<std::string>& items) {
   std::string out = "[";
