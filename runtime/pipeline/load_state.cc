@@ -16,6 +16,8 @@
 namespace loadstone {
 namespace {
 
+__extension__ using Wide = unsigned __int128;  // products of two byte counts
+
 io::ReaderBackend ToIo(ReadBackend backend) {
   switch (backend) {
     case ReadBackend::kUring: return io::ReaderBackend::kUring;
@@ -301,8 +303,8 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   // to exactly its placed size (a cast changes the size; rounding piece by piece would not).
   auto placed = [&](uint64_t remaining) -> uint64_t {
     if (src.nbytes == 0) return 0;
-    return static_cast<uint64_t>(static_cast<unsigned __int128>(src.nbytes - remaining) *
-                                 tp.nbytes / src.nbytes);
+    return static_cast<uint64_t>(static_cast<Wide>(src.nbytes - remaining) * tp.nbytes /
+                                 src.nbytes);
   };
   const uint64_t before = placed(slot.remaining);
   slot.remaining -= source_bytes;

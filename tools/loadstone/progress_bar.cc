@@ -46,7 +46,10 @@ std::string RenderProgress(const Progress& p, int columns) {
   if (text.size() + 3 + kMinBar > width) return text.substr(0, width);  // no room for a bar
   const size_t bar = std::min<size_t>(width - text.size() - 3, 40);
   const auto filled = static_cast<size_t>(fraction * static_cast<double>(bar));
-  return "[" + std::string(filled, '#') + std::string(bar - filled, '.') + "] " + text;
+  std::string line;
+  line.reserve(width);
+  line.append("[").append(filled, '#').append(bar - filled, '.').append("] ").append(text);
+  return line;
 }
 
 int TerminalColumns() {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "loadstone/writer.h"
 #include "planner_test_util.h"
@@ -22,7 +23,7 @@ std::string Nested(int depth) {
 Json Params(int n) {
   Json children = Json::array();
   for (int i = 0; i < n; ++i) {
-    children.push_back(testing::Module("m" + std::to_string(i), "Block",
+    children.push_back(testing::Module(fmt::format("m{}", i), "Block",
                                        Json::array({testing::Tensor("w", {4})})));
   }
   return children;
@@ -55,7 +56,7 @@ TEST_CASE("hostile: modules nested past the JSON bound") {
 
 TEST_CASE("hostile: a tied group larger than a description may tie") {
   Json tied = Json::array();
-  for (int i = 0; i < 20'000; ++i) tied.push_back("m" + std::to_string(i) + ".w");
+  for (int i = 0; i < 20'000; ++i) tied.push_back(fmt::format("m{}.w", i));
   auto d = Describe(Json{{"modules", {{"children", Params(20'000)}}}, {"tied", Json::array({tied})}});
   REQUIRE_FALSE(d.ok());
   CHECK(d.status().message() ==
@@ -64,7 +65,7 @@ TEST_CASE("hostile: a tied group larger than a description may tie") {
 
 TEST_CASE("hostile: one tied group of 4000 names plans as one storage, in linear time") {
   Json tied = Json::array();
-  for (int i = 0; i < 4000; ++i) tied.push_back("m" + std::to_string(i) + ".w");
+  for (int i = 0; i < 4000; ++i) tied.push_back(fmt::format("m{}.w", i));
   auto d = Describe(Json{{"modules", {{"children", Params(6000)}}}, {"tied", Json::array({tied})}});
   REQUIRE(d.ok());
   DeviceMapOptions o = d->options;
@@ -80,7 +81,7 @@ TEST_CASE("hostile: one tied group of 4000 names plans as one storage, in linear
   const auto device_of_m0 = plan->device_map.Lookup("m0.w");
   REQUIRE(device_of_m0);
   for (int i = 0; i < 4000; i += 997) {
-    CHECK(plan->device_map.Lookup("m" + std::to_string(i) + ".w") == device_of_m0);
+    CHECK(plan->device_map.Lookup(fmt::format("m{}.w", i)) == device_of_m0);
   }
 }
 
