@@ -96,6 +96,7 @@ class DeviceMap {
 
   // The device of a tensor: the entry with the longest dotted prefix of `tensor_name` (the name
   // itself, then "a.b" for "a.b.c", ..., then ""). nullopt when no entry covers the name.
+  // Probes only the prefixes as long as some key, so a deep name costs little.
   std::optional<Device> Lookup(std::string_view tensor_name) const;
 
   // `{"model.embed_tokens": 0, "lm_head": "cpu"}`: entry order, GPUs as integers, the spacing of
@@ -117,6 +118,7 @@ class DeviceMap {
   };
   std::vector<Entry> entries_;
   std::unordered_map<std::string, size_t, Hash, std::equal_to<>> index_;
+  std::vector<size_t> key_lengths_;  // the keys' distinct lengths, longest first
 };
 
 // ---- sizes and budgets ---------------------------------------------------------------------

@@ -1,5 +1,7 @@
 // Device, ParseDevice and DeviceMap.
+#include <algorithm>
 #include <charconv>
+#include <functional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -56,6 +58,9 @@ Status DeviceMap::Add(std::string prefix, Device device) {
     return Status::InvalidArgument(fmt::format("device map key '{}' appears twice", prefix));
   }
   index_.emplace(prefix, entries_.size());
+  auto at = std::lower_bound(key_lengths_.begin(), key_lengths_.end(), prefix.size(),
+                             std::greater<>());
+  if (at == key_lengths_.end() || *at != prefix.size()) key_lengths_.insert(at, prefix.size());
   entries_.push_back(Entry{std::move(prefix), device});
   return Status::OK();
 }
@@ -66,13 +71,13 @@ const Device* DeviceMap::Find(std::string_view prefix) const {
 }
 
 std::optional<Device> DeviceMap::Lookup(std::string_view tensor_name) const {
-  std::string_view name = tensor_name;
-  while (true) {
-    if (const Device* device = Find(name)) return *device;
-    if (name.empty()) return std::nullopt;
-    size_t dot = name.rfind('.');
-    name = dot == std::string_view::npos ? std::string_view() : name.substr(0, dot);
+  for (size_t length : key_lengths_) {  // longest first
+    const bool dotted_prefix = length == tensor_name.size() || length == 0 ||
+                               (length < tensor_name.size() && tensor_name[length] == '.');
+    if (!dotted_prefix) continue;
+    if (const Device* device = Find(tensor_name.substr(0, length))) return *device;
   }
+  return std::nullopt;
 }
 
 std::string DeviceMap::ToJson() const {

@@ -110,6 +110,26 @@ TEST_CASE("hostile: a tensor name past the planner's name bounds") {
   CHECK(impl.nodes.back().name.data() == impl.tensors.back().name.data());  // a view, not a copy
 }
 
+TEST_CASE("hostile: a device-map lookup of a deep name probes only the keys' lengths") {
+  std::string deep;
+  for (int i = 0; i < 100'000; ++i) deep += i ? ".a" : "a";
+  DeviceMap cpu;
+  REQUIRE(cpu.Add("", Device::Cpu()).ok());
+  CHECK(cpu.Lookup(deep) == Device::Cpu());  // one probe, not 100,000 prefixes hashed
+  DeviceMap map;
+  REQUIRE(map.Add("a.a", Device::Cuda(0)).ok());
+  REQUIRE(map.Add("a.a.a.b", Device::Cuda(1)).ok());
+  REQUIRE(map.Add("b", Device::Disk()).ok());
+  CHECK(map.Lookup(deep) == Device::Cuda(0));
+  CHECK(map.Lookup("a.a.a.b.x") == Device::Cuda(1));
+  CHECK(map.Lookup("a.a.a.bx") == Device::Cuda(0));  // "a.a.a.b" is not a dotted prefix of it
+  CHECK(map.Lookup("a.ab") == std::nullopt);
+  CHECK(map.Lookup("b") == Device::Disk());
+  CHECK(map.Lookup("") == std::nullopt);
+  REQUIRE(map.Add("", Device::Cpu()).ok());
+  CHECK(map.Lookup("a.ab") == Device::Cpu());
+}
+
 TEST_CASE("hostile: a description name past the bound") {
   Json m = testing::Module(std::string(5000, 'x'), "C", Json::array({testing::Tensor("w", {1})}));
   auto d = Describe(Json{{"modules", {{"children", Json::array({m})}}}});
