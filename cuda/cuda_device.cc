@@ -402,23 +402,29 @@ void CudaDevice::Drain() { impl_->Drain(); }
 int CudaDevice::ordinal() const { return impl_->ordinal_; }
 std::string CudaDevice::StagingNote() const { return impl_->StagingNote(); }
 
-std::vector<uint64_t> CudaFreeBytesPerDevice() {
+std::vector<CudaMemory> CudaMemoryPerDevice() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();
     return {};
   }
-  std::vector<uint64_t> free_bytes;
+  std::vector<CudaMemory> memory;
   for (int i = 0; i < count; ++i) {
     DeviceGuard guard(i);
     size_t free = 0, total = 0;
     if (!guard.status().ok() || cudaMemGetInfo(&free, &total) != cudaSuccess) {
       cudaGetLastError();
-      free = 0;
+      free = total = 0;
     }
-    free_bytes.push_back(free);
+    memory.push_back({free, total});
   }
-  return free_bytes;
+  return memory;
+}
+
+std::vector<uint64_t> CudaFreeBytesPerDevice() {
+  std::vector<uint64_t> free;
+  for (const CudaMemory& m : CudaMemoryPerDevice()) free.push_back(m.free);
+  return free;
 }
 
 }  // namespace loadstone::cuda

@@ -67,8 +67,14 @@ class CudaDevice final : public device::Device {
   std::unique_ptr<Impl> impl_;
 };
 
-// Free bytes per visible GPU (cudaMemGetInfo), index = ordinal; empty without a driver or a
-// GPU. What the planner's GPU memory probe returns (SetGpuMemoryProbe).
+// Free and total bytes per visible GPU (cudaMemGetInfo), index = ordinal; empty without a
+// driver or a GPU. What the default Platform reports (cuda/cuda_platform.cc).
+struct CudaMemory {
+  uint64_t free = 0;
+  uint64_t total = 0;
+};
+std::vector<CudaMemory> CudaMemoryPerDevice();
+// The free bytes of CudaMemoryPerDevice().
 std::vector<uint64_t> CudaFreeBytesPerDevice();
 
 }  // namespace loadstone::cuda

@@ -14,8 +14,8 @@
 // (specs/device-map.md; docs/device-map.md lists where loadstone can do better, behind flags).
 //
 // Everything here is pure data: planning reads no tensor bytes and touches no device. The only
-// environment read is the default budgets (free GPU memory through the probe below, and
-// MemAvailable from /proc/meminfo) when max_memory is not given.
+// environment read is the default budgets when max_memory is not given: the free memory of the
+// GPUs and the host of `DeviceMapOptions::platform` (this machine unless told otherwise).
 //
 // Thread safety: the functions are safe to call concurrently; ModuleTree, DeviceMap and the
 // results are values (ModuleTree copies share immutable state).
@@ -37,6 +37,7 @@
 
 #include "loadstone/checkpoint.h"
 #include "loadstone/dtype.h"
+#include "loadstone/platform.h"
 #include "loadstone/status.h"
 
 namespace loadstone {
@@ -137,12 +138,6 @@ using SizeValue = std::variant<int64_t, double, std::string>;
 // Budget per device. Keys: "0", "1", ... or "cuda:0", ... for GPUs, "mps", "cpu", "disk".
 using MaxMemory = std::map<std::string, SizeValue>;
 
-// Free bytes per GPU, index = ordinal. The CUDA backend installs a probe; without one, plans made
-// without max_memory have no GPUs. Safe to call at any time from any thread; pass nullptr to
-// remove the probe.
-using GpuMemoryProbe = std::function<std::vector<uint64_t>()>;
-void SetGpuMemoryProbe(GpuMemoryProbe probe);
-
 // loadstone's keep_in_fp32 rule, used by the planner and by Plan(): `key` occurs in `name` as
 // whole dotted components, `(^|\.)key($|\.)` ("norm" matches "model.norm.weight", not
 // "model.layernorm.weight"; "layers.1" does not match "layers.10"). An empty key matches nothing.
@@ -175,8 +170,11 @@ struct DeviceMapOptions {
   // "auto" (= "balanced"), "balanced", "balanced_low_0", "sequential"; or one device for the
   // whole model: "cpu", "cuda", "cuda:1", "mps" or an integer string ("1").
   std::string device_map = "auto";
-  // Budgets; unset: every GPU's free memory (the probe) and available RAM for cpu.
+  // Budgets; unset: every GPU's free memory and the available host memory for cpu, on
+  // `platform`.
   std::optional<MaxMemory> max_memory;
+  // The machine planned for (its GPUs, its memory); unset: Platform::Default(), this machine.
+  std::shared_ptr<const Platform> platform;
   // Target floating dtype; unset: tensors keep their dtype. Integer and bool tensors never change.
   std::optional<DType> dtype;
   // Modules never split across devices: class names ("LlamaDecoderLayer") or dotted name globs

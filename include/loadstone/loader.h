@@ -29,6 +29,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/dtype.h"
 #include "loadstone/plan.h"
+#include "loadstone/platform.h"
 #include "loadstone/status.h"
 
 namespace loadstone {
@@ -100,6 +101,9 @@ struct ReadStats {
 enum class ReadBackend { kAuto, kUring, kPread };
 
 struct LoaderOptions {
+  // The machine to load on: its GPUs are the devices "cuda:N" tensors go to. Unset:
+  // Platform::Default(), this machine. A simulated platform places them on simulated devices.
+  std::shared_ptr<const Platform> platform;
   ReadBackend backend = ReadBackend::kAuto;
   int queue_depth = 32;                 // reader pieces in flight per load (io/reader.h)
   int worker_threads = 0;               // conversion workers; 0 = hardware threads
@@ -199,7 +203,6 @@ class Loader {
   struct Impl;
 
  private:
-  friend struct LoaderTestAccess;  // the pipeline's test seam (runtime/pipeline/testing.h)
   std::unique_ptr<Impl> impl_;
 };
 

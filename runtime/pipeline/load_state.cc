@@ -32,7 +32,7 @@ io::ReaderBackend ToIo(ReadBackend backend) {
 LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_in,
                          Checkpoint checkpoint_in, LoadPlan plan_in, LoadOptions options_in,
                          const LoaderOptions& loader_options_in,
-                         pipeline::ReaderFactory reader_factory, device::DeviceSet devices_in,
+                         ReaderFactory reader_factory, device::DeviceSet devices_in,
                          std::string device_log_in)
     : loop(loop_in),
       workers(workers_in),

@@ -22,7 +22,7 @@
 #include "runtime/device/device.h"
 #include "runtime/pipeline/fresh_pages.h"
 #include "runtime/pipeline/host_buffer.h"
-#include "runtime/pipeline/testing.h"
+#include "runtime/device/platform_impl.h"
 #include "runtime/pipeline/trace.h"
 
 namespace loadstone {
@@ -33,7 +33,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
 
   State(asio::io_context& loop, asio::thread_pool& workers, Checkpoint checkpoint, LoadPlan plan,
         LoadOptions options, const LoaderOptions& loader_options,
-        pipeline::ReaderFactory reader_factory, device::DeviceSet devices,
+        ReaderFactory reader_factory, device::DeviceSet devices,
         std::string device_log);
 
   // Called once, on the loop thread: opens the reader and starts reading.
@@ -127,7 +127,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::string_view Route(uint64_t chunk) const;
   std::string TraceArgs(uint64_t chunk, std::string_view route) const;
 
-  const pipeline::ReaderFactory reader_factory_;
+  const ReaderFactory reader_factory_;
   const size_t workers_count_;  // threads in `workers`
   std::shared_ptr<pipeline::HostMemoryBudget> budget_;
   std::unique_ptr<io::Reader> reader_;

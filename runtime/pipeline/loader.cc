@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/device/default_devices.h"
+#include "runtime/device/platform_impl.h"
 #include "runtime/pipeline/load_state.h"
 
 namespace loadstone {
@@ -37,7 +37,8 @@ Status Tensor::CopyToHost(std::span<std::byte> dst) const {
 struct Loader::Impl {
   explicit Impl(const LoaderOptions& opts)
       : options(opts),
-        devices(device::OpenDefaultDevices(&device_log)),
+        platform(PlatformAccess::Get(device::OrDefault(options.platform))),
+        devices(platform.open_devices(&device_log)),
         workers(opts.worker_threads > 0 ? opts.worker_threads
                                         : std::max(1u, std::thread::hardware_concurrency())),
         guard(asio::make_work_guard(loop)),
@@ -60,6 +61,7 @@ struct Loader::Impl {
   }
 
   const LoaderOptions options;
+  const Platform::Impl& platform;  // kept alive by options.platform or Platform::Default()
   std::string device_log;      // why there are (no) devices
   device::DeviceSet devices;   // "cuda:N" = devices[N]
   asio::io_context loop;
@@ -67,22 +69,8 @@ struct Loader::Impl {
   asio::executor_work_guard<asio::io_context::executor_type> guard;
   std::mutex mu;
   std::list<std::weak_ptr<LoadHandle::State>> loads;  // guarded by mu
-  pipeline::ReaderFactory reader_factory;  // tests only
   std::thread thread;
 };
-
-struct LoaderTestAccess {
-  static Loader::Impl& Get(Loader& loader) { return *loader.impl_; }
-};
-
-void pipeline::SetReaderFactoryForTesting(Loader& loader, ReaderFactory factory) {
-  LoaderTestAccess::Get(loader).reader_factory = std::move(factory);
-}
-
-void pipeline::SetDevicesForTesting(Loader& loader, device::DeviceSet devices) {
-  LoaderTestAccess::Get(loader).devices = std::move(devices);
-  LoaderTestAccess::Get(loader).device_log = "devices set by a test";
-}
 
 Loader::Loader(const LoaderOptions& options) : impl_(std::make_unique<Impl>(options)) {}
 Loader::~Loader() = default;
@@ -91,7 +79,7 @@ LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                         const LoadOptions& options) {
   auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers, checkpoint, plan,
                                                    options, impl_->options,
-                                                   impl_->reader_factory, impl_->devices,
+                                                   impl_->platform.open_reader, impl_->devices,
                                                    impl_->device_log);
   {
     std::lock_guard lock(impl_->mu);

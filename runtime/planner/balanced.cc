@@ -66,7 +66,7 @@ PyNum MeanLeafModuleSize(const BalanceInput& in) {
 Result<Budgets> GetBalancedMemory(const BalanceInput& in, const std::optional<MaxMemory>& max_memory,
                                   bool low_zero, std::vector<std::string>* warnings) {
   bool user_unset = !max_memory.has_value();
-  LOADSTONE_ASSIGN_OR_RETURN(Budgets budgets, GetMaxMemory(max_memory, warnings));
+  LOADSTONE_ASSIGN_OR_RETURN(Budgets budgets, GetMaxMemory(max_memory, *in.platform, warnings));
   int64_t num_gpus = 0;
   for (const Budget& b : budgets) {
     if (b.device.is_gpu() && b.bytes > PyNum::Int(0)) ++num_gpus;

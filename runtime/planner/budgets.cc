@@ -1,46 +1,12 @@
 #include "runtime/planner/budgets.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <fstream>
-#include <mutex>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 namespace loadstone {
-namespace {
-
-std::mutex& ProbeMutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
-GpuMemoryProbe& ProbeSlot() {
-  static GpuMemoryProbe probe;
-  return probe;
-}
-
-}  // namespace
-
-void SetGpuMemoryProbe(GpuMemoryProbe probe) {
-  std::lock_guard<std::mutex> lock(ProbeMutex());
-  ProbeSlot() = std::move(probe);
-}
-
 namespace planner {
-
-std::optional<std::vector<uint64_t>> ProbeGpus() {
-  GpuMemoryProbe probe;
-  {
-    std::lock_guard<std::mutex> lock(ProbeMutex());
-    probe = ProbeSlot();
-  }
-  if (!probe) return std::nullopt;
-  return probe();
-}
 
 const Budget* FindBudget(const Budgets& budgets, Device device) {
   for (const Budget& b : budgets) {
@@ -65,35 +31,16 @@ Result<Device> ParseBudgetKey(const std::string& key) {
       key));
 }
 
-Result<uint64_t> AvailableRam() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream fields(line.substr(13));
-    uint64_t kib = 0;
-    if (fields >> kib) return kib * 1024;
-  }
-  long pages = sysconf(_SC_AVPHYS_PAGES);
-  long page_size = sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page_size > 0) {
-    return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
-  }
-  return Status::IOError("cannot read the available memory from /proc/meminfo; give max_memory");
-}
-
-Result<Budgets> GetMaxMemory(const std::optional<MaxMemory>& max_memory,
+Result<Budgets> GetMaxMemory(const std::optional<MaxMemory>& max_memory, const Platform& platform,
                              std::vector<std::string>* warnings) {
   Budgets budgets;
-  std::optional<std::vector<uint64_t>> gpus = ProbeGpus();
+  const std::vector<PlatformGpu> gpus = platform.Gpus();
   if (!max_memory) {
-    if (gpus) {
-      for (size_t i = 0; i < gpus->size(); ++i) {
-        budgets.push_back({Device::Cuda(static_cast<int>(i)),
-                           PyNum::Int(static_cast<int64_t>(std::min<uint64_t>((*gpus)[i], INT64_MAX)))});
-      }
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      budgets.push_back({Device::Cuda(static_cast<int>(i)),
+                         PyNum::Int(static_cast<int64_t>(std::min<uint64_t>(gpus[i].free_bytes, INT64_MAX)))});
     }
-    LOADSTONE_ASSIGN_OR_RETURN(uint64_t ram, AvailableRam());
+    LOADSTONE_ASSIGN_OR_RETURN(uint64_t ram, platform.AvailableHostBytes());
     budgets.push_back({Device::Cpu(), PyNum::Int(static_cast<int64_t>(std::min<uint64_t>(ram, INT64_MAX)))});
     return budgets;
   }
@@ -117,11 +64,13 @@ Result<Budgets> GetMaxMemory(const std::optional<MaxMemory>& max_memory,
   }
   std::stable_sort(budgets.begin(), budgets.end(),
                    [](const Budget& a, const Budget& b) { return a.device < b.device; });
-  if (gpus && warnings) {
-    std::vector<size_t> available(gpus->size());
+  // accelerate warns about GPUs the machine does not have; a machine without any (planning for
+  // budgets given in full, accelerate's tests on a CPU) gets no such warning.
+  if (!gpus.empty() && warnings) {
+    std::vector<size_t> available(gpus.size());
     for (size_t i = 0; i < available.size(); ++i) available[i] = i;
     for (const Budget& b : budgets) {
-      if (b.device.is_gpu() && static_cast<size_t>(b.device.index) >= gpus->size()) {
+      if (b.device.is_gpu() && static_cast<size_t>(b.device.index) >= gpus.size()) {
         warnings->push_back(fmt::format("Device {} is not available, available devices are [{}]",
                                         b.device.index, fmt::join(available, ", ")));
       }

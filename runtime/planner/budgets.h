@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "loadstone/device_map.h"
+#include "loadstone/platform.h"
 #include "runtime/planner/module_sizes.h"
 #include "runtime/planner/no_split.h"
 #include "runtime/planner/py_number.h"
@@ -29,27 +30,22 @@ Budget* FindBudget(Budgets& budgets, Device device);
 // Errors: InvalidArgument with accelerate's "Device X is not recognized" message.
 Result<Device> ParseBudgetKey(const std::string& key);
 
-// get_max_memory. Unset: each GPU's free bytes (the probe), then cpu = available RAM.
-// Warns (into *warnings) about GPU ordinals the probe does not know, when a probe is installed.
-Result<Budgets> GetMaxMemory(const std::optional<MaxMemory>& max_memory,
+// get_max_memory on `platform`. Unset: each GPU's free bytes, then cpu = available host memory.
+// Warns (into *warnings) about GPU ordinals the platform does not have, when it has GPUs.
+Result<Budgets> GetMaxMemory(const std::optional<MaxMemory>& max_memory, const Platform& platform,
                              std::vector<std::string>* warnings);
 
 struct BalanceInput {
   const ModuleTree::Impl* tree;
   const ModuleSizes* sizes;
   const NoSplit* no_split;
+  const Platform* platform;
 };
 
 // get_balanced_memory (low_zero for "balanced_low_0").
 Result<Budgets> GetBalancedMemory(const BalanceInput& input,
                                   const std::optional<MaxMemory>& max_memory, bool low_zero,
                                   std::vector<std::string>* warnings);
-
-// MemAvailable from /proc/meminfo (what psutil reports as available). Errors: IOError.
-Result<uint64_t> AvailableRam();
-
-// The installed GPU probe's answer; nullopt when none is installed.
-std::optional<std::vector<uint64_t>> ProbeGpus();
 
 }  // namespace loadstone::planner
 

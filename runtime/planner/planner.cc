@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "runtime/device/platform_impl.h"
 #include "runtime/planner/budgets.h"
 #include "runtime/planner/clean.h"
 #include "runtime/planner/greedy.h"
@@ -192,6 +193,7 @@ void CheckSpecialDTypes(const ModuleTree::Impl& tree, const DeviceMapOptions& op
 Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapOptions& options,
                                         const PlacedDTypes& placed) {
   const ModuleTree::Impl& impl = tree.impl();
+  const Platform& platform = device::OrDefault(options.platform);
   DevicePlan plan;
   LOADSTONE_ASSIGN_OR_RETURN(ModeChoice mode, ParseDeviceMapString(options.device_map));
   if (options.no_split) {
@@ -210,18 +212,18 @@ Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapO
   Budgets budgets;
   if (mode.mode == Mode::kSingleDevice) {
     if (options.max_memory) {
-      LOADSTONE_ASSIGN_OR_RETURN(budgets, GetMaxMemory(options.max_memory, &plan.warnings));
+      LOADSTONE_ASSIGN_OR_RETURN(budgets, GetMaxMemory(options.max_memory, platform, &plan.warnings));
     }
     LOADSTONE_RETURN_IF_ERROR(plan.device_map.Add("", mode.device));
   } else {
     bool balanced = mode.mode != Mode::kSequential && options.strategy == PlanStrategy::kGreedy;
     if (balanced) {
-      BalanceInput input{&impl, &sizes, &no_split};
+      BalanceInput input{&impl, &sizes, &no_split, &platform};
       LOADSTONE_ASSIGN_OR_RETURN(budgets, GetBalancedMemory(input, options.max_memory,
                                                             mode.mode == Mode::kBalancedLow0,
                                                             &plan.warnings));
     } else {
-      LOADSTONE_ASSIGN_OR_RETURN(budgets, GetMaxMemory(options.max_memory, &plan.warnings));
+      LOADSTONE_ASSIGN_OR_RETURN(budgets, GetMaxMemory(options.max_memory, platform, &plan.warnings));
     }
     PlanContext ctx;
     ctx.tree = &impl;

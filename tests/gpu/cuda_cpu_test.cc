@@ -10,9 +10,10 @@
 #include "cuda/launch_geometry.h"
 #include "cuda/probe.h"
 #include "loadstone/device_map.h"
+#include "loadstone/platform.h"
+#include "runtime/device/platform_impl.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
-#include "runtime/device/default_devices.h"
 
 namespace loadstone::cuda {
 namespace {
@@ -122,14 +123,20 @@ TEST_CASE("fp8 block dequant launcher: the CPU reference's pairs, bad layouts re
             .code() == StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("default devices: one per GPU, or none with the reason, and the memory probe") {
+TEST_CASE("default platform: one device per GPU, or none with the reason, and free memory") {
+  const std::shared_ptr<const Platform> platform = Platform::Default();
+  const Platform::Impl& parts = PlatformAccess::Get(*platform);
   std::string log;
-  const device::DeviceSet devices = device::OpenDefaultDevices(&log);
+  const device::DeviceSet devices = parts.open_devices(&log);
   const CudaProbeResult probe = ProbeCuda();
   CHECK_FALSE(log.empty());
+  CHECK_FALSE(platform->simulated());
   if (probe.device_count == 0) {
     CHECK(devices.empty());
-    CHECK(Contains(log, "CPU only"));
+    CHECK(platform->Gpus().empty());
+    CHECK(Contains(log, "CPU only: no CUDA device: "));
+    CHECK(Contains(platform->description(), "CPU only: no CUDA device: "));
+    CHECK_FALSE(Contains(log, "insufficient"));  // no driver is not an old driver
     CHECK(CudaFreeBytesPerDevice().empty());
     auto opened = CudaDevice::Open(0);
     REQUIRE_FALSE(opened.ok());
@@ -139,7 +146,11 @@ TEST_CASE("default devices: one per GPU, or none with the reason, and the memory
   }
   CHECK(devices.size() == static_cast<size_t>(probe.device_count));
   CHECK(devices[0]->Info().name == "cuda:0");
-  CHECK(CudaFreeBytesPerDevice().size() == devices.size());
+  const auto gpus = platform->Gpus();
+  REQUIRE(gpus.size() == devices.size());
+  CHECK(gpus[0].name == "cuda:0");
+  CHECK(gpus[0].free_bytes > 0);
+  CHECK(gpus[0].free_bytes <= gpus[0].memory_bytes);
 }
 
 }  // namespace

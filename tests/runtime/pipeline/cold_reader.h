@@ -10,7 +10,7 @@
 #include "io/fault_reader.h"
 #include "io/reader_wrapper.h"
 #include "loadstone/loader.h"
-#include "runtime/pipeline/testing.h"
+#include "tests/runtime/pipeline/test_platform.h"
 
 namespace loadstone::testing {
 
@@ -28,17 +28,22 @@ class ColdReader final : public io::ReaderWrapper {
   std::atomic<int>* asked_;
 };
 
-// Makes every load on `loader` see cold files; `faults` (if any) are injected under that.
-inline void UseColdReader(Loader& loader, std::atomic<int>* asked, io::FaultOptions faults = {}) {
-  pipeline::SetReaderFactoryForTesting(
-      loader,
-      [asked, faults](const std::vector<std::string>& paths, const io::ReaderOptions& o,
-                      std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+// Loader options under which every load sees cold files; `faults` (if any) are injected under
+// that while `*faults_on` holds (null: always).
+inline LoaderOptions ColdReads(std::atomic<int>* asked, io::FaultOptions faults = {},
+                               LoaderOptions options = {},
+                               std::shared_ptr<std::atomic<bool>> faults_on = nullptr) {
+  options.platform = TestPlatform(
+      {}, [asked, faults, faults_on](const std::vector<std::string>& paths, const io::ReaderOptions& o,
+                                     std::string* log) -> Result<std::unique_ptr<io::Reader>> {
         LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, o, log));
+        const io::FaultOptions none;
         LOADSTONE_ASSIGN_OR_RETURN(
-            auto faulty, io::FaultInjectingReader::Create(std::move(inner), paths, faults));
+            auto faulty, io::FaultInjectingReader::Create(std::move(inner), paths,
+                                                          !faults_on || *faults_on ? faults : none));
         return std::unique_ptr<io::Reader>(std::make_unique<ColdReader>(std::move(faulty), asked));
       });
+  return options;
 }
 
 }  // namespace loadstone::testing

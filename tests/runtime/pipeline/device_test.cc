@@ -15,7 +15,7 @@
 #include "loadstone/writer.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/device/sim_device.h"
-#include "runtime/pipeline/testing.h"
+#include "tests/runtime/pipeline/test_platform.h"
 #include "test_model.h"
 
 namespace loadstone {
@@ -51,15 +51,15 @@ struct GpuAndCpuLoads {
     REQUIRE(on_cpu_plan.ok());
     gpu_plan = std::move(*on_gpu_plan);
     sims = MakeSims(1, {.latency = latency});
-    pipeline::SetDevicesForTesting(loader, AsSet(sims));
-    on_gpu = loader.Load(ckpt, gpu_plan);
-    on_cpu = loader.Load(ckpt, *on_cpu_plan);
+    loader = std::make_unique<Loader>(testing::OnDevices(AsSet(sims)));
+    on_gpu = loader->Load(ckpt, gpu_plan);
+    on_cpu = loader->Load(ckpt, *on_cpu_plan);
     REQUIRE(on_gpu.Done().get().ok());
     REQUIRE(on_cpu.Done().get().ok());
   }
   LoadPlan gpu_plan;
   std::vector<std::shared_ptr<SimDevice>> sims;
-  Loader loader;
+  std::unique_ptr<Loader> loader;
   LoadHandle on_gpu, on_cpu;  // after `loader`: released first
 };
 
@@ -73,8 +73,7 @@ TEST_CASE("sim: a sequential map over two GPUs and cpu puts every tensor where t
   auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   auto sims = MakeSims(2, {.latency = std::chrono::microseconds(100)});
-  Loader loader;
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  Loader loader(testing::OnDevices(AsSet(sims)));
   LoadHandle load = loader.Load(ckpt, *plan);
   REQUIRE(load.Done().get().ok());
   std::map<std::string, uint64_t> bytes;
@@ -105,8 +104,7 @@ TEST_CASE("sim: conversions run on the device and match the CPU load") {
   REQUIRE(gpu_plan.ok());
   REQUIRE(cpu_plan.ok());
   auto sims = MakeSims(1);
-  Loader loader;
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  Loader loader(testing::OnDevices(AsSet(sims)));
   LoadHandle on_gpu = loader.Load(ckpt, *gpu_plan);
   LoadHandle on_cpu = loader.Load(ckpt, *cpu_plan);
   REQUIRE(on_gpu.Done().get().ok());
@@ -201,8 +199,7 @@ TEST_CASE("sim: the trace shows each device's copy and compute streams, job by j
   auto plan = Plan(m.ckpt, po);
   REQUIRE(plan.ok());
   auto sims = MakeSims(1, {.latency = std::chrono::microseconds(200)});
-  Loader loader;
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  Loader loader(testing::OnDevices(AsSet(sims)));
   LoadOptions options;
   options.trace = true;
   LoadHandle load = loader.Load(m.ckpt, *plan, options);
@@ -247,8 +244,7 @@ TEST_CASE("sim: staging stays bounded and slots are recycled under backpressure"
   auto sims = MakeSims(1, {.bandwidth_bytes_per_s = 2e9});
   LoaderOptions lo;
   lo.staging_bytes = 3 << 20;  // three 1 MiB slots (+ a page each)
-  Loader loader(lo);
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  Loader loader(testing::OnDevices(AsSet(sims), lo));
   LoadHandle load = loader.Load(ckpt, *plan);
   REQUIRE(load.Done().get().ok());
   for (const Tensor& t : load.Tensors()) testing::CheckTensorBytes(t);
@@ -269,8 +265,7 @@ TEST_CASE("sim: cancel with device jobs in flight, device memory is given back")
   auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   auto sims = MakeSims(1, {.latency = std::chrono::microseconds(500)});
-  Loader loader;
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  Loader loader(testing::OnDevices(AsSet(sims)));
   const uint32_t seed = std::random_device{}();
   INFO("seed " << seed);
   std::mt19937 rng(seed);
@@ -298,8 +293,7 @@ TEST_CASE("sim: a failing device job fails the load naming tensor and device") {
   auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   auto sims = MakeSims(1, {.fail_job = 3});
-  Loader loader;
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  Loader loader(testing::OnDevices(AsSet(sims)));
   {
     LoadHandle load = loader.Load(ckpt, *plan);
     const Status s = load.Done().get();
@@ -320,8 +314,7 @@ TEST_CASE("sim: out of device memory, and a GPU the Loader does not have") {
   po.device_map = "cuda:0";
   auto plan = Plan(ckpt, po);
   auto sims = MakeSims(1, {.memory_bytes = 4 << 20});
-  Loader loader;
-  pipeline::SetDevicesForTesting(loader, AsSet(sims));
+  Loader loader(testing::OnDevices(AsSet(sims)));
   LoadHandle oom = loader.Load(ckpt, *plan);
   const Status s = oom.Done().get();
   REQUIRE(s.code() == StatusCode::kOutOfMemory);

@@ -8,7 +8,7 @@
 #include "io/fault_reader.h"
 #include "io/reader_wrapper.h"
 #include "loadstone/loader.h"
-#include "runtime/pipeline/testing.h"
+#include "tests/runtime/pipeline/test_platform.h"
 #include "test_model.h"
 
 namespace loadstone {
@@ -108,15 +108,14 @@ TEST_CASE("faults: a shard that shrinks under a page-cache copy → IOError, no 
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);  // just written: in the page cache
   auto plan = Plan(ckpt);
   REQUIRE(plan.ok());
-  Loader loader;
   std::string shrunk;  // written on the loop thread before the copy that fails
-  pipeline::SetReaderFactoryForTesting(
-      loader, [&](const std::vector<std::string>& paths, const io::ReaderOptions& options,
-                  std::string* log) -> Result<std::unique_ptr<io::Reader>> {
-        LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
-        return std::unique_ptr<io::Reader>(
-            new ShrinkingAfterView(std::move(inner), paths, &shrunk));
-      });
+  testing::ReaderSwitch shrinking([&](const std::vector<std::string>& paths,
+                                      const io::ReaderOptions& options,
+                                      std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+    LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
+    return std::unique_ptr<io::Reader>(new ShrinkingAfterView(std::move(inner), paths, &shrunk));
+  });
+  Loader loader(shrinking.Options());
   LoadHandle load = loader.Load(ckpt, *plan);
   const Status status = load.Done().get();
   INFO(status.ToString() << "\nbackend: " << load.backend());
@@ -131,7 +130,7 @@ TEST_CASE("faults: a shard that shrinks under a page-cache copy → IOError, no 
   REQUIRE_FALSE(shrunk.empty());
   CHECK_THAT(msg, Catch::Contains(shrunk));
   RequireNothingPassedOff(load, ckpt, status);
-  pipeline::SetReaderFactoryForTesting(loader, nullptr);
+  shrinking.Off();
   RequireLoaderStillWorks(loader);
 }
 
@@ -142,17 +141,17 @@ TEST_CASE("faults: EIO in the middle of a shard → IOError naming file, tensor,
   REQUIRE(plan.ok());
   const TensorInfo* victim = ckpt.Find("model.layers.1.attn.q.weight");
   REQUIRE(victim != nullptr);
-  Loader loader;
-  pipeline::SetReaderFactoryForTesting(
-      loader, [&](const std::vector<std::string>& paths, const io::ReaderOptions& options,
-                  std::string* log) -> Result<std::unique_ptr<io::Reader>> {
-        LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
-        io::FaultOptions faults;
-        faults.eio_at.push_back({victim->file, victim->offset + victim->nbytes / 2});
-        LOADSTONE_ASSIGN_OR_RETURN(
-            auto wrapped, io::FaultInjectingReader::Create(std::move(inner), paths, faults));
-        return std::unique_ptr<io::Reader>(std::move(wrapped));
-      });
+  testing::ReaderSwitch eio([&](const std::vector<std::string>& paths,
+                                const io::ReaderOptions& options,
+                                std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+    LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
+    io::FaultOptions faults;
+    faults.eio_at.push_back({victim->file, victim->offset + victim->nbytes / 2});
+    LOADSTONE_ASSIGN_OR_RETURN(
+        auto wrapped, io::FaultInjectingReader::Create(std::move(inner), paths, faults));
+    return std::unique_ptr<io::Reader>(std::move(wrapped));
+  });
+  Loader loader(eio.Options());
   LoadHandle load = loader.Load(ckpt, *plan);
   const Status status = load.Done().get();
   INFO(status.ToString());
@@ -161,7 +160,7 @@ TEST_CASE("faults: EIO in the middle of a shard → IOError naming file, tensor,
   CHECK_THAT(msg, Catch::Contains(victim->name));
   CHECK_THAT(msg, Catch::Contains(ckpt.files()[victim->file].path));
   RequireNothingPassedOff(load, ckpt, status);
-  pipeline::SetReaderFactoryForTesting(loader, nullptr);
+  eio.Off();
   RequireLoaderStillWorks(loader);
 }
 
@@ -196,22 +195,23 @@ TEST_CASE("faults: stress — many concurrent loads with random cancels, slow re
   LoaderOptions lo;
   lo.queue_depth = 8;
   lo.staging_bytes = 32 << 20;
-  Loader loader(lo);
   // Slow, reordered reads; or the real reader, whose page-cache views let the workers copy
   // most chunks themselves (fresh pages).
   const bool slow = GENERATE(true, false);
-  if (slow) pipeline::SetReaderFactoryForTesting(
-      loader, [seed](const std::vector<std::string>& paths, const io::ReaderOptions& options,
-                     std::string* log) -> Result<std::unique_ptr<io::Reader>> {
-        LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
-        io::FaultOptions faults;
-        faults.latency = std::chrono::microseconds(200);
-        faults.reorder_window = 4;
-        faults.seed = seed;
-        LOADSTONE_ASSIGN_OR_RETURN(
-            auto wrapped, io::FaultInjectingReader::Create(std::move(inner), paths, faults));
-        return std::unique_ptr<io::Reader>(std::move(wrapped));
-      });
+  testing::ReaderSwitch slow_reads([seed](const std::vector<std::string>& paths,
+                                          const io::ReaderOptions& options,
+                                          std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+    LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
+    io::FaultOptions faults;
+    faults.latency = std::chrono::microseconds(200);
+    faults.reorder_window = 4;
+    faults.seed = seed;
+    LOADSTONE_ASSIGN_OR_RETURN(
+        auto wrapped, io::FaultInjectingReader::Create(std::move(inner), paths, faults));
+    return std::unique_ptr<io::Reader>(std::move(wrapped));
+  });
+  if (!slow) slow_reads.Off();
+  Loader loader(slow_reads.Options(lo));
   std::vector<std::thread> threads;
   std::atomic<int> ok{0}, cancelled{0}, bad{0};
   for (int t = 0; t < 4; ++t) {
@@ -237,7 +237,7 @@ TEST_CASE("faults: stress — many concurrent loads with random cancels, slow re
   for (auto& th : threads) th.join();
   CHECK(bad.load() == 0);
   CHECK(ok.load() + cancelled.load() == 20);
-  pipeline::SetReaderFactoryForTesting(loader, nullptr);
+  slow_reads.Off();
   RequireLoaderStillWorks(loader);
 }
 

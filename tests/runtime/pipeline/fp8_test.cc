@@ -9,7 +9,6 @@
 #include "loadstone/plan.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
-#include "runtime/pipeline/testing.h"
 #include "test_model.h"
 
 namespace loadstone {
@@ -60,13 +59,16 @@ void CheckFp8Load(const testing::Fp8Checkpoint& m, LoadHandle& load, DType to) {
 
 // Completions shuffled six at a time, every range cold: the scales go through staging too, so
 // they are in place only once a worker has copied them — after their completion was handled.
-void ColdAndReordered(Loader& loader, std::vector<io::FaultOptions::FileByte> eio = {}) {
+// Loads that see cold files and reads that complete late and out of order (EIO at `eio` while
+// `*faults_on` holds).
+LoaderOptions ColdAndReordered(LoaderOptions lo = {}, std::vector<io::FaultOptions::FileByte> eio = {},
+                               std::shared_ptr<std::atomic<bool>> faults_on = nullptr) {
   static std::atomic<int> asked{0};
   io::FaultOptions faults;
   faults.reorder_window = 6;
   faults.latency = std::chrono::microseconds(200);
   faults.eio_at = std::move(eio);
-  testing::UseColdReader(loader, &asked, faults);
+  return testing::ColdReads(&asked, faults, lo, std::move(faults_on));
 }
 
 TEST_CASE("fp8 block: the plan reads each weight's scales first, as stored, never coalesced") {
@@ -129,8 +131,7 @@ TEST_CASE("fp8 block: the CPU load dequantizes with the right scales, in any com
   REQUIRE(plan.ok());
   LoaderOptions lo;
   if (staging) lo.staging_bytes = staging;  // rounds up to the two-slot minimum
-  Loader loader(lo);
-  if (reorder) ColdAndReordered(loader);
+  Loader loader(reorder ? ColdAndReordered(lo) : lo);
   LoadHandle load = loader.Load(m.ckpt, *plan);
   CheckFp8Load(m, load, to);
 }
@@ -159,8 +160,8 @@ TEST_CASE("fp8 block: EIO in a scales read fails the load, naming the read that 
   po.max_chunk = 64 << 10;
   auto plan = Plan(m.ckpt, po);
   REQUIRE(plan.ok());
-  Loader loader;
-  ColdAndReordered(loader, {{victim.file, victim.offset + 4}});
+  auto faults_on = std::make_shared<std::atomic<bool>>(true);
+  Loader loader(ColdAndReordered({}, {{victim.file, victim.offset + 4}}, faults_on));
   LoadHandle failed = loader.Load(m.ckpt, *plan);
   const Status status = failed.Done().get();
   INFO(status.ToString());
@@ -178,7 +179,7 @@ TEST_CASE("fp8 block: EIO in a scales read fails the load, naming the read that 
   CHECK_THAT(std::string(status.message()), Catch::Contains(m.ckpt.files()[victim.file].path));
   CHECK(failed.Tensors().empty());
   CHECK_THROWS_AS(failed.Tensor("model.layers.1.mlp.gate_proj.weight").get(), Error);
-  ColdAndReordered(loader);
+  faults_on->store(false);  // cold and reordered still, no EIO
   LoadHandle again = loader.Load(m.ckpt, *plan);
   CheckFp8Load(m, again, DType::kBF16);
 }

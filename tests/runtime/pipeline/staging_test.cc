@@ -8,7 +8,6 @@
 #include "io/fault_reader.h"
 #include "io/reader_wrapper.h"
 #include "loadstone/loader.h"
-#include "runtime/pipeline/testing.h"
 #include "cold_reader.h"
 #include "test_model.h"
 
@@ -16,7 +15,7 @@ namespace loadstone {
 namespace {
 
 using testing::TempDir;
-using testing::UseColdReader;
+using testing::ColdReads;
 
 size_t Count(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -33,9 +32,8 @@ TEST_CASE("staging: cold tensors are staged and copied byte-exact, off means in 
   LoaderOptions lo;
   lo.stage_cold_reads = stage;
   lo.fill_fresh_pages = false;  // with them, every CPU tensor is staged
-  Loader loader(lo);
   std::atomic<int> asked{0};
-  UseColdReader(loader, &asked);
+  Loader loader(ColdReads(&asked, {}, lo));
   LoadOptions options;
   options.trace = true;
   LoadHandle load = loader.Load(ckpt, *plan, options);
@@ -82,11 +80,11 @@ TEST_CASE("staging: EIO in a cold staged read fails cleanly, the slot and Loader
   LoaderOptions lo;
   lo.staging_bytes = 1;  // two slots: a leaked one would stall the next load
   lo.fill_fresh_pages = GENERATE(false, true);  // with fresh pages, every read is staged
-  Loader loader(lo);
   std::atomic<int> asked{0};
   io::FaultOptions faults;
   faults.eio_at.push_back({victim->file, victim->offset + victim->nbytes / 3});
-  UseColdReader(loader, &asked, faults);
+  auto faults_on = std::make_shared<std::atomic<bool>>(true);
+  Loader loader(ColdReads(&asked, faults, lo, faults_on));
   LoadHandle load = loader.Load(ckpt, *plan);
   const Status status = load.Done().get();
   INFO(status.ToString());
@@ -95,7 +93,7 @@ TEST_CASE("staging: EIO in a cold staged read fails cleanly, the slot and Loader
   CHECK(load.Tensors().empty());
   if (!lo.fill_fresh_pages) CHECK(asked.load() > 0);
 
-  UseColdReader(loader, &asked);
+  faults_on->store(false);
   LoadHandle again = loader.Load(ckpt, *plan);
   REQUIRE(again.Done().get().ok());
   for (const Tensor& t : again.Tensors()) testing::CheckTensorBytes(t);

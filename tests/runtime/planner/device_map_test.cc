@@ -112,15 +112,16 @@ TEST_CASE("max_memory: keys and values as get_max_memory takes them", "[planner]
   CHECK_FALSE(InferDeviceMap(d.tree, d.options).ok());  // a string needs a unit
 }
 
-TEST_CASE("default budgets: the GPU probe and available RAM", "[planner][device]") {
+TEST_CASE("default budgets: the platform's GPUs and available RAM", "[planner][device]") {
   ModelDescription d = testing::Describe(testing::Doc(Small(), nullptr));
   d.options.device_map = "sequential";
+  d.options.platform = Platform::Simulated({});  // no GPU, this machine's host memory
   auto no_gpu = InferDeviceMap(d.tree, d.options);
   REQUIRE(no_gpu.ok());
   CHECK(no_gpu->device_map.ToJson() == R"({"": "cpu"})");
-  SetGpuMemoryProbe([] { return std::vector<uint64_t>{1000, 2000}; });
-  auto with_gpus = InferDeviceMap(d.tree, d.options);
-  SetGpuMemoryProbe(nullptr);
+  DeviceMapOptions on_gpus = d.options;
+  on_gpus.platform = Platform::Simulated({{1000, 2000}, std::nullopt});
+  auto with_gpus = InferDeviceMap(d.tree, on_gpus);
   REQUIRE(with_gpus.ok());
   CHECK(with_gpus->device_map.ToJson() == R"({"": 0})");
   CHECK(with_gpus->usage[1].budget == 2000u);

@@ -1,0 +1,64 @@
+// Platforms for pipeline tests: a machine whose GPUs are the test's simulated devices, and one
+// whose loads open their files through the test's reader (fault injection), switchable off so
+// that a test can check the Loader afterwards.
+#ifndef LOADSTONE_TESTS_RUNTIME_PIPELINE_TEST_PLATFORM_H_
+#define LOADSTONE_TESTS_RUNTIME_PIPELINE_TEST_PLATFORM_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loadstone/loader.h"
+#include "runtime/device/platform_impl.h"
+
+namespace loadstone::testing {
+
+// This machine's description with `devices` as its GPUs ("cuda:N" = devices[N]) and `reader`
+// (when set) opening every load's files.
+inline std::shared_ptr<const Platform> TestPlatform(device::DeviceSet devices,
+                                                    ReaderFactory reader = {}) {
+  Platform::Impl impl;
+  impl.description = "test platform";
+  std::vector<PlatformGpu> gpus;
+  for (const auto& d : devices) {
+    gpus.push_back({d->Info().name, d->Info().description, d->Info().total_bytes, d->Info().free_bytes});
+  }
+  impl.gpus = [gpus] { return gpus; };
+  impl.open_devices = [devices](std::string* log) {
+    if (log) *log = "devices set by a test";
+    return devices;
+  };
+  impl.open_reader = std::move(reader);
+  return PlatformAccess::Make(std::move(impl));
+}
+
+// `options` on a platform whose GPUs are `devices`.
+inline LoaderOptions OnDevices(device::DeviceSet devices, LoaderOptions options = {}) {
+  options.platform = TestPlatform(std::move(devices));
+  return options;
+}
+
+// A reader for a Loader's loads that a test turns off (Off()): loads then open the real reader.
+class ReaderSwitch {
+ public:
+  explicit ReaderSwitch(ReaderFactory factory) : factory_(std::move(factory)) {}
+
+  LoaderOptions Options(LoaderOptions options = {}) const {
+    options.platform = TestPlatform({}, [on = on_, factory = factory_](
+                                            const std::vector<std::string>& paths,
+                                            const io::ReaderOptions& o, std::string* log) {
+      return on->load() ? factory(paths, o, log) : io::OpenReader(paths, o, log);
+    });
+    return options;
+  }
+  void Off() { on_->store(false); }
+
+ private:
+  ReaderFactory factory_;
+  std::shared_ptr<std::atomic<bool>> on_ = std::make_shared<std::atomic<bool>>(true);
+};
+
+}  // namespace loadstone::testing
+
+#endif  // LOADSTONE_TESTS_RUNTIME_PIPELINE_TEST_PLATFORM_H_
