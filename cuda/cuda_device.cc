@@ -121,6 +121,7 @@ class CudaDevice::Impl {
     HostStaging staging;
     staging.bytes = bytes;
     staging.pinned = holder->pinned();
+    if (!staging.pinned) staging.why_pageable = "pinning failed: " + holder->reason();
     staging.data = std::shared_ptr<std::byte>(holder, holder->data());
     return staging;
   }

@@ -41,6 +41,7 @@ struct HostStaging {
   std::shared_ptr<std::byte> data;
   uint64_t bytes = 0;
   bool pinned = false;
+  std::string why_pageable;  // when !pinned: "pinning failed: ...", "a simulated device"
 };
 
 // When a job's work ran on the device, on the host's steady clock (a GPU converts its event

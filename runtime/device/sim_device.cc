@@ -66,6 +66,7 @@ Result<HostStaging> SimDevice::AllocateStaging(uint64_t bytes) {
   staging.data = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
   staging.bytes = bytes;
   staging.pinned = false;
+  staging.why_pageable = "a simulated device: host memory, nothing to pin";
   return staging;
 }
 

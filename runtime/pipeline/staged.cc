@@ -115,7 +115,7 @@ Status LoadHandle::State::AllocateStagingSlot(size_t s) {
   if (!staging.pinned && !warned_pageable_) {
     warned_pageable_ = true;
     std::lock_guard lock(callbacks_mu);
-    backend_description += "; staging is pageable (pinning failed)";
+    backend_description += "; staging is pageable (" + staging.why_pageable + ")";
   }
   staging_[s].buffer = std::move(staging.data);
   return Status::OK();

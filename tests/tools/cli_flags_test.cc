@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -198,6 +200,60 @@ TEST_CASE("cli: load takes what plan takes: a description, a strategy, an explic
   const auto described_plan = RunCli("plan " + m.path + " --model-json " + description + " --json");
   CHECK(described_plan.code == 0);
   CHECK(nlohmann::json::parse(described_plan.out)["no_split"] == nlohmann::json::array({"Layer"}));
+}
+
+// Eight equal layers between an embedding and a head: a model that balances over two GPUs.
+struct LayeredModel {
+  TempDir dir;
+  std::string path;
+  LayeredModel() {
+    static std::vector<std::vector<std::byte>> data;
+    data.clear();
+    for (int i = 0; i < 10; ++i) data.emplace_back(256 * 256 * 2, std::byte(i + 1));
+    std::vector<TensorToWrite> t = {{"model.embed_tokens.weight", DType::kBF16, {256, 256}, data[0], {}}};
+    for (int i = 0; i < 8; ++i) {
+      t.push_back({"model.layers." + std::to_string(i) + ".w", DType::kBF16, {256, 256}, data[i + 1], {}});
+    }
+    t.push_back({"lm_head.weight", DType::kBF16, {256, 256}, data[9], {}});
+    path = dir.Path("model");
+    REQUIRE(WriteShardedSafetensors(path, t, {.max_shard_size = 600'000}).ok());
+  }
+};
+
+TEST_CASE("cli: --assume-gpus plans for a machine that is not this one, and loads onto it simulated",
+          "[tools][cli]") {
+  LayeredModel m;
+  const auto plan = RunCli("plan " + m.path + " --device-map auto --assume-gpus 2x600MiB --json");
+  INFO(plan.err);
+  REQUIRE(plan.code == 0);
+  const nlohmann::json doc = nlohmann::json::parse(plan.out);
+  std::set<nlohmann::json> values;
+  for (const auto& [prefix, device] : doc["device_map"].items()) values.insert(device);
+  CHECK(values.count(0) == 1);
+  CHECK(values.count(1) == 1);
+  CHECK(doc["budgets"].contains("1"));
+  const auto load = RunCli("load " + m.path + " --device-map auto --assume-gpus 2x600MiB --json");
+  const auto cpu = RunCli("load " + m.path + " --json");
+  REQUIRE(load.code == 0);
+  REQUIRE(cpu.code == 0);
+  const nlohmann::json on_gpus = nlohmann::json::parse(load.out), on_cpu = nlohmann::json::parse(cpu.out);
+  CHECK(on_gpus["simulated"] == true);
+  CHECK(on_gpus["platform"] == "simulated: 2 GPU(s) of 600 MiB, 600 MiB");
+  CHECK(on_gpus["devices"].contains("cuda:0"));
+  CHECK(on_gpus["devices"].contains("cuda:1"));
+  std::map<std::string, uint32_t> crc;
+  for (const auto& t : on_cpu["tensors"]) crc[t["name"].get<std::string>()] = t["crc32"].get<uint32_t>();
+  REQUIRE(crc.size() == on_gpus["tensors"].size());
+  for (const auto& t : on_gpus["tensors"]) {
+    INFO(t.dump());
+    CHECK(t["device"].get<std::string>().starts_with("cuda:"));
+    CHECK(crc[t["name"].get<std::string>()] == t["crc32"].get<uint32_t>());  // the same bytes
+  }
+  const auto human = RunCli("load " + m.path + " --device-map auto --assume-gpus 2x600MiB");
+  CHECK(human.out.find("devices: simulated: 2 GPU(s) of 600 MiB, 600 MiB") != std::string::npos);
+  const auto bad = RunCli("plan " + m.path + " --assume-gpus 2x");
+  CHECK(OneErrorLine(bad));
+  CHECK(RunCli("plan " + m.path + " --assume-gpus two").err.find("give COUNTxSIZE") != std::string::npos);
 }
 
 TEST_CASE("cli: a full disk, an unwritable trace, a FIFO are errors, not exit 0 or a hang",

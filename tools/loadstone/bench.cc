@@ -78,7 +78,7 @@ int RunBench(const BenchArgs& args) {
   PrintWarnings(in->warnings);
   const std::optional<Checkpoint>& ckpt = in->checkpoint;
   const PlanOptions& plan = in->options;
-  auto loader = args.read.ToLoaderOptions();
+  auto loader = args.read.ToLoaderOptions(plan.platform);
   if (!loader.ok()) return ReportError(loader.status());
   if (auto checked = Plan(*ckpt, plan); !checked.ok()) return ReportError(checked.status());
   auto convert_to = ParseCastTarget(args.convert_to, "--convert-to");

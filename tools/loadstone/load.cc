@@ -71,7 +71,8 @@ std::string HowBytesCame(const Progress& p, const ReadStats& rs) {
   return out + fmt::format("{} read at {:.2f} GB/s", HumanBytes(p.bytes_read), gbps);
 }
 
-int PrintJson(const LoadHandle& load, const LoadPlan& plan, double first_ms) {
+int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& platform,
+              double first_ms) {
   const Progress progress = load.progress();
   const ReadStats rs = load.read_stats();
   const double seconds = progress.seconds;
@@ -83,6 +84,8 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, double first_ms) {
   doc["seconds"] = seconds;
   doc["gbps"] = seconds > 0 ? progress.bytes_read / seconds / 1e9 : 0;
   doc["backend"] = load.backend();
+  doc["platform"] = platform.description();
+  doc["simulated"] = platform.simulated();
   doc["first_tensor_ms"] = first_ms;
   doc["read"] = {{"direct_bytes", rs.direct_bytes},
                  {"buffered_bytes", rs.buffered_bytes},
@@ -121,7 +124,7 @@ int RunLoad(const LoadArgs& args) {
   if (in->options.explain) {
     for (const std::string& line : plan->devices.explanation) std::cerr << "plan: " << line << "\n";
   }
-  auto loader_options = args.read.ToLoaderOptions();
+  auto loader_options = args.read.ToLoaderOptions(in->options.platform);
   if (!loader_options.ok()) return ReportError(loader_options.status());
   if (!args.trace.empty()) {
     if (Status s = CheckWritable(args.trace); !s.ok()) return ReportError(s);
@@ -159,12 +162,19 @@ int RunLoad(const LoadArgs& args) {
   if (!wait.status.ok()) return ReportError(wait.status);
 
   const double first_ms = first_tensor_ns.load() / 1e6;
-  if (args.json) return PrintJson(load, *plan, first_ms);
+  if (args.json) {
+    return PrintJson(load, *plan,
+                     in->options.platform ? *in->options.platform : *Platform::Default(), first_ms);
+  }
   std::cout << fmt::format(
       "loaded {} tensors in {:.3f} s: {}; {} placed; first tensor after {:.1f} ms\n"
       "backend: {}\n",
       progress.tensors_total, progress.seconds, HowBytesCame(progress, load.read_stats()),
       HumanBytes(plan->placed_bytes), first_ms, load.backend());
+  if (in->options.platform && in->options.platform->simulated()) {
+    std::cout << "devices: " << in->options.platform->description()
+              << " (host memory behind the device interface)\n";
+  }
   return 0;
 }
 

@@ -114,6 +114,21 @@ std::vector<std::string> SplitLists(const std::vector<std::string>& values) {
   return out;
 }
 
+Result<SimulatedMachine> ParseAssumeGpus(std::string_view text) {
+  const size_t x = text.find('x');
+  const std::string_view count = Trim(text.substr(0, x));
+  if (x == std::string_view::npos || !IsDigits(count) || count.size() > 2) {
+    return Status::InvalidArgument(fmt::format(
+        "--assume-gpus {}: give COUNTxSIZE, e.g. 2x80GiB (COUNT GPUs of SIZE each)", text));
+  }
+  int n = 0;
+  std::from_chars(count.data(), count.data() + count.size(), n);
+  if (n > 64) return Status::InvalidArgument(fmt::format("--assume-gpus {}: at most 64 GPUs", text));
+  LOADSTONE_ASSIGN_OR_RETURN(uint64_t bytes,
+                             ParseSizeFlag(text.substr(x + 1), fmt::format("--assume-gpus {}", text)));
+  return SimulatedMachine::Gpus(n, bytes);
+}
+
 Result<std::array<uint64_t, 2>> ParseBlockFlag(std::string_view text, std::string_view flag) {
   const size_t sep = text.find_first_of(",x");
   std::array<uint64_t, 2> block{};

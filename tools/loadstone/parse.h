@@ -9,6 +9,7 @@
 
 #include "loadstone/device_map.h"
 #include "loadstone/dtype.h"
+#include "loadstone/platform.h"
 #include "loadstone/status.h"
 
 namespace loadstone::cli {
@@ -38,6 +39,9 @@ Result<MaxMemory> ParseMaxMemoryFlag(std::string_view text, std::vector<std::str
 // The values of a repeatable option, each also split at commas ("norm,lm_head"); spaces
 // around items dropped, empty items skipped.
 std::vector<std::string> SplitLists(const std::vector<std::string>& values);
+
+// --assume-gpus "2x80GiB": COUNT GPUs (0 to 64) of SIZE each. Errors: InvalidArgument.
+Result<SimulatedMachine> ParseAssumeGpus(std::string_view text);
 
 // --fp8-block "128,128" (or "128x128"). Errors: InvalidArgument.
 Result<std::array<uint64_t, 2>> ParseBlockFlag(std::string_view text, std::string_view flag);

@@ -84,6 +84,9 @@ void PlanFlags::Register(CLI::App* cmd, bool path_required) {
                 "Put a smaller module on a device that would get nothing");
   cmd->add_flag("--no-clean", no_clean, "Do not merge keys that share a device");
   cmd->add_flag("--explain", explain, "Print the planner's step-by-step reasons");
+  cmd->add_option("--assume-gpus", assume_gpus,
+                  "Plan for a machine with COUNT GPUs of SIZE each (e.g. 2x80GiB) instead of this "
+                  "one; `load` then places their tensors on simulated devices (host memory)");
 }
 
 Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
@@ -152,6 +155,10 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   o.fallback_allocation = o.fallback_allocation || fallback_allocation;
   o.clean_result = !no_clean;
   o.explain = explain;
+  if (!assume_gpus.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus));
+    o.platform = Platform::Simulated(machine);
+  }
   return in;
 }
 
@@ -166,8 +173,9 @@ void ReadFlags::Register(CLI::App* cmd) {
                 "Write CPU tensors into ordinary (kernel-zeroed) pages, not userfaultfd-filled ones");
 }
 
-Result<LoaderOptions> ReadFlags::ToLoaderOptions() const {
+Result<LoaderOptions> ReadFlags::ToLoaderOptions(std::shared_ptr<const Platform> platform) const {
   LoaderOptions options;
+  options.platform = std::move(platform);
   options.backend = backend == "uring" || backend == "io_uring" ? ReadBackend::kUring
                     : backend == "pread"                        ? ReadBackend::kPread
                                                                 : ReadBackend::kAuto;

@@ -43,6 +43,7 @@ struct PlanFlags {
   bool fallback_allocation = false;
   bool no_clean = false;
   bool explain = false;
+  std::string assume_gpus;  // COUNTxSIZE: plan (and load) on a simulated machine
 
   // `path_required`: load and bench need a checkpoint; plan takes one, a description or both.
   void Register(CLI::App* cmd, bool path_required);
@@ -51,7 +52,8 @@ struct PlanFlags {
   Result<PlanInput> Resolve(std::string_view default_map) const;
 };
 
-// How a command that loads reads (LoaderOptions).
+// How a command that loads reads (LoaderOptions); `platform` is the one the plan was made for
+// (PlanInput::options.platform), so that --assume-gpus loads onto the simulated devices.
 struct ReadFlags {
   std::string backend = "auto";
   int queue_depth = 32;
@@ -60,7 +62,7 @@ struct ReadFlags {
   bool no_fresh_pages = false;
 
   void Register(CLI::App* cmd);
-  Result<LoaderOptions> ToLoaderOptions() const;
+  Result<LoaderOptions> ToLoaderOptions(std::shared_ptr<const Platform> platform) const;
 };
 
 // Prints each warning as "warning: ..." on stderr.
