@@ -26,11 +26,44 @@ struct Checkpoint::Impl {
   ModelConfig config;
   std::vector<std::string> warnings;
   uint64_t total_bytes = 0;
+  uint64_t fingerprint = 0;
 };
 
 namespace {
 
 using io::ResolvedCheckpoint;
+
+// FNV-1a over the catalog (Checkpoint::fingerprint).
+class Fingerprint {
+ public:
+  void Add(std::string_view bytes) {
+    for (unsigned char c : bytes) h_ = (h_ ^ c) * 0x100000001b3ULL;
+    h_ = (h_ ^ 0xff) * 0x100000001b3ULL;  // a separator: ("ab", "c") differs from ("a", "bc")
+  }
+  void Add(uint64_t value) { Add(std::string_view(reinterpret_cast<const char*>(&value), sizeof(value))); }
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+uint64_t FingerprintOf(const Checkpoint::Impl& impl) {
+  Fingerprint f;
+  for (const CheckpointFile& file : impl.files) {
+    f.Add(file.path);
+    f.Add(file.bytes);
+  }
+  for (const TensorInfo& t : impl.tensors) {
+    f.Add(t.name);
+    f.Add(static_cast<uint64_t>(t.dtype));
+    f.Add(static_cast<uint64_t>(t.shape.size()));
+    for (uint64_t d : t.shape) f.Add(d);
+    f.Add(static_cast<uint64_t>(t.file));
+    f.Add(t.offset);
+    f.Add(t.nbytes);
+  }
+  return f.value();
+}
 
 // Appends one file's header to `impl`; the file's index is impl->files.size().
 // A header the safetensors rules refuse, with what the file is when its first bytes say so
@@ -163,6 +196,7 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
                                        impl->tensors.size())
                          : fmt::format("{}: {} file(s), {} tensors", resolved.note,
                                        impl->files.size(), impl->tensors.size());
+  impl->fingerprint = FingerprintOf(*impl);
   if (const auto& block = impl->config.weight_block_size) {
     impl->resolution += fmt::format("; config.json: float8 weight_block_size {}x{}", (*block)[0],
                                     (*block)[1]);
@@ -179,6 +213,7 @@ const std::string& Checkpoint::resolution() const { return impl_->resolution; }
 const ModelConfig& Checkpoint::config() const { return impl_->config; }
 const std::vector<std::string>& Checkpoint::warnings() const { return impl_->warnings; }
 uint64_t Checkpoint::total_bytes() const { return impl_->total_bytes; }
+uint64_t Checkpoint::fingerprint() const { return impl_->fingerprint; }
 
 const TensorInfo* Checkpoint::Find(std::string_view name) const {
   auto it = impl_->by_name.find(name);

@@ -96,6 +96,10 @@ class Checkpoint {
   // What Open noticed and went on without (a config.json it could not use, ...).
   const std::vector<std::string>& warnings() const;
   uint64_t total_bytes() const;  // sum of tensor nbytes
+  // A hash of what a plan depends on: every file's path and size, every tensor's name, dtype,
+  // shape, file, offset and size. Equal for two Opens of unchanged files; a plan made for one
+  // checkpoint is refused by a load of another (LoadPlan::checkpoint_fingerprint).
+  uint64_t fingerprint() const;
 
   struct Impl;
   explicit Checkpoint(std::shared_ptr<const Impl> impl);

@@ -2,7 +2,7 @@
 //
 //   loadstone::Loader loader;                       // long-lived; reuse it across loads
 //   loadstone::LoadHandle load = loader.Load(*ckpt, *plan);   // returns at once
-//   load.OnTensor([&](const loadstone::Tensor& t) { engine.Bind(t.name(), t); });
+//   loadstone::Status s = load.OnTensor([&](const loadstone::Tensor& t) { engine.Bind(t.name(), t); });
 //   const loadstone::Tensor& first = load.Tensor("model.layers.0.mlp.up_proj.weight").get();
 //   loadstone::Status done = load.Done().get();    // all placed, or why not
 //
@@ -11,8 +11,11 @@
 // load allocated and did not hand out is freed, and the Loader goes on working.
 //
 // Thread safety: Loader is thread-safe; several loads may run at once. A LoadHandle may be used
-// from any thread. Callbacks run on the Loader's event-loop thread: keep them short, and do not
-// destroy the handle from inside one.
+// from any thread. On-tensor callbacks run on the Loader's callback threads — never on the
+// thread that does the I/O bookkeeping — one load's in completion order, one at a time; a slow
+// one delays its own load's Done() and no other load; a callback may call back into its handle
+// (OnTensor, Tensor(name).get()); one that throws fails its load with the exception's message.
+// Do not destroy the handle from inside one of its callbacks.
 #ifndef LOADSTONE_LOADER_H_
 #define LOADSTONE_LOADER_H_
 
@@ -141,7 +144,7 @@ struct LoadOptions {
   uint64_t host_memory_limit = 0;
   // Record every read, conversion and completion for LoadHandle::WriteTrace.
   bool trace = false;
-  // Called on the event-loop thread as each tensor is in place, in completion order.
+  // Called as each tensor is in place, in completion order, on a callback thread (see above).
   std::function<void(const Tensor&)> on_tensor;
 };
 
@@ -156,15 +159,24 @@ class LoadHandle {
   LoadHandle(const LoadHandle&) = delete;
   LoadHandle& operator=(const LoadHandle&) = delete;
 
-  // Resolves once every tensor is in place (OK) or the load failed or was cancelled.
+  // False for a default-constructed or moved-from handle, whose accessors all answer with an
+  // InvalidArgument ("holds no load"): Done() and WriteTrace() return it, Tensor() holds it,
+  // progress() and read_stats() are zeros, Tensors() is empty, Cancel() does nothing.
+  bool valid() const;
+
+  // Resolves once every tensor is in place and every on-tensor callback has returned (OK), or
+  // the load failed (a read, a callback that threw, a plan for another checkpoint) or was
+  // cancelled.
   std::shared_future<Status> Done() const;
 
   // Resolves when that tensor is in place; holds a loadstone::Error when the load fails first.
   // An unknown name gives a future that already holds a NotFound Error.
   std::shared_future<loadstone::Tensor> Tensor(std::string_view name) const;
 
-  // Calls `callback` for every tensor already in place, then for each one as it lands.
-  void OnTensor(std::function<void(const loadstone::Tensor&)> callback);
+  // Calls `callback` for every tensor already in place, then for each one as it lands, on the
+  // callback threads; once the load has finished, for every tensor at once on this thread.
+  // Errors: InvalidArgument on an empty handle.
+  Status OnTensor(std::function<void(const loadstone::Tensor&)> callback);
 
   // Every tensor once Done() is OK, in plan order; empty before that.
   std::vector<loadstone::Tensor> Tensors() const;
@@ -195,8 +207,9 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // Starts loading; returns at once. Errors (a file that cannot be opened, no memory) arrive
-  // through the handle's futures, never as exceptions.
+  // Starts loading; returns at once. Errors (a file that cannot be opened, no memory, a plan
+  // made for another checkpoint: LoadPlan::checkpoint_fingerprint) arrive through the handle's
+  // futures, never as exceptions.
   LoadHandle Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                   const LoadOptions& options = {});
 

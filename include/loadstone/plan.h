@@ -107,6 +107,8 @@ struct LoadPlan {
   // as keep_in_fp32 without a reduced-float dtype or a pattern that matches no tensor).
   std::vector<std::string> warnings;
   std::array<uint64_t, 2> fp8_block = {128, 128};  // the float8 block used
+  // Checkpoint::fingerprint() of the checkpoint planned; Loader::Load refuses another.
+  uint64_t checkpoint_fingerprint = 0;
   uint64_t read_bytes = 0;          // bytes read from storage
   uint64_t placed_bytes = 0;        // bytes once loaded (after conversion)
 

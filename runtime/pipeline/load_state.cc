@@ -30,7 +30,8 @@ io::ReaderBackend ToIo(ReadBackend backend) {
 }  // namespace
 
 LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_in,
-                         Checkpoint checkpoint_in, LoadPlan plan_in, LoadOptions options_in,
+                         asio::thread_pool& callback_pool, Checkpoint checkpoint_in,
+                         LoadPlan plan_in, LoadOptions options_in,
                          const LoaderOptions& loader_options_in,
                          ReaderFactory reader_factory, device::DeviceSet devices_in,
                          std::string device_log_in)
@@ -45,18 +46,51 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       tensors(plan.tensors.size()),
       done(done_promise.get_future().share()),
       trace(options.trace),
+      callbacks(callback_pool),
       reader_factory_(std::move(reader_factory)),
       workers_count_(loader_options.worker_threads > 0
                          ? static_cast<size_t>(loader_options.worker_threads)
                          : std::max(1u, std::thread::hardware_concurrency())),
-      budget_(std::make_shared<pipeline::HostMemoryBudget>(options.host_memory_limit)) {
+      budget_(std::make_shared<pipeline::HostMemoryBudget>(options.host_memory_limit)),
+      plan_error_(CheckPlan(checkpoint, plan)) {
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    tensors[i].future = tensors[i].promise.get_future().share();
+    if (!plan_error_.ok()) continue;  // Start() fails the load; the plan's indices are not used
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[i].source];
     by_name.emplace(src.name, i);
-    tensors[i].future = tensors[i].promise.get_future().share();
     tensors[i].remaining = src.nbytes;
   }
-  if (options.on_tensor) callbacks.push_back(options.on_tensor);
+  if (options.on_tensor) callbacks.Add(options.on_tensor);
+}
+
+// A plan is used only with the checkpoint it was made for, and only when every index in it
+// points where it should (a plan is a value a program may keep, copy or build).
+Status LoadHandle::State::CheckPlan(const Checkpoint& checkpoint, const LoadPlan& plan) {
+  if (plan.checkpoint_fingerprint != checkpoint.fingerprint()) {
+    return Status::InvalidArgument(fmt::format(
+        "this plan was made for another checkpoint (fingerprint {:016x}, the checkpoint's "
+        "{:016x}: other files, sizes or tensors, or a plan not made by Plan()); plan it again "
+        "with Plan() for this checkpoint ({})",
+        plan.checkpoint_fingerprint, checkpoint.fingerprint(),
+        checkpoint.files().empty() ? std::string("no files") : checkpoint.files()[0].path));
+  }
+  const size_t n = checkpoint.tensors().size();
+  for (const TensorPlan& t : plan.tensors) {
+    if (t.source >= n || t.scale >= plan.tensors.size()) {
+      return Status::InvalidArgument("the plan names a tensor the checkpoint does not have; plan it again");
+    }
+  }
+  for (const ReadChunk& r : plan.reads) {
+    if (r.file >= checkpoint.files().size() || r.tensors.empty()) {
+      return Status::InvalidArgument("the plan reads a file the checkpoint does not have; plan it again");
+    }
+    for (uint32_t t : r.tensors) {
+      if (t >= plan.tensors.size()) {
+        return Status::InvalidArgument("the plan reads into a tensor it does not have; plan it again");
+      }
+    }
+  }
+  return Status::OK();
 }
 
 std::string LoadHandle::State::TraceLabel(uint64_t id) const {
@@ -87,6 +121,15 @@ std::string LoadHandle::State::TraceArgs(uint64_t id, std::string_view route) co
 
 void LoadHandle::State::Start() {
   trace.NameThread("event loop");
+  if (!plan_error_.ok()) return Fail(plan_error_);
+  // A callback that throws fails the load (the Loader is alive: it waits for Done()).
+  callbacks.OnFailure([weak = weak_from_this()](Status status) {
+    if (auto self = weak.lock()) {
+      asio::post(self->loop, [self, status = std::move(status)] {
+        if (!self->finished) self->Fail(status);
+      });
+    }
+  });
   std::vector<std::string> paths;
   for (const CheckpointFile& f : checkpoint.files()) paths.push_back(f.path);
   io::ReaderOptions ro;
@@ -325,12 +368,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
     for (uint64_t id : waiting.mapped()) DispatchStaged(id);
   }
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
-  std::vector<TensorCallback> to_call;
-  {
-    std::lock_guard lock(callbacks_mu);
-    to_call = callbacks;
-  }
-  for (const TensorCallback& cb : to_call) cb(tensor);
+  callbacks.Deliver(tensor);
 }
 
 void LoadHandle::State::Fail(Status status) {
@@ -376,7 +414,10 @@ void LoadHandle::State::MaybeFinish() {
   }
   staging_.clear();
   trace.Instant(result.ok() ? "done" : "failed", "load");
-  done_promise.set_value(result);
+  // Done() resolves after the load's last callback has returned (or failed the load).
+  callbacks.Close(result, [self = shared_from_this()](Status status) {
+    self->done_promise.set_value(std::move(status));
+  });
 }
 
 }  // namespace loadstone

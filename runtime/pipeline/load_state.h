@@ -20,6 +20,7 @@
 #include "loadstone/loader.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/device/device.h"
+#include "runtime/pipeline/callbacks.h"
 #include "runtime/pipeline/fresh_pages.h"
 #include "runtime/pipeline/host_buffer.h"
 #include "runtime/device/platform_impl.h"
@@ -31,7 +32,8 @@ namespace loadstone {
 struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   using TensorCallback = std::function<void(const loadstone::Tensor&)>;
 
-  State(asio::io_context& loop, asio::thread_pool& workers, Checkpoint checkpoint, LoadPlan plan,
+  State(asio::io_context& loop, asio::thread_pool& workers, asio::thread_pool& callback_pool,
+        Checkpoint checkpoint, LoadPlan plan,
         LoadOptions options, const LoaderOptions& loader_options,
         ReaderFactory reader_factory, device::DeviceSet devices,
         std::string device_log);
@@ -78,8 +80,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::string backend_description;  // set before the first read; guarded by callbacks_mu
   ReadStats read_stats;              // set when finished; guarded by callbacks_mu
 
-  mutable std::mutex callbacks_mu;
-  std::vector<TensorCallback> callbacks;  // guarded by callbacks_mu
+  mutable std::mutex callbacks_mu;  // guards backend_description and read_stats
+  pipeline::Callbacks callbacks;    // the on-tensor callbacks, off the loop thread
 
  private:
   struct StagingSlot {
@@ -120,6 +122,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void Fail(Status status);
   void MaybeFinish();
   Status ChunkError(uint64_t chunk, const Status& status) const;
+  static Status CheckPlan(const Checkpoint& checkpoint, const LoadPlan& plan);
   // For the trace: "NAME" or "NAME and 3 more"; the route the chunk took ("in place",
   // "staged" as planned, "staged (cold)" where a planned in-place read found its bytes cold,
   // "page-cache copy", "mapped"); the read's file, range, tensors and route as JSON.
@@ -159,6 +162,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   size_t cached_copies_ = 0;
   bool stopping_ = false;
   Status error_;
+  const Status plan_error_;  // CheckPlan()'s verdict, acted on by Start()
   std::vector<pipeline::TraceRecorder::Clock::time_point> submitted_at_;  // per chunk, when tracing
 };
 

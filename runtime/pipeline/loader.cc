@@ -58,6 +58,7 @@ struct Loader::Impl {
     loop.stop();
     thread.join();
     workers.join();
+    callback_pool.join();
   }
 
   const LoaderOptions options;
@@ -66,6 +67,7 @@ struct Loader::Impl {
   device::DeviceSet devices;   // "cuda:N" = devices[N]
   asio::io_context loop;
   asio::thread_pool workers;
+  asio::thread_pool callback_pool{2};  // on-tensor callbacks, one strand per load
   asio::executor_work_guard<asio::io_context::executor_type> guard;
   std::mutex mu;
   std::list<std::weak_ptr<LoadHandle::State>> loads;  // guarded by mu
@@ -77,7 +79,8 @@ Loader::~Loader() = default;
 
 LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                         const LoadOptions& options) {
-  auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers, checkpoint, plan,
+  auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers,
+                                                   impl_->callback_pool, checkpoint, plan,
                                                    options, impl_->options,
                                                    impl_->platform.open_reader, impl_->devices,
                                                    impl_->device_log);
@@ -101,12 +104,20 @@ LoadHandle& LoadHandle::operator=(LoadHandle&& other) noexcept {
   return *this;
 }
 
+namespace {
+
+Status NoLoad() {
+  return Status::InvalidArgument(
+      "this LoadHandle holds no load (default-constructed or moved from); use the handle "
+      "Loader::Load returned");
+}
+
+}  // namespace
+
 LoadHandle::~LoadHandle() {
   if (!state_) return;
-  if (!state_->finished) {
-    state_->RequestCancel();
-    state_->done.wait();
-  }
+  if (!state_->finished) state_->RequestCancel();
+  state_->done.wait();  // resolved after the load's last callback
   // The event loop and the workers may still hold the load for the instant after it finished:
   // wait for them to let go, so that its memory is freed when this destructor returns.
   for (int i = 0; i < 100000 && state_.use_count() > 1; ++i) {
@@ -114,36 +125,41 @@ LoadHandle::~LoadHandle() {
   }
 }
 
-std::shared_future<Status> LoadHandle::Done() const { return state_->done; }
+bool LoadHandle::valid() const { return state_ != nullptr; }
+
+std::shared_future<Status> LoadHandle::Done() const {
+  if (state_) return state_->done;
+  std::promise<Status> none;
+  none.set_value(NoLoad());
+  return none.get_future().share();
+}
 
 std::shared_future<Tensor> LoadHandle::Tensor(std::string_view name) const {
+  auto failed = [](Status status) {
+    std::promise<loadstone::Tensor> missing;
+    missing.set_exception(std::make_exception_ptr(Error(std::move(status))));
+    return missing.get_future().share();
+  };
+  if (!state_) return failed(NoLoad());
   auto it = state_->by_name.find(name);
   if (it == state_->by_name.end()) {
-    std::promise<loadstone::Tensor> missing;
-    missing.set_exception(std::make_exception_ptr(
-        Error(Status::NotFound(fmt::format("no tensor '{}' in this load", name)))));
-    return missing.get_future().share();
+    return failed(Status::NotFound(fmt::format("no tensor '{}' in this load", name)));
   }
   return state_->tensors[it->second].future;
 }
 
-void LoadHandle::OnTensor(std::function<void(const loadstone::Tensor&)> callback) {
-  // Registered on the loop thread, so that no tensor is delivered twice or missed.
-  std::promise<void> registered;
-  asio::post(state_->loop, [state = state_, &callback, &registered] {
-    for (const auto& slot : state->tensors) {
-      if (slot.done) callback(slot.future.get());
-    }
-    std::lock_guard lock(state->callbacks_mu);
-    state->callbacks.push_back(std::move(callback));
-    registered.set_value();
-  });
-  registered.get_future().wait();
+Status LoadHandle::OnTensor(std::function<void(const loadstone::Tensor&)> callback) {
+  if (!state_) return NoLoad();
+  state_->callbacks.Add(std::move(callback));
+  return Status::OK();
 }
 
 std::vector<Tensor> LoadHandle::Tensors() const {
   std::vector<loadstone::Tensor> out;
-  if (!state_->finished || !state_->done.get().ok()) return out;
+  if (!state_ || state_->done.wait_for(std::chrono::seconds(0)) != std::future_status::ready ||
+      !state_->done.get().ok()) {
+    return out;
+  }
   out.reserve(state_->tensors.size());
   for (const auto& slot : state_->tensors) out.push_back(slot.future.get());
   return out;
@@ -151,6 +167,7 @@ std::vector<Tensor> LoadHandle::Tensors() const {
 
 Progress LoadHandle::progress() const {
   Progress p;
+  if (!state_) return p;
   p.bytes_total = state_->plan.read_bytes;
   p.bytes_read = state_->bytes_read.load();
   p.bytes_to_place = state_->plan.placed_bytes;
@@ -169,11 +186,13 @@ Progress LoadHandle::progress() const {
 }
 
 std::string LoadHandle::backend() const {
+  if (!state_) return "no load";
   std::lock_guard lock(state_->callbacks_mu);
   return state_->backend_description;
 }
 
 ReadStats LoadHandle::read_stats() const {
+  if (!state_) return {};
   std::lock_guard lock(state_->callbacks_mu);
   return state_->read_stats;
 }
@@ -182,6 +201,9 @@ void LoadHandle::Cancel() {
   if (state_ && !state_->finished) state_->RequestCancel();
 }
 
-Status LoadHandle::WriteTrace(const std::string& path) const { return state_->trace.WriteJson(path); }
+Status LoadHandle::WriteTrace(const std::string& path) const {
+  if (!state_) return NoLoad();
+  return state_->trace.WriteJson(path);
+}
 
 }  // namespace loadstone

@@ -240,6 +240,7 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   });
 
   LoadPlan plan;
+  plan.checkpoint_fingerprint = checkpoint.fingerprint();
   plan.fp8_block = options.fp8_block ? *options.fp8_block
                    : checkpoint.config().weight_block_size
                        ? *checkpoint.config().weight_block_size

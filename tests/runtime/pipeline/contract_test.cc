@@ -1,0 +1,190 @@
+// What an engine can count on from a LoadHandle (issue 14's contract): callbacks off the I/O
+// thread that may call back into the handle, throw, or be slow without stalling other loads;
+// handles that outlive their Loader; empty handles that say so; plans that belong to one
+// checkpoint.
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <set>
+
+#include <catch2/catch.hpp>
+
+#include "loadstone/loader.h"
+#include "test_model.h"
+
+namespace loadstone {
+namespace {
+
+using testing::TempDir;
+
+std::string LastName(const Checkpoint& ckpt, const LoadPlan& plan) {
+  return ckpt.tensors()[plan.tensors.back().source].name;
+}
+
+TEST_CASE("contract: a callback may wait for another tensor and register another callback") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  const std::string last = LastName(ckpt, *plan);
+  std::promise<LoadHandle*> handle;
+  std::shared_future<LoadHandle*> ready = handle.get_future().share();
+  std::atomic<int> first_calls{0}, waited{0}, wrong_sizes{0};
+  Status registered = Status::Cancelled("not yet");
+  std::mutex mu;
+  std::multiset<std::string> seen_by_second;
+  LoadOptions options;
+  options.on_tensor = [&](const Tensor& t) {
+    LoadHandle* h = ready.get();
+    if (first_calls++ == 0) {
+      // From inside a callback: wait for the plan's last tensor (it is read by the loop thread,
+      // which a callback never blocks), and add a callback (it gets every tensor once).
+      const Tensor& l = h->Tensor(last).get();
+      waited += l.name() == last;
+      registered = h->OnTensor([&](const Tensor& u) {
+        std::lock_guard lock(mu);
+        seen_by_second.insert(u.name());
+      });
+    }
+    wrong_sizes += t.nbytes() != ckpt.Find(t.name())->nbytes;  // no Catch assertion off the main thread
+  };
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan, options);
+  handle.set_value(&load);
+  REQUIRE(load.Done().get().ok());
+  CHECK(waited.load() == 1);
+  CHECK(registered.ok());
+  CHECK(wrong_sizes.load() == 0);
+  CHECK(first_calls.load() == static_cast<int>(ckpt.tensors().size()));
+  std::lock_guard lock(mu);
+  CHECK(seen_by_second.size() == ckpt.tensors().size());
+  for (const TensorInfo& t : ckpt.tensors()) CHECK(seen_by_second.count(t.name) == 1);
+}
+
+TEST_CASE("contract: a callback that throws fails its load with the message, the Loader goes on") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadOptions options;
+  options.on_tensor = [](const Tensor& t) {
+    if (t.name() == "model.layers.1.attn.q.weight") throw std::runtime_error("engine refused it");
+  };
+  LoadHandle load = loader.Load(ckpt, *plan, options);
+  const Status status = load.Done().get();
+  REQUIRE(status.code() == StatusCode::kInvalidArgument);
+  CHECK(status.message() ==
+        "an on-tensor callback threw for tensor 'model.layers.1.attn.q.weight': engine refused it");
+  CHECK(load.Tensors().empty());
+  LoadHandle again = loader.Load(ckpt, *plan);
+  REQUIRE(again.Done().get().ok());
+  for (const Tensor& t : again.Tensors()) testing::CheckTensorBytes(t);
+}
+
+TEST_CASE("contract: a callback that blocks stalls neither the I/O nor another load") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  LoadOptions blocked;
+  blocked.on_tensor = [&](const Tensor&) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return open; });
+  };
+  Loader loader;
+  LoadHandle a = loader.Load(ckpt, *plan, blocked);
+  LoadHandle b = loader.Load(ckpt, *plan);
+  // B finishes although A's first callback has not returned; so does A's I/O.
+  REQUIRE(b.Done().wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  CHECK(b.Done().get().ok());
+  for (int i = 0; i < 6000 && a.progress().tensors_done < a.progress().tensors_total; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(a.progress().tensors_done == a.progress().tensors_total);
+  CHECK(a.Done().wait_for(std::chrono::milliseconds(0)) != std::future_status::ready);
+  {
+    std::lock_guard lock(mu);
+    open = true;
+  }
+  cv.notify_all();
+  CHECK(a.Done().get().ok());  // Done() comes after its last callback
+}
+
+TEST_CASE("contract: a handle outlives its Loader: OnTensor and every accessor still answer") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  LoadHandle load;
+  {
+    Loader loader;
+    load = loader.Load(ckpt, *plan);
+    REQUIRE(load.Done().get().ok());
+  }
+  std::atomic<size_t> calls{0};
+  REQUIRE(load.OnTensor([&](const Tensor&) { ++calls; }).ok());  // at once, on this thread
+  CHECK(calls.load() == ckpt.tensors().size());
+  CHECK(load.Tensors().size() == ckpt.tensors().size());
+  load.Cancel();  // finished: nothing to do
+  CHECK(load.Done().get().ok());
+}
+
+TEST_CASE("contract: an empty or moved-from handle answers every accessor with an error") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  auto plan = Plan(ckpt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadHandle real = loader.Load(ckpt, *plan);
+  LoadHandle moved = std::move(real);
+  for (LoadHandle* h : {&real, new LoadHandle()}) {
+    CHECK_FALSE(h->valid());
+    const Status done = h->Done().get();
+    CHECK(done.code() == StatusCode::kInvalidArgument);
+    CHECK(done.message().find("holds no load") != std::string_view::npos);
+    CHECK_THROWS_AS(h->Tensor("model.embed_tokens.weight").get(), Error);
+    CHECK(h->OnTensor([](const Tensor&) {}).code() == StatusCode::kInvalidArgument);
+    CHECK(h->Tensors().empty());
+    CHECK(h->progress().tensors_total == 0);
+    CHECK(h->read_stats().direct_bytes == 0);
+    CHECK(h->backend() == "no load");
+    CHECK(h->WriteTrace(dir.Path("t.json")).code() == StatusCode::kInvalidArgument);
+    h->Cancel();
+    if (h != &real) delete h;
+  }
+  CHECK(moved.valid());
+  CHECK(moved.Done().get().ok());
+}
+
+TEST_CASE("contract: a plan made for another checkpoint is refused, the Loader goes on") {
+  TempDir a_dir, b_dir;
+  Checkpoint a = testing::WriteMixedCheckpoint(a_dir);
+  Checkpoint b = testing::WriteMixedCheckpoint(b_dir, 1'000'000'000);  // one file, not three
+  auto plan_a = Plan(a);
+  REQUIRE(plan_a.ok());
+  CHECK(plan_a->checkpoint_fingerprint == a.fingerprint());
+  CHECK(a.fingerprint() != b.fingerprint());
+  Loader loader;
+  const Status wrong = loader.Load(b, *plan_a).Done().get();
+  REQUIRE(wrong.code() == StatusCode::kInvalidArgument);
+  CHECK(wrong.message().find("this plan was made for another checkpoint") != std::string_view::npos);
+  LoadPlan forged = *plan_a;
+  forged.checkpoint_fingerprint = b.fingerprint();  // right id, wrong indices
+  forged.tensors.back().source = 1'000'000;
+  CHECK(loader.Load(b, forged).Done().get().code() == StatusCode::kInvalidArgument);
+  // Opened again, unchanged: the same checkpoint, the plan still fits.
+  auto reopened = Checkpoint::Open(a_dir.path());
+  REQUIRE(reopened.ok());
+  CHECK(reopened->fingerprint() == a.fingerprint());
+  LoadHandle ok = loader.Load(*reopened, *plan_a);
+  REQUIRE(ok.Done().get().ok());
+  for (const Tensor& t : ok.Tensors()) testing::CheckTensorBytes(t);
+}
+
+}  // namespace
+}  // namespace loadstone
