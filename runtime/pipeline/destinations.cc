@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,6 +39,26 @@ void LoadHandle::State::OpenFreshPages() {
         "; fresh pages unavailable ({}): CPU tensors are page-faulted and zeroed as they are "
         "written", fresh.status().message());
   }
+}
+
+Status LoadHandle::State::CheckFileSize(uint32_t file, uint64_t needed) const {
+  const CheckpointFile& f = checkpoint.files()[file];
+  struct stat st;
+  if (::stat(f.path.c_str(), &st) != 0) return io::ErrnoStatus(errno, "cannot stat", f.path);
+  const auto now = static_cast<uint64_t>(st.st_size);
+  if (now == f.bytes || (needed != 0 && now >= needed)) return Status::OK();
+  // The first tensor the file no longer holds, for the message.
+  const TensorInfo* lost = nullptr;
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    if (t.file == file && t.offset + t.nbytes > now && (!lost || t.offset < lost->offset)) lost = &t;
+  }
+  return Status::Corruption(fmt::format(
+      "'{}' is {} bytes, {} when the checkpoint was opened: it changed{}; open the checkpoint "
+      "again (and do not rewrite a file while it loads)",
+      f.path, now, f.bytes,
+      lost ? fmt::format(", and tensor '{}' (bytes {}..{}) is past its end", lost->name,
+                         lost->offset, lost->offset + lost->nbytes)
+           : std::string()));
 }
 
 Status LoadHandle::State::MapFiles() {

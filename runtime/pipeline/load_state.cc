@@ -122,6 +122,10 @@ std::string LoadHandle::State::TraceArgs(uint64_t id, std::string_view route) co
 void LoadHandle::State::Start() {
   trace.NameThread("event loop");
   if (!plan_error_.ok()) return Fail(plan_error_);
+  // Files that changed since Open are found before any byte is read or mapped from them.
+  for (uint32_t f = 0; f < checkpoint.files().size(); ++f) {
+    if (Status s = CheckFileSize(f, 0); !s.ok()) return Fail(s);
+  }
   // A callback that throws fails the load (the Loader is alive: it waits for Done()).
   callbacks.OnFailure([weak = weak_from_this()](Status status) {
     if (auto self = weak.lock()) {

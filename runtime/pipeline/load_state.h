@@ -119,6 +119,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void Advance(uint32_t tensor, uint64_t source_bytes);
   Status EnsureDestination(uint32_t tensor);
   Status MapFiles();
+  // Corruption naming the file and the first tensor past its end when file `file` no longer has
+  // the size it had when the checkpoint was opened (`needed` == 0) or is shorter than `needed`.
+  Status CheckFileSize(uint32_t file, uint64_t needed) const;
   void Fail(Status status);
   void MaybeFinish();
   Status ChunkError(uint64_t chunk, const Status& status) const;
