@@ -49,9 +49,10 @@ class Tensor {
   const std::vector<uint64_t>& shape() const { return shape_; }
   const std::string& device() const { return device_; }  // "cpu", "cuda:0", ...
   // The memory, valid while any copy of this Tensor lives: host memory for "cpu" (page-aligned
-  // when written into fresh pages, see LoaderOptions::fill_fresh_pages; else aligned to 64 bytes
-  // for converted tensors and with LoaderOptions::align_tensors, otherwise as the file aligns
-  // it), a device address otherwise (never dereference it on the host).
+  // when written into fresh pages, see LoaderOptions::fill_fresh_pages; aligned to 64 bytes for
+  // converted tensors, small tensors (under 64 KiB, which share 4 MiB blocks) and with
+  // LoaderOptions::align_tensors; otherwise as the file aligns it), a device address otherwise
+  // (never dereference it on the host).
   const std::byte* data() const { return data_; }
   std::byte* mutable_data() const { return data_; }
   uint64_t nbytes() const { return nbytes_; }

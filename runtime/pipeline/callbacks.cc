@@ -13,32 +13,33 @@ Callbacks::Callbacks(asio::thread_pool& pool) : strand_(asio::make_strand(pool.g
 void Callbacks::Add(Callback callback) {
   std::unique_lock lock(mu_);
   if (closed_) {
-    const std::vector<Tensor> all = delivered_;
+    const Delivered all = delivered_;
     lock.unlock();
-    for (const Tensor& t : all) callback(t);
+    for (const auto& t : all) callback(t.get());
     return;
   }
   callbacks_.push_back(callback);
   if (!delivered_.empty()) {
-    asio::post(strand_, [this, callback = std::move(callback), so_far = delivered_] {
+    asio::post(*strand_, [this, callback = std::move(callback), so_far = delivered_] {
       Run({callback}, so_far);
     });
   }
 }
 
-void Callbacks::Deliver(const Tensor& tensor) {
+void Callbacks::Deliver(std::shared_future<Tensor> tensor) {
   std::lock_guard lock(mu_);
   delivered_.push_back(tensor);
   if (!callbacks_.empty()) {
-    asio::post(strand_, [this, callbacks = callbacks_, tensor] { Run(callbacks, {tensor}); });
+    asio::post(*strand_, [this, callbacks = callbacks_, tensor] { Run(callbacks, {tensor}); });
   }
 }
 
 void Callbacks::OnFailure(std::function<void(Status)> on_failure) { on_failure_ = std::move(on_failure); }
 
-void Callbacks::Run(const std::vector<Callback>& callbacks, const std::vector<Tensor>& tensors) {
+void Callbacks::Run(const std::vector<Callback>& callbacks, const Delivered& tensors) {
   if (!failure_.ok()) return;  // the load is failing: no more callbacks
-  for (const Tensor& t : tensors) {
+  for (const auto& ready : tensors) {
+    const Tensor& t = ready.get();
     for (const Callback& cb : callbacks) {
       std::string what;
       try {
@@ -59,10 +60,11 @@ void Callbacks::Run(const std::vector<Callback>& callbacks, const std::vector<Te
 
 void Callbacks::Close(Status result, std::function<void(Status)> finish) {
   std::lock_guard lock(mu_);
-  asio::post(strand_, [this, result = std::move(result), finish = std::move(finish)]() mutable {
+  asio::post(*strand_, [this, result = std::move(result), finish = std::move(finish)]() mutable {
     {
       std::lock_guard closing(mu_);
       closed_ = true;
+      strand_.reset();  // this handler keeps the strand alive until it returns
     }
     finish(result.ok() && !failure_.ok() ? failure_ : result);
   });

@@ -9,7 +9,9 @@
 #include <asio/thread_pool.hpp>
 
 #include <functional>
+#include <future>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "loadstone/loader.h"
@@ -27,8 +29,8 @@ class Callbacks {
   // After Close() has run, the tensors delivered are passed to it at once, on this thread.
   // Thread-safe.
   void Add(Callback callback);
-  // A tensor is in place. Thread-safe.
-  void Deliver(const Tensor& tensor);
+  // A tensor is in place (`tensor` is ready). Thread-safe.
+  void Deliver(std::shared_future<Tensor> tensor);
   // `on_failure(status)` is called (from the strand) once, for the first callback that throws:
   // the load fails with that status.
   void OnFailure(std::function<void(Status)> on_failure);
@@ -38,12 +40,15 @@ class Callbacks {
   void Close(Status result, std::function<void(Status)> finish);
 
  private:
-  void Run(const std::vector<Callback>& callbacks, const std::vector<Tensor>& tensors);
+  using Delivered = std::vector<std::shared_future<Tensor>>;  // ready futures: no Tensor copies
+  void Run(const std::vector<Callback>& callbacks, const Delivered& tensors);
 
-  asio::strand<asio::thread_pool::executor_type> strand_;
   std::mutex mu_;
+  // Released when closed: a handle may outlive its Loader, and with it the pool that a strand
+  // belongs to.
+  std::optional<asio::strand<asio::thread_pool::executor_type>> strand_;  // guarded by mu_
   std::vector<Callback> callbacks_;  // guarded by mu_
-  std::vector<Tensor> delivered_;    // guarded by mu_, in completion order
+  Delivered delivered_;              // guarded by mu_, in completion order
   bool closed_ = false;              // guarded by mu_
   Status failure_;                   // on the strand only
   std::function<void(Status)> on_failure_;

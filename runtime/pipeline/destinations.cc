@@ -106,6 +106,16 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
     slot.data = slot.buffer.get();
     return Status::OK();
   }
+  // Small tensors that only ever arrive through staging share blocks (64-byte aligned).
+  if (tp.nbytes < pipeline::SmallTensorArena::kLargest && staged_only_[index]) {
+    auto buffer = small_tensors_.Allocate(tp.nbytes);
+    if (!buffer.ok()) {
+      return buffer.status().WithContext(fmt::format("tensor '{}' ({} bytes)", src.name, tp.nbytes));
+    }
+    slot.buffer = std::move(*buffer);
+    slot.data = slot.buffer.get();
+    return Status::OK();
+  }
   // In place: the first byte sits at the file offset's phase within a page, so that O_DIRECT
   // reads fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
   const bool in_phase = loader_options.direct_io && !loader_options.align_tensors &&

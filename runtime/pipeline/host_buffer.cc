@@ -41,4 +41,16 @@ Result<std::shared_ptr<std::byte>> AllocateHost(uint64_t bytes,
   });
 }
 
+Result<std::shared_ptr<std::byte>> SmallTensorArena::Allocate(uint64_t bytes) {
+  const uint64_t size = std::max<uint64_t>(bytes, 1);
+  const uint64_t at = (used_ + kAlignment - 1) / kAlignment * kAlignment;
+  if (at + size > kBlock) {
+    LOADSTONE_ASSIGN_OR_RETURN(block_, AllocateHost(kBlock, budget_));
+    used_ = 0;
+    return Allocate(bytes);
+  }
+  used_ = at + size;
+  return std::shared_ptr<std::byte>(block_, block_.get() + at);  // aliasing: keeps the block
+}
+
 }  // namespace loadstone::pipeline

@@ -45,6 +45,27 @@ Result<std::shared_ptr<std::byte>> AllocateHost(uint64_t bytes,
                                                 std::shared_ptr<HostMemoryBudget> budget,
                                                 HostPages pages = HostPages::kNormal);
 
+// Small host tensors share blocks: one allocation of kBlock bytes holds many 64-byte-aligned
+// tensors, instead of a page (and an allocator round trip) each. A block is freed when the last
+// tensor in it is. Not thread-safe: one load's destinations are allocated on its loop thread.
+class SmallTensorArena {
+ public:
+  static constexpr uint64_t kBlock = 4ULL << 20;
+  static constexpr uint64_t kAlignment = 64;
+  // Tensors below this share blocks; larger ones get their own allocation.
+  static constexpr uint64_t kLargest = 64ULL << 10;
+
+  explicit SmallTensorArena(std::shared_ptr<HostMemoryBudget> budget) : budget_(std::move(budget)) {}
+
+  // REQUIRES: bytes < kLargest. Errors: OutOfMemory (a new block past the budget).
+  Result<std::shared_ptr<std::byte>> Allocate(uint64_t bytes);
+
+ private:
+  std::shared_ptr<HostMemoryBudget> budget_;
+  std::shared_ptr<std::byte> block_;
+  uint64_t used_ = kBlock;  // of block_; kBlock: none yet
+};
+
 }  // namespace loadstone::pipeline
 
 #endif  // LOADSTONE_RUNTIME_PIPELINE_HOST_BUFFER_H_

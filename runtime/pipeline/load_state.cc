@@ -52,6 +52,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
                          ? static_cast<size_t>(loader_options.worker_threads)
                          : std::max(1u, std::thread::hardware_concurrency())),
       budget_(std::make_shared<pipeline::HostMemoryBudget>(options.host_memory_limit)),
+      small_tensors_(budget_),
       plan_error_(CheckPlan(checkpoint, plan)) {
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     tensors[i].future = tensors[i].promise.get_future().share();
@@ -177,6 +178,12 @@ void LoadHandle::State::Start() {
     if (!staging_device_) staging_device_ = devices[ordinal];
   }
   slot_of_chunk_.assign(plan.reads.size(), -1);
+  staged_only_.assign(tensors.size(), true);
+  for (const ReadChunk& chunk : plan.reads) {
+    if (!chunk.staged) {
+      for (uint32_t t : chunk.tensors) staged_only_[t] = false;
+    }
+  }
   OpenFreshPages();
   SizeStaging();
   if (trace.enabled()) submitted_at_.resize(plan.reads.size());
@@ -372,7 +379,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
     for (uint64_t id : waiting.mapped()) DispatchStaged(id);
   }
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
-  callbacks.Deliver(tensor);
+  callbacks.Deliver(slot.future);
 }
 
 void LoadHandle::State::Fail(Status status) {

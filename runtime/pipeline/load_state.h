@@ -136,6 +136,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   const ReaderFactory reader_factory_;
   const size_t workers_count_;  // threads in `workers`
   std::shared_ptr<pipeline::HostMemoryBudget> budget_;
+  pipeline::SmallTensorArena small_tensors_;  // small CPU tensors that arrive through staging
+  std::vector<bool> staged_only_;  // per tensor: every read of it is staged as planned
   std::unique_ptr<io::Reader> reader_;
   std::unique_ptr<asio::posix::stream_descriptor> completion_fd_;
   uint64_t eventfd_buffer_ = 0;

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "loadstone/loader.h"
+#include "loadstone/writer.h"
 #include "test_model.h"
 
 namespace loadstone {
@@ -184,6 +185,40 @@ TEST_CASE("contract: a plan made for another checkpoint is refused, the Loader g
   LoadHandle ok = loader.Load(*reopened, *plan_a);
   REQUIRE(ok.Done().get().ok());
   for (const Tensor& t : ok.Tensors()) testing::CheckTensorBytes(t);
+}
+
+TEST_CASE("contract: small tensors share allocations, within a small host memory limit") {
+  TempDir dir;
+  constexpr int kTensors = 20'000;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorToWrite> tensors;
+  for (int i = 0; i < kTensors; ++i) {
+    data.emplace_back(74);
+    for (size_t k = 0; k < 74; ++k) data.back()[k] = testing::PatternByte(i, k);
+  }
+  for (int i = 0; i < kTensors; ++i) {
+    tensors.push_back({"experts." + std::to_string(i) + ".w", DType::kBF16, {37}, data[i], {}});
+  }
+  REQUIRE(WriteSafetensors(dir.Path("model.safetensors"), tensors).ok());
+  auto ckpt = Checkpoint::Open(dir.Path("model.safetensors"));
+  REQUIRE(ckpt.ok());
+  auto plan = Plan(*ckpt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadOptions options;
+  options.host_memory_limit = 16 << 20;  // a page each would be 80 MB
+  LoadHandle load = loader.Load(*ckpt, *plan, options);
+  REQUIRE(load.Done().get().ok());
+  std::set<uintptr_t> blocks;
+  size_t wrong = 0;
+  for (const Tensor& t : load.Tensors()) {
+    const int i = std::stoi(t.name().substr(8));
+    for (size_t k = 0; k < 74; ++k) wrong += t.data()[k] != testing::PatternByte(i, k);
+    blocks.insert(reinterpret_cast<uintptr_t>(t.data()) / (4 << 20));
+    CHECK(reinterpret_cast<uintptr_t>(t.data()) % 64 == 0);
+  }
+  CHECK(wrong == 0);
+  CHECK(blocks.size() <= 3);  // 20,000 x 128 bytes (74 rounded to 64-byte steps) in 4 MiB blocks
 }
 
 }  // namespace

@@ -108,7 +108,7 @@ TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire onc
     const auto address = reinterpret_cast<uintptr_t>(t.data());
     if (filled && t.nbytes() >= (64 << 10)) {  // a mapping of its own
       CHECK(address % 4096 == 0);
-    } else if (align_tensors) {
+    } else if (align_tensors || t.nbytes() < (64 << 10)) {  // small ones share blocks
       CHECK(address % 64 == 0);
     } else {  // in phase with the file, so that O_DIRECT lands in place
       CHECK(address % 4096 == ckpt.Find(t.name())->offset % 4096);
