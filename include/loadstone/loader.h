@@ -147,6 +147,9 @@ struct LoadOptions {
   bool trace = false;
   // Called as each tensor is in place, in completion order, on a callback thread (see above).
   std::function<void(const Tensor&)> on_tensor;
+  // Called after each tensor is in place with the load's progress then, like on_tensor (after
+  // it): for a progress display or a log line without polling progress().
+  std::function<void(const Progress&)> on_progress;
 };
 
 class LoadHandle {
@@ -183,7 +186,8 @@ class LoadHandle {
   std::vector<loadstone::Tensor> Tensors() const;
 
   Progress progress() const;
-  // The read backend this load uses, e.g. "io_uring (O_DIRECT where aligned, 64 deep)".
+  // The read backend this load uses, e.g. "io_uring (O_DIRECT where aligned, 64 deep)"; waits
+  // for the load to have opened its files (an instant after Load), so it is never empty.
   std::string backend() const;
   // How the reader moved the bytes; zeros until Done() has resolved.
   ReadStats read_stats() const;

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -90,6 +91,11 @@ struct PlanOptions : DeviceMapOptions {
   // Unset: the checkpoint's quantization_config.weight_block_size (Checkpoint::config()), else
   // 128 x 128.
   std::optional<std::array<uint64_t, 2>> fp8_block;
+  // The tensors to load (a pipeline or tensor-parallel rank's share); unset: all of them.
+  // Others are neither read nor placed; the map is still inferred over the whole model, so a
+  // tensor goes where it would in a full load. The scales of a float8 weight that is included
+  // are included with it.
+  std::function<bool(const TensorInfo&)> include;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
   // Tensors smaller than this are coalesced with their file neighbours into one staged read.

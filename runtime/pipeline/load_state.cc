@@ -62,6 +62,29 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
     tensors[i].remaining = src.nbytes;
   }
   if (options.on_tensor) callbacks.Add(options.on_tensor);
+  if (options.on_progress) {  // after each tensor, with the progress then (this State outlives it)
+    callbacks.Add([this](const loadstone::Tensor&) { options.on_progress(Snapshot()); });
+  }
+}
+
+LoadHandle::State::~State() { released->set_value(); }
+
+Progress LoadHandle::State::Snapshot() const {
+  Progress p;
+  p.bytes_total = plan.read_bytes;
+  p.bytes_read = bytes_read.load();
+  p.bytes_to_place = plan.placed_bytes;
+  p.bytes_placed = bytes_placed.load();
+  p.tensors_total = tensors.size();
+  p.tensors_done = tensors_done.load();
+  const double seconds = final_seconds.load();
+  p.seconds = seconds >= 0 ? seconds
+                           : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  p.read_gbps = p.seconds > 0 ? p.bytes_read / p.seconds / 1e9 : 0;
+  if (p.bytes_read > 0 && p.bytes_read < p.bytes_total) {
+    p.eta_seconds = p.seconds * (p.bytes_total - p.bytes_read) / p.bytes_read;
+  }
+  return p;
 }
 
 // A plan is used only with the checkpoint it was made for, and only when every index in it
@@ -121,6 +144,11 @@ std::string LoadHandle::State::TraceArgs(uint64_t id, std::string_view route) co
 }
 
 void LoadHandle::State::Start() {
+  Begin();
+  started_promise.set_value();  // backend() has its final text (or the load failed)
+}
+
+void LoadHandle::State::Begin() {
   trace.NameThread("event loop");
   if (!plan_error_.ok()) return Fail(plan_error_);
   // Files that changed since Open are found before any byte is read or mapped from them.

@@ -38,10 +38,16 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
         ReaderFactory reader_factory, device::DeviceSet devices,
         std::string device_log);
 
+  // Signals `released` (the handle waits on it: the load's memory is back when it returns).
+  ~State();
+
   // Called once, on the loop thread: opens the reader and starts reading.
   void Start();
+  void Begin();  // Start() but for the `started` signal
   // Thread-safe: posts a cancel to the loop.
   void RequestCancel();
+  // Thread-safe: the progress now (LoadHandle::progress).
+  Progress Snapshot() const;
 
   // --- read-only after construction ---
   asio::io_context& loop;
@@ -66,6 +72,11 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
 
   std::promise<Status> done_promise;
   std::shared_future<Status> done;
+  // Set when this State is destroyed: after the loop, the workers and the callbacks let go.
+  const std::shared_ptr<std::promise<void>> released = std::make_shared<std::promise<void>>();
+  // Set once Start() has opened the reader (or failed): backend() waits for it.
+  std::promise<void> started_promise;
+  std::shared_future<void> started = started_promise.get_future().share();
 
   // --- progress, readable from any thread ---
   std::atomic<uint64_t> bytes_read{0};

@@ -118,11 +118,12 @@ LoadHandle::~LoadHandle() {
   if (!state_) return;
   if (!state_->finished) state_->RequestCancel();
   state_->done.wait();  // resolved after the load's last callback
-  // The event loop and the workers may still hold the load for the instant after it finished:
-  // wait for them to let go, so that its memory is freed when this destructor returns.
-  for (int i = 0; i < 100000 && state_.use_count() > 1; ++i) {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  // The event loop, the workers and the callbacks may still hold the load for the instant
+  // after it finished: wait (on a signal, not a poll) until they have let go, so that its
+  // memory is freed when this destructor returns.
+  std::future<void> released = state_->released->get_future();
+  state_.reset();
+  released.wait();
 }
 
 bool LoadHandle::valid() const { return state_ != nullptr; }
@@ -165,28 +166,11 @@ std::vector<Tensor> LoadHandle::Tensors() const {
   return out;
 }
 
-Progress LoadHandle::progress() const {
-  Progress p;
-  if (!state_) return p;
-  p.bytes_total = state_->plan.read_bytes;
-  p.bytes_read = state_->bytes_read.load();
-  p.bytes_to_place = state_->plan.placed_bytes;
-  p.bytes_placed = state_->bytes_placed.load();
-  p.tensors_total = state_->tensors.size();
-  p.tensors_done = state_->tensors_done.load();
-  const double final_seconds = state_->final_seconds.load();
-  p.seconds = final_seconds >= 0 ? final_seconds
-                                 : std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                                 state_->start).count();
-  p.read_gbps = p.seconds > 0 ? p.bytes_read / p.seconds / 1e9 : 0;
-  if (p.bytes_read > 0 && p.bytes_read < p.bytes_total) {
-    p.eta_seconds = p.seconds * (p.bytes_total - p.bytes_read) / p.bytes_read;
-  }
-  return p;
-}
+Progress LoadHandle::progress() const { return state_ ? state_->Snapshot() : Progress{}; }
 
 std::string LoadHandle::backend() const {
   if (!state_) return "no load";
+  state_->started.wait();  // the reader is open and the description final
   std::lock_guard lock(state_->callbacks_mu);
   return state_->backend_description;
 }

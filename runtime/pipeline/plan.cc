@@ -294,8 +294,13 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     device_of.push_back(*device);
     return static_cast<uint32_t>(plan.tensors.size() - 1);
   };
+  auto included = [&](size_t i) { return !options.include || options.include(infos[i]); };
+  std::map<size_t, size_t> weight_of_scale;
+  for (const auto& [w, pair] : fp8_pairs) weight_of_scale[pair.scale] = w;
   for (size_t index : order) {
-    if (is_scale[index]) continue;  // planned just before its weight
+    if (!included(index)) continue;
+    // Scales are planned just before their weight; alone when only they are included.
+    if (is_scale[index] && included(weight_of_scale[index])) continue;
     const auto pair = fp8_pairs.find(index);
     if (pair == fp8_pairs.end() || targets[index].conversion == Conversion::kNone) {
       if (pair != fp8_pairs.end()) LOADSTONE_RETURN_IF_ERROR(add(pair->second.scale).status());

@@ -187,6 +187,43 @@ TEST_CASE("contract: a plan made for another checkpoint is refused, the Loader g
   for (const Tensor& t : ok.Tensors()) testing::CheckTensorBytes(t);
 }
 
+TEST_CASE("contract: a progress callback, a tensor filter, a backend line at once") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  PlanOptions po;
+  po.include = [](const TensorInfo& t) { return t.name.starts_with("model.layers.1."); };
+  auto plan = Plan(ckpt, po);
+  REQUIRE(plan.ok());
+  size_t wanted = 0;
+  uint64_t wanted_bytes = 0;
+  for (const TensorInfo& t : ckpt.tensors()) {
+    if (po.include(t)) ++wanted, wanted_bytes += t.nbytes;
+  }
+  REQUIRE(wanted > 0);
+  CHECK(plan->tensors.size() == wanted);
+  CHECK(plan->read_bytes == wanted_bytes);
+  std::mutex mu;
+  std::vector<Progress> seen;
+  LoadOptions options;
+  options.on_progress = [&](const Progress& p) {
+    std::lock_guard lock(mu);
+    seen.push_back(p);
+  };
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan, options);
+  CHECK_FALSE(load.backend().empty());  // right after Load, not only once reading started
+  REQUIRE(load.Done().get().ok());
+  std::lock_guard lock(mu);
+  REQUIRE(seen.size() == wanted);
+  for (size_t i = 1; i < seen.size(); ++i) CHECK(seen[i].tensors_done >= seen[i - 1].tensors_done);
+  CHECK(seen.back().tensors_done == wanted);
+  CHECK(seen.back().bytes_placed == plan->placed_bytes);
+  for (const Tensor& t : load.Tensors()) {
+    CHECK(t.name().starts_with("model.layers.1."));
+    testing::CheckTensorBytes(t);
+  }
+}
+
 TEST_CASE("contract: small tensors share allocations, within a small host memory limit") {
   TempDir dir;
   constexpr int kTensors = 20'000;
