@@ -182,6 +182,20 @@ class LoadHandle {
   // Errors: InvalidArgument on an empty handle.
   Status OnTensor(std::function<void(const loadstone::Tensor&)> callback);
 
+  // Calls `callback` once with Done()'s status, on a callback thread after the load's last
+  // on-tensor callback; at once on this thread when the load has already finished. For code
+  // that waits without blocking a thread (loadstone/asio.h). Errors: InvalidArgument on an
+  // empty handle (the callback is not called).
+  Status OnDone(std::function<void(Status)> callback);
+
+  // Calls `callback` once: with OK and the tensor when tensor `name` is in place, or with the
+  // load's failure (and an empty Tensor) when the load ends without it; on a callback thread,
+  // or at once on this thread when the answer is already known. A callback that throws before
+  // the load has ended fails the load, like an on-tensor callback. Errors (the callback is not
+  // called): NotFound for a name the load does not have, InvalidArgument on an empty handle.
+  Status OnTensorReady(std::string_view name,
+                       std::function<void(Status, loadstone::Tensor)> callback);
+
   // Every tensor once Done() is OK, in plan order; empty before that.
   std::vector<loadstone::Tensor> Tensors() const;
 

@@ -46,7 +46,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       tensors(plan.tensors.size()),
       done(done_promise.get_future().share()),
       trace(options.trace),
-      callbacks(callback_pool),
+      callbacks(callback_pool, plan.tensors.size()),
       reader_factory_(std::move(reader_factory)),
       workers_count_(loader_options.worker_threads > 0
                          ? static_cast<size_t>(loader_options.worker_threads)
@@ -407,7 +407,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
     for (uint64_t id : waiting.mapped()) DispatchStaged(id);
   }
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
-  callbacks.Deliver(slot.future);
+  callbacks.Deliver(index, slot.future);
 }
 
 void LoadHandle::State::Fail(Status status) {

@@ -155,6 +155,23 @@ Status LoadHandle::OnTensor(std::function<void(const loadstone::Tensor&)> callba
   return Status::OK();
 }
 
+Status LoadHandle::OnDone(std::function<void(Status)> callback) {
+  if (!state_) return NoLoad();
+  state_->callbacks.AddDoneWaiter(std::move(callback));
+  return Status::OK();
+}
+
+Status LoadHandle::OnTensorReady(std::string_view name,
+                                 std::function<void(Status, loadstone::Tensor)> callback) {
+  if (!state_) return NoLoad();
+  auto it = state_->by_name.find(name);
+  if (it == state_->by_name.end()) {
+    return Status::NotFound(fmt::format("no tensor '{}' in this load", name));
+  }
+  state_->callbacks.AddTensorWaiter(it->second, std::move(callback));
+  return Status::OK();
+}
+
 std::vector<Tensor> LoadHandle::Tensors() const {
   std::vector<loadstone::Tensor> out;
   if (!state_ || state_->done.wait_for(std::chrono::seconds(0)) != std::future_status::ready ||
