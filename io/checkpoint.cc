@@ -95,11 +95,13 @@ Status AddSafetensorsFile(const std::string& path, Checkpoint::Impl* impl) {
 // Every mapped tensor is in its shard, every shard tensor is mapped to that shard, no tensor
 // is in two shards.
 Status CheckIndexAgainstShards(const io::ShardIndex& index, const Checkpoint::Impl& impl) {
-  std::unordered_map<std::string_view, std::string_view> mapped;  // tensor → shard name
+  // Files were added in the order of index.shards: file i is shard i.
+  std::unordered_map<std::string_view, uint32_t> mapped;  // tensor → shard
+  mapped.reserve(index.weight_map.size());
   for (const auto& [tensor, shard] : index.weight_map) mapped.emplace(tensor, shard);
   std::unordered_map<std::string_view, uint32_t> where;  // tensor → file index
+  where.reserve(impl.tensors.size());
   for (const TensorInfo& t : impl.tensors) {
-    const std::string_view shard = index.shards[t.file];
     auto [it, inserted] = where.emplace(t.name, t.file);
     if (!inserted) {
       return Status::Corruption(fmt::format(
@@ -112,17 +114,17 @@ Status CheckIndexAgainstShards(const io::ShardIndex& index, const Checkpoint::Im
           "shard '{}' holds tensor '{}' (offset {}), which index '{}' does not list",
           impl.files[t.file].path, t.name, t.offset, index.path));
     }
-    if (m->second != shard) {
+    if (m->second != t.file) {
       return Status::Corruption(fmt::format(
           "index '{}' maps tensor '{}' to '{}', but it is in shard '{}'", index.path, t.name,
-          m->second, impl.files[t.file].path));
+          index.shards[m->second], impl.files[t.file].path));
     }
   }
   for (const auto& [tensor, shard] : index.weight_map) {
     if (!where.count(tensor)) {
       return Status::Corruption(fmt::format(
           "index '{}' maps tensor '{}' to shard '{}', which does not hold it", index.path,
-          tensor, shard));
+          tensor, index.shards[shard]));
     }
   }
   return Status::OK();

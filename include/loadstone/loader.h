@@ -37,17 +37,21 @@
 
 namespace loadstone {
 
-// A loaded tensor: a view of memory that it keeps alive. Copies share the memory.
+// A loaded tensor: a view of memory that it keeps alive. Copies share the memory (and, for a
+// load's tensors, the name and shape, which stay in the checkpoint's catalog: a copy costs no
+// allocation).
 class Tensor {
  public:
   Tensor() = default;
+  // A tensor over `data` (nbytes long, kept alive by `owner`) on `device` ("cpu" for host
+  // memory; CopyToHost then copies with memcpy).
   Tensor(std::string name, DType dtype, std::vector<uint64_t> shape, std::string device,
          std::shared_ptr<void> owner, std::byte* data, uint64_t nbytes);
 
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return *name_; }
   DType dtype() const { return dtype_; }
-  const std::vector<uint64_t>& shape() const { return shape_; }
-  const std::string& device() const { return device_; }  // "cpu", "cuda:0", ...
+  const std::vector<uint64_t>& shape() const { return *shape_; }
+  const std::string& device() const { return *device_; }  // "cpu", "cuda:0", ...
   // The memory, valid while any copy of this Tensor lives: host memory for "cpu" (page-aligned
   // when written into fresh pages, see LoaderOptions::fill_fresh_pages; aligned to 64 bytes for
   // converted tensors, small tensors (under 64 KiB, which share 4 MiB blocks) and with
@@ -61,18 +65,24 @@ class Tensor {
   // path (CRCs, tests), not the fast path. Errors: InvalidArgument (size), the device's error.
   Status CopyToHost(std::span<std::byte> dst) const;
 
-  // Used by the pipeline for device tensors.
-  void SetHostCopier(std::function<Status(std::span<std::byte>)> copier) { copier_ = std::move(copier); }
+  using HostCopier = std::function<Status(std::span<std::byte>)>;
 
  private:
-  std::string name_;
+  friend struct TensorAccess;  // how the pipeline makes its tensors (runtime/pipeline/)
+
+  inline static const std::string kNoName;
+  inline static const std::vector<uint64_t> kNoShape;
+  inline static const std::string kCpu = "cpu";
+
+  std::shared_ptr<const void> names_owner_;  // keeps *name_, *shape_ and *device_ alive
+  const std::string* name_ = &kNoName;
+  const std::vector<uint64_t>* shape_ = &kNoShape;
+  const std::string* device_ = &kCpu;
   DType dtype_ = DType::kF32;
-  std::vector<uint64_t> shape_;
-  std::string device_;
   std::shared_ptr<void> owner_;
   std::byte* data_ = nullptr;
   uint64_t nbytes_ = 0;
-  std::function<Status(std::span<std::byte>)> copier_;  // set for device tensors
+  std::shared_ptr<const HostCopier> copier_;  // device tensors: how to copy them to the host
 };
 
 struct Progress {

@@ -1,6 +1,8 @@
 #include "io/formats/hf_index.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -34,22 +36,38 @@ Result<ShardIndex> ToShardIndex(const nlohmann::json& doc, const std::string& pa
   ShardIndex index;
   index.path = path;
   index.weight_map.reserve(map->size());
+  // Shard names in order of first mention, then sorted: one copy of each name, not one per
+  // tensor (a 100,000-tensor index names four files).
+  std::unordered_map<std::string_view, uint32_t> first_seen;
   for (const auto& [tensor, file] : map->items()) {
     if (!file.is_string()) {
       return Status::Corruption(fmt::format("{}: tensor '{}' maps to {}, not to a file name",
                                             what, tensor, DescribeJsonValue(file)));
     }
     const auto& name = file.get_ref<const std::string&>();
-    if (EscapesFolder(name)) {
+    auto [it, inserted] = first_seen.emplace(name, static_cast<uint32_t>(first_seen.size()));
+    if (inserted && EscapesFolder(name)) {
       return Status::Corruption(fmt::format(
           "{}: tensor '{}' maps to '{}', which is not a file inside the index's folder", what,
           tensor, name));
     }
-    index.weight_map.emplace_back(tensor, name);
-    index.shards.push_back(name);
+    index.weight_map.emplace_back(tensor, it->second);
   }
-  std::sort(index.shards.begin(), index.shards.end());
-  index.shards.erase(std::unique(index.shards.begin(), index.shards.end()), index.shards.end());
+  std::vector<uint32_t> sorted_id(first_seen.size());
+  index.shards.resize(first_seen.size());
+  for (const auto& [name, id] : first_seen) index.shards[id] = std::string(name);
+  std::vector<uint32_t> order(first_seen.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](uint32_t a, uint32_t b) { return index.shards[a] < index.shards[b]; });
+  std::vector<std::string> sorted;
+  sorted.reserve(order.size());
+  for (uint32_t rank = 0; rank < order.size(); ++rank) {
+    sorted_id[order[rank]] = rank;
+    sorted.push_back(std::move(index.shards[order[rank]]));
+  }
+  index.shards = std::move(sorted);
+  for (auto& entry : index.weight_map) entry.second = sorted_id[entry.second];
   return index;
 }
 

@@ -3,6 +3,7 @@
 #ifndef LOADSTONE_IO_FORMATS_HF_INDEX_H_
 #define LOADSTONE_IO_FORMATS_HF_INDEX_H_
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,8 +14,8 @@ namespace loadstone::io {
 
 struct ShardIndex {
   std::string path;
-  // tensor name → shard file name (relative to the index's folder), in the index's order.
-  std::vector<std::pair<std::string, std::string>> weight_map;
+  // tensor name → its shard (an index into `shards`), in the index's order.
+  std::vector<std::pair<std::string, uint32_t>> weight_map;
   // Distinct shard names, sorted (model-00001-of-00003 first).
   std::vector<std::string> shards;
 };

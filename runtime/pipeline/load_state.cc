@@ -27,6 +27,13 @@ io::ReaderBackend ToIo(ReadBackend backend) {
   return io::ReaderBackend::kAuto;
 }
 
+// "cpu", then "cuda:0" to "cuda:{count - 1}": LoadNames::devices.
+std::vector<std::string> DeviceNames(size_t count) {
+  std::vector<std::string> out = {"cpu"};
+  for (size_t i = 0; i < count; ++i) out.push_back(fmt::format("cuda:{}", i));
+  return out;
+}
+
 }  // namespace
 
 LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_in,
@@ -43,6 +50,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       loader_options(loader_options_in),
       devices(std::move(devices_in)),
       device_log(std::move(device_log_in)),
+      tensor_names(std::make_shared<const LoadNames>(LoadNames{checkpoint, DeviceNames(devices.size())})),
       tensors(plan.tensors.size()),
       done(done_promise.get_future().share()),
       trace(options.trace),
@@ -393,14 +401,17 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   bytes_placed.fetch_add(placed(slot.remaining) - before, std::memory_order_relaxed);
   if (slot.remaining != 0 || slot.done) return;
   slot.done = true;
-  loadstone::Tensor tensor(src.name, tp.dtype, src.shape, tp.device, slot.buffer, slot.data,
-                           tp.nbytes);
+  std::shared_ptr<const loadstone::Tensor::HostCopier> copier;
   if (tensor_device_[index] >= 0) {
-    tensor.SetHostCopier([device = devices[tensor_device_[index]], data = slot.data,
-                          bytes = tp.nbytes](std::span<std::byte> dst) {
-      return device->CopyToHost(data, bytes, dst.data());
-    });
+    copier = std::make_shared<const loadstone::Tensor::HostCopier>(
+        [device = devices[tensor_device_[index]], data = slot.data,
+         bytes = tp.nbytes](std::span<std::byte> dst) {
+          return device->CopyToHost(data, bytes, dst.data());
+        });
   }
+  loadstone::Tensor tensor = TensorAccess::Make(
+      tensor_names, src, static_cast<size_t>(tensor_device_[index] + 1), tp.dtype, slot.buffer,
+      slot.data, tp.nbytes, std::move(copier));
   slot.promise.set_value(tensor);
   tensors_done.fetch_add(1, std::memory_order_relaxed);
   if (auto waiting = waiting_for_scales_.extract(index)) {

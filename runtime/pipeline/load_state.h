@@ -23,6 +23,7 @@
 #include "runtime/pipeline/callbacks.h"
 #include "runtime/pipeline/fresh_pages.h"
 #include "runtime/pipeline/host_buffer.h"
+#include "runtime/pipeline/tensor_access.h"
 #include "runtime/device/platform_impl.h"
 #include "runtime/pipeline/trace.h"
 
@@ -59,6 +60,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::unordered_map<std::string_view, uint32_t> by_name;  // → plan.tensors index
   const device::DeviceSet devices;  // "cuda:N" = devices[N]
   const std::string device_log;
+  // The names the tensors handed out point into ("cpu" is device 0, "cuda:N" is N + 1).
+  const std::shared_ptr<const LoadNames> tensor_names;
 
   struct TensorSlot {
     std::promise<loadstone::Tensor> promise;

@@ -14,22 +14,34 @@
 
 namespace loadstone {
 
+namespace {
+
+// The name, shape and device of a Tensor made from values.
+struct OwnNames {
+  std::string name;
+  std::vector<uint64_t> shape;
+  std::string device;
+};
+
+}  // namespace
+
 Tensor::Tensor(std::string name, DType dtype, std::vector<uint64_t> shape, std::string device,
                std::shared_ptr<void> owner, std::byte* data, uint64_t nbytes)
-    : name_(std::move(name)),
-      dtype_(dtype),
-      shape_(std::move(shape)),
-      device_(std::move(device)),
-      owner_(std::move(owner)),
-      data_(data),
-      nbytes_(nbytes) {}
+    : dtype_(dtype), owner_(std::move(owner)), data_(data), nbytes_(nbytes) {
+  auto names = std::make_shared<const OwnNames>(
+      OwnNames{std::move(name), std::move(shape), std::move(device)});
+  name_ = &names->name;
+  shape_ = &names->shape;
+  device_ = &names->device;
+  names_owner_ = std::move(names);
+}
 
 Status Tensor::CopyToHost(std::span<std::byte> dst) const {
   if (dst.size() != nbytes_) {
-    return Status::InvalidArgument(fmt::format("tensor '{}' has {} bytes, the buffer {}", name_,
+    return Status::InvalidArgument(fmt::format("tensor '{}' has {} bytes, the buffer {}", *name_,
                                                nbytes_, dst.size()));
   }
-  if (copier_) return copier_(dst);
+  if (copier_) return (*copier_)(dst);
   if (nbytes_) std::memcpy(dst.data(), data_, nbytes_);
   return Status::OK();
 }

@@ -141,7 +141,7 @@ TEST_CASE("asio: a coroutine awaits one tensor while its load goes on, then a wh
   CHECK(count == ckpt.tensors().size());
 }
 
-TEST_CASE("asio: a cancellation through the slot cancels the load; the Loader goes on") {
+TEST_CASE("asio: a cancellation through the slot cancels the load, and the Loader goes on") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   auto plan = Plan(ckpt);
