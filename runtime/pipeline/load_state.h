@@ -31,6 +31,15 @@ namespace loadstone {
 
 // Defined here so that the pipeline can reach it; the public header only names it.
 struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
+  // Set when this State is gone — after the loop, the workers and the callbacks let go of it and
+  // every member (the tensors' buffers included) is destroyed: declared first, so destroyed
+  // last. ~LoadHandle waits on it.
+  struct ReleasedSignal {
+    std::shared_ptr<std::promise<void>> promise = std::make_shared<std::promise<void>>();
+    ~ReleasedSignal() { promise->set_value(); }
+  };
+  const ReleasedSignal released;
+
   using TensorCallback = std::function<void(const loadstone::Tensor&)>;
 
   State(asio::io_context& loop, asio::thread_pool& workers, asio::thread_pool& callback_pool,
@@ -39,8 +48,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
         ReaderFactory reader_factory, device::DeviceSet devices,
         std::string device_log);
 
-  // Signals `released` (the handle waits on it: the load's memory is back when it returns).
-  ~State();
 
   // Called once, on the loop thread: opens the reader and starts reading.
   void Start();
@@ -75,8 +82,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
 
   std::promise<Status> done_promise;
   std::shared_future<Status> done;
-  // Set when this State is destroyed: after the loop, the workers and the callbacks let go.
-  const std::shared_ptr<std::promise<void>> released = std::make_shared<std::promise<void>>();
   // Set once Start() has opened the reader (or failed): backend() waits for it.
   std::promise<void> started_promise;
   std::shared_future<void> started = started_promise.get_future().share();

@@ -133,7 +133,7 @@ LoadHandle::~LoadHandle() {
   // The event loop, the workers and the callbacks may still hold the load for the instant
   // after it finished: wait (on a signal, not a poll) until they have let go, so that its
   // memory is freed when this destructor returns.
-  std::future<void> released = state_->released->get_future();
+  std::future<void> released = state_->released.promise->get_future();
   state_.reset();
   released.wait();
 }

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Interleaved A/B of two loadstone binaries on one model, cold and warm (bench/README.md):
+
+  bench/ab.py OLD_BINARY NEW_BINARY MODEL [--rounds 5] [--seed 1] [--modes cold,warm]
+              [-- EXTRA LOAD FLAGS]
+
+Each round runs both binaries' `load MODEL --json` in a fresh random order, in each mode:
+cold = every file fdatasync'ed and dropped from the page cache (POSIX_FADV_DONTNEED) before the
+run, warm = every file read through the page cache before it. Prints one JSON document: each
+run's GB/s, the medians, and new/old per mode (higher is faster). Only the standard library.
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+
+def files_of(model):
+    if os.path.isfile(model):
+        return [model]
+    return sorted(os.path.join(model, f) for f in os.listdir(model) if f.endswith(".safetensors"))
+
+
+def drop(files):
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(files):
+    for f in files:
+        with open(f, "rb") as fh:
+            while fh.read(16 << 20):
+                pass
+
+
+def run(binary, model, extra):
+    out = subprocess.run([binary, "load", model, "--json", *extra], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)["gbps"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("model")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--modes", default="cold,warm", help="cold, warm or both (comma-separated)")
+    ap.add_argument("extra", nargs="*")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    files = files_of(args.model)
+    modes = args.modes.split(",")
+    runs = {mode: {"old": [], "new": []} for mode in modes}
+    for _ in range(args.rounds):
+        for mode in modes:
+            order = ["old", "new"]
+            rng.shuffle(order)
+            for which in order:
+                (drop if mode == "cold" else warm)(files)
+                time.sleep(1)
+                binary = args.old if which == "old" else args.new
+                runs[mode][which].append(run(binary, args.model, args.extra))
+    doc = {"old": args.old, "new": args.new, "model": args.model, "rounds": args.rounds,
+           "seed": args.seed, "extra": args.extra, "gbps": runs}
+    for mode in runs:
+        old, new = statistics.median(runs[mode]["old"]), statistics.median(runs[mode]["new"])
+        doc[f"{mode}_median_gbps"] = {"old": old, "new": new}
+        doc[f"{mode}_new_over_old"] = new / old
+    json.dump(doc, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
