@@ -14,6 +14,7 @@
 
 #include "cuda/cast_kernels.h"
 #include "cuda/cuda_handles.h"
+#include "cuda/place_job.h"
 #include "runtime/convert/cast.h"
 
 namespace loadstone::cuda {
@@ -130,7 +131,7 @@ class CudaDevice::Impl {
     auto rec = std::make_unique<Job>();
     rec->job = std::move(job);
     rec->impl = this;
-    Status invalid = Validate(rec->job);
+    Status invalid = CheckPlaceJob(rec->job, ordinal_);
     if (!invalid.ok() || rec->job.bytes == 0) {
       rec->status = std::move(invalid);
       rec->finished = true;
@@ -168,28 +169,6 @@ class CudaDevice::Impl {
   int ordinal_;
 
  private:
-  Status Validate(const PlaceJob& job) const {
-    const std::string dev = DeviceName(ordinal_);
-    if (job.bytes != 0 && (job.src == nullptr || job.dst == nullptr)) {
-      return Status::InvalidArgument(dev + ": a job of " + std::to_string(job.bytes) +
-                                     " bytes with a null source or destination");
-    }
-    if (!Converts(job)) return Status::OK();
-    const bool fp8 = job.fp8.scales != nullptr;
-    if (fp8 ? !CanDequantFp8BlockOnDevice(job.from, job.to) : !CanCastOnDevice(job.from, job.to)) {
-      return Status::InvalidArgument(dev + ": cannot convert " + std::string(TorchName(job.from)) +
-                                     " to " + std::string(TorchName(job.to)) + " on the device");
-    }
-    if (job.bytes != convert::ElementBytes(job.from, job.count)) {
-      return Status::InvalidArgument(
-          dev + ": a job of " + std::to_string(job.count) + " " +
-          std::string(TorchName(job.from)) + " elements must be " +
-          std::to_string(convert::ElementBytes(job.from, job.count)) + " bytes, not " +
-          std::to_string(job.bytes));
-    }
-    return Status::OK();
-  }
-
   static void CUDART_CB HostDone(void* p) {  // no CUDA calls allowed in here
     auto* job = static_cast<Job*>(p);
     Impl* impl = job->impl;
@@ -402,30 +381,5 @@ Status CudaDevice::CopyToHost(const std::byte* src, uint64_t bytes, std::byte* d
 void CudaDevice::Drain() { impl_->Drain(); }
 int CudaDevice::ordinal() const { return impl_->ordinal_; }
 std::string CudaDevice::StagingNote() const { return impl_->StagingNote(); }
-
-std::vector<CudaMemory> CudaMemoryPerDevice() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return {};
-  }
-  std::vector<CudaMemory> memory;
-  for (int i = 0; i < count; ++i) {
-    DeviceGuard guard(i);
-    size_t free = 0, total = 0;
-    if (!guard.status().ok() || cudaMemGetInfo(&free, &total) != cudaSuccess) {
-      cudaGetLastError();
-      free = total = 0;
-    }
-    memory.push_back({free, total});
-  }
-  return memory;
-}
-
-std::vector<uint64_t> CudaFreeBytesPerDevice() {
-  std::vector<uint64_t> free;
-  for (const CudaMemory& m : CudaMemoryPerDevice()) free.push_back(m.free);
-  return free;
-}
 
 }  // namespace loadstone::cuda

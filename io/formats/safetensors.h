@@ -33,6 +33,9 @@ enum class SafetensorsError {
   kDuplicateKey,  // loadstone only
 };
 std::string_view SafetensorsErrorName(SafetensorsError error);
+// Corruption: "NAME: detail in 'path'" (NAME as the reference names the error).
+Status SafetensorsCorruption(SafetensorsError error, std::string_view path,
+                             std::string_view detail);
 
 struct SafetensorsHeader {
   uint64_t data_start = 0;  // 8 + N

@@ -108,6 +108,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   };
 
   void Pump();
+  // Takes a free staging slot (allocating it on first use) for chunk `id` and points `request`
+  // at the whole pages around the chunk, in it. Needs a free slot.
+  Status TakeStagingSlot(uint64_t id, io::ReadRequest* request);
   void ArmCompletions();
   void OnCompletions();
   void OnReadDone(uint64_t chunk, Status status);
@@ -126,6 +129,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void PrepareSlots(bool touch);
   void OnSlotPrepared(size_t slot, Result<std::shared_ptr<std::byte>> buffer);
   void SizeStaging();
+  // Begin()'s steps: the reader and its completion eventfd; tensor_device_ from the plan's
+  // device names (InvalidArgument for a device this Loader does not have).
+  Status OpenReader();
+  Status ResolveDevices();
   // Opens fresh_ when some CPU tensor would use it (LoaderOptions::fill_fresh_pages).
   void OpenFreshPages();
   // The page-cache bytes of chunk `id` when the workers may copy them into its fresh tensor

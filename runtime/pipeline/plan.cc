@@ -75,15 +75,6 @@ Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
 
 }  // namespace
 
-std::string_view ConversionName(Conversion conversion) {
-  switch (conversion) {
-    case Conversion::kNone: return "none";
-    case Conversion::kCast: return "cast";
-    case Conversion::kDequantFp8Block: return "fp8-block-dequant";
-  }
-  return "?";
-}
-
 bool IsCastTarget(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
 }
@@ -220,9 +211,7 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
   for (auto& [key, read] : keyed) plan.reads.push_back(std::move(read));
 }
 
-}  // namespace
-
-Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
+Status CheckOptions(const PlanOptions& options) {
   if (options.dtype && !IsCastTarget(*options.dtype)) {
     return Status::InvalidArgument(fmt::format(
         "dtype {}: loadstone casts to float32, float16 or bfloat16 (f32, f16, bf16) only",
@@ -231,24 +220,25 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   if (options.max_chunk < 4096 || options.max_chunk % 4096 != 0) {
     return Status::InvalidArgument("max_chunk must be a positive multiple of 4096");
   }
-  const auto& infos = checkpoint.tensors();
+  return Status::OK();
+}
+
+// Priority order: shard order, then natural name order within a shard.
+std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos) {
   std::vector<size_t> order(infos.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     if (infos[a].file != infos[b].file) return infos[a].file < infos[b].file;
     return NaturalLess(infos[a].name, infos[b].name);
   });
+  return order;
+}
 
-  LoadPlan plan;
-  plan.checkpoint_fingerprint = checkpoint.fingerprint();
-  plan.fp8_block = options.fp8_block ? *options.fp8_block
-                   : checkpoint.config().weight_block_size
-                       ? *checkpoint.config().weight_block_size
-                       : std::array<uint64_t, 2>{128, 128};
-  LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs, pipeline::PairFp8Scales(checkpoint, options, plan.fp8_block));
-  std::vector<bool> is_scale(infos.size());
-  for (const auto& [w, pair] : fp8_pairs) is_scale[pair.scale] = true;
-  // What each tensor becomes (float8 scales: as stored), known before any device is.
+// What each tensor becomes (float8 scales: as stored; a scaled float8 weight that is converted:
+// dequantized), known before any device is.
+Result<std::vector<Target>> Targets(const std::vector<TensorInfo>& infos, const PlanOptions& options,
+                                    const std::map<size_t, pipeline::Fp8Pair>& fp8_pairs,
+                                    const std::vector<bool>& is_scale) {
   PlanOptions as_stored = options;
   as_stored.dtype.reset();
   std::vector<Target> targets(infos.size());
@@ -258,21 +248,52 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
       targets[i].conversion = Conversion::kDequantFp8Block;
     }
   }
-  LOADSTONE_ASSIGN_OR_RETURN(plan.devices, MapDevices(checkpoint, options, targets));
-  plan.warnings = std::move(plan.devices.warnings);
-  plan.devices.warnings.clear();
-  WarnIneffective(checkpoint, options, &plan.warnings);
-  std::unordered_map<std::string_view, Device> buffer_device;  // buffers placed apart from the map
-  for (const BufferPlacement& b : plan.devices.buffers) {
-    if (b.device) buffer_device.emplace(b.name, *b.device);
+  return targets;
+}
+
+// Fills LoadPlan::tensors in priority order: each included tensor's device (its map entry, or
+// where the map placed it as a buffer), dtype and conversion; a scaled float8 weight's scales
+// just before it, on the same device.
+class TensorPlanner {
+ public:
+  TensorPlanner(const Checkpoint& checkpoint, const PlanOptions& options,
+                const std::vector<Target>& targets,
+                const std::map<size_t, pipeline::Fp8Pair>& fp8_pairs,
+                const std::vector<bool>& is_scale, LoadPlan* plan)
+      : infos_(checkpoint.tensors()), options_(options), targets_(targets),
+        fp8_pairs_(fp8_pairs), is_scale_(is_scale), plan_(*plan) {
+    for (const BufferPlacement& b : plan_.devices.buffers) {
+      if (b.device) buffer_device_.emplace(b.name, *b.device);
+    }
+    for (const auto& [w, pair] : fp8_pairs_) weight_of_scale_[pair.scale] = w;
   }
-  plan.tensors.reserve(order.size());
-  std::vector<Device> device_of;  // per planned tensor
-  device_of.reserve(order.size());
-  auto add = [&](size_t index) -> Result<uint32_t> {
-    const TensorInfo& t = infos[index];
-    std::optional<Device> device = plan.devices.device_map.Lookup(t.name);
-    if (auto b = buffer_device.find(t.name); b != buffer_device.end()) device = b->second;
+
+  Status AddAll(const std::vector<size_t>& order) {
+    plan_.tensors.reserve(order.size());
+    device_of_.reserve(order.size());
+    for (size_t index : order) {
+      if (!Included(index)) continue;
+      // Scales are planned just before their weight; alone when only they are included.
+      if (is_scale_[index] && Included(weight_of_scale_[index])) continue;
+      const auto pair = fp8_pairs_.find(index);
+      if (pair == fp8_pairs_.end()) {
+        LOADSTONE_RETURN_IF_ERROR(Add(index).status());
+      } else {
+        LOADSTONE_RETURN_IF_ERROR(AddFp8Pair(index, pair->second));
+      }
+    }
+    return Status::OK();
+  }
+
+  const std::vector<Device>& device_of() const { return device_of_; }  // per planned tensor
+
+ private:
+  bool Included(size_t i) const { return !options_.include || options_.include(infos_[i]); }
+
+  Result<uint32_t> Add(size_t index) {
+    const TensorInfo& t = infos_[index];
+    std::optional<Device> device = plan_.devices.device_map.Lookup(t.name);
+    if (auto b = buffer_device_.find(t.name); b != buffer_device_.end()) device = b->second;
     if (!device) {
       return Status::InvalidArgument(
           fmt::format("the device map gives no device for tensor '{}'", t.name));
@@ -286,71 +307,69 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     TensorPlan tp;
     tp.source = index;
     tp.device = device->ToString();
-    tp.dtype = targets[index].dtype;
-    tp.conversion = targets[index].conversion;
+    tp.dtype = targets_[index].dtype;
+    tp.conversion = targets_[index].conversion;
     tp.nbytes = t.numel() * DTypeBits(tp.dtype) / 8;
-    plan.placed_bytes += tp.nbytes;
-    plan.tensors.push_back(tp);
-    device_of.push_back(*device);
-    return static_cast<uint32_t>(plan.tensors.size() - 1);
-  };
-  auto included = [&](size_t i) { return !options.include || options.include(infos[i]); };
-  std::map<size_t, size_t> weight_of_scale;
-  for (const auto& [w, pair] : fp8_pairs) weight_of_scale[pair.scale] = w;
-  for (size_t index : order) {
-    if (!included(index)) continue;
-    // Scales are planned just before their weight; alone when only they are included.
-    if (is_scale[index] && included(weight_of_scale[index])) continue;
-    const auto pair = fp8_pairs.find(index);
-    if (pair == fp8_pairs.end() || targets[index].conversion == Conversion::kNone) {
-      if (pair != fp8_pairs.end()) LOADSTONE_RETURN_IF_ERROR(add(pair->second.scale).status());
-      LOADSTONE_RETURN_IF_ERROR(add(index).status());
-      continue;
-    }
-    // A dequantized weight: its scales come first, as stored, on the same device.
-    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, add(pair->second.scale));
-    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, add(index));
-    TensorPlan& weight = plan.tensors[w];
-    if (weight.device != plan.tensors[s].device) {
+    plan_.placed_bytes += tp.nbytes;
+    plan_.tensors.push_back(tp);
+    device_of_.push_back(*device);
+    return static_cast<uint32_t>(plan_.tensors.size() - 1);
+  }
+
+  // A weight with scales: the scales first, as stored; a dequantized weight points at them.
+  Status AddFp8Pair(size_t index, const pipeline::Fp8Pair& pair) {
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, Add(pair.scale));
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, Add(index));
+    if (targets_[index].conversion == Conversion::kNone) return Status::OK();
+    TensorPlan& weight = plan_.tensors[w];
+    if (weight.device != plan_.tensors[s].device) {
       return Status::Unsupported(fmt::format(
           "float8 tensor '{}' is mapped to {} but its scales '{}' to {}; map them together",
-          infos[index].name, weight.device, infos[pair->second.scale].name,
-          plan.tensors[s].device));
+          infos_[index].name, weight.device, infos_[pair.scale].name, plan_.tensors[s].device));
     }
     weight.scale = s;
-    weight.block_rows = pair->second.block_rows;
-    weight.block_cols = pair->second.block_cols;
+    weight.block_rows = pair.block_rows;
+    weight.block_cols = pair.block_cols;
+    return Status::OK();
   }
-  CountUsage(plan, device_of, &plan.devices.usage);
+
+  const std::vector<TensorInfo>& infos_;
+  const PlanOptions& options_;
+  const std::vector<Target>& targets_;
+  const std::map<size_t, pipeline::Fp8Pair>& fp8_pairs_;
+  const std::vector<bool>& is_scale_;
+  LoadPlan& plan_;
+  std::unordered_map<std::string_view, Device> buffer_device_;  // placed apart from the map
+  std::map<size_t, size_t> weight_of_scale_;
+  std::vector<Device> device_of_;
+};
+
+}  // namespace
+
+Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) {
+  LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
+  const auto& infos = checkpoint.tensors();
+  LoadPlan plan;
+  plan.checkpoint_fingerprint = checkpoint.fingerprint();
+  plan.fp8_block = options.fp8_block ? *options.fp8_block
+                   : checkpoint.config().weight_block_size
+                       ? *checkpoint.config().weight_block_size
+                       : std::array<uint64_t, 2>{128, 128};
+  LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs,
+                             pipeline::PairFp8Scales(checkpoint, options, plan.fp8_block));
+  std::vector<bool> is_scale(infos.size());
+  for (const auto& [w, pair] : fp8_pairs) is_scale[pair.scale] = true;
+  LOADSTONE_ASSIGN_OR_RETURN(const std::vector<Target> targets,
+                             Targets(infos, options, fp8_pairs, is_scale));
+  LOADSTONE_ASSIGN_OR_RETURN(plan.devices, MapDevices(checkpoint, options, targets));
+  plan.warnings = std::move(plan.devices.warnings);
+  plan.devices.warnings.clear();
+  WarnIneffective(checkpoint, options, &plan.warnings);
+  TensorPlanner planner(checkpoint, options, targets, fp8_pairs, is_scale, &plan);
+  LOADSTONE_RETURN_IF_ERROR(planner.AddAll(PriorityOrder(infos)));
+  CountUsage(plan, planner.device_of(), &plan.devices.usage);
   ScheduleReads(infos, is_scale, options, &plan);
   return plan;
-}
-
-std::string LoadPlan::ToString() const {
-  std::map<std::string, std::pair<size_t, uint64_t>> per_target;
-  size_t casts = 0, dequants = 0, staged_reads = 0;
-  for (const TensorPlan& t : tensors) {
-    auto& entry = per_target[fmt::format("{} {}", t.device, SafetensorsName(t.dtype))];
-    ++entry.first;
-    entry.second += t.nbytes;
-    casts += t.conversion == Conversion::kCast;
-    dequants += t.conversion == Conversion::kDequantFp8Block;
-  }
-  for (const ReadChunk& r : reads) staged_reads += r.staged;
-  std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts",
-                                tensors.size(), read_bytes, placed_bytes, casts);
-  if (dequants > 0) out += fmt::format(", {} float8 block dequants", dequants);
-  out += "\n";
-  out += fmt::format("  device map: {}\n", devices.device_map.ToJson());
-  for (const std::string& w : warnings) out += fmt::format("  warning: {}\n", w);
-  for (const auto& [target, count_bytes] : per_target) {
-    out += fmt::format("  {}: {} tensors, {} bytes\n", target, count_bytes.first, count_bytes.second);
-  }
-  // How an unconverted read lands (in place, through staging, copied from the page cache) is
-  // the Loader's choice at run time; the load's backend line says which.
-  out += fmt::format("  reads: {} ({} staged to convert or coalesce, {} unconverted)\n",
-                     reads.size(), staged_reads, reads.size() - staged_reads);
-  return out;
 }
 
 }  // namespace loadstone
