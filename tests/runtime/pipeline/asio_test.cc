@@ -44,6 +44,18 @@ testing::ReaderSwitch SlowReads(std::chrono::milliseconds latency) {
   });
 }
 
+// The mixed test checkpoint and its default plan.
+struct MixedModel {
+  static LoadPlan PlanOf(const Checkpoint& ckpt) {
+    auto plan = Plan(ckpt);
+    REQUIRE(plan.ok());
+    return *std::move(plan);
+  }
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  LoadPlan plan = PlanOf(ckpt);
+};
+
 LoaderOptions OneReadAtATime(const testing::ReaderSwitch& reads) {
   LoaderOptions lo;
   lo.queue_depth = 1;
@@ -52,13 +64,12 @@ LoaderOptions OneReadAtATime(const testing::ReaderSwitch& reads) {
 }
 
 TEST_CASE("asio: a plain callback gets the status and the handle, off the Loader's threads") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   Loader loader;
   std::promise<std::pair<Status, size_t>> got;
-  AsyncLoad(loader, ckpt, *plan, [&](Status status, LoadHandle load) {
+  AsyncLoad(loader, ckpt, plan, [&](Status status, LoadHandle load) {
     got.set_value({std::move(status), load.Tensors().size()});
   });
   auto [status, tensors] = got.get_future().get();
@@ -67,16 +78,15 @@ TEST_CASE("asio: a plain callback gets the status and the handle, off the Loader
 }
 
 TEST_CASE("asio: a handler bound to an io_context runs there, and run() waits for it") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   Loader loader;
   asio::io_context io;
   std::thread::id ran_on;
   Status got = Status::Cancelled("not called");
   size_t tensors = 0;
-  AsyncLoad(loader, ckpt, *plan, asio::bind_executor(io, [&](Status status, LoadHandle load) {
+  AsyncLoad(loader, ckpt, plan, asio::bind_executor(io, [&](Status status, LoadHandle load) {
               ran_on = std::this_thread::get_id();
               got = std::move(status);
               tensors = load.Tensors().size();
@@ -89,18 +99,17 @@ TEST_CASE("asio: a handler bound to an io_context runs there, and run() waits fo
 }
 
 TEST_CASE("asio: use_future, a per-tensor wait, an unknown name and an empty handle") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   Loader loader;
-  LoadHandle running = loader.Load(ckpt, *plan);
+  LoadHandle running = loader.Load(ckpt, plan);
   auto [st, tensor] = AsyncTensor(running, kTensor, asio::use_future).get();
   REQUIRE(st.ok());
   CHECK(tensor.name() == kTensor);
   testing::CheckTensorBytes(tensor);
 
-  auto [status, load] = AsyncLoad(loader, ckpt, *plan, asio::use_future).get();
+  auto [status, load] = AsyncLoad(loader, ckpt, plan, asio::use_future).get();
   REQUIRE(status.ok());
   // After the load is done: answered at once.
   auto [again, same] = AsyncTensor(load, kTensor, asio::use_future).get();
@@ -116,10 +125,9 @@ TEST_CASE("asio: use_future, a per-tensor wait, an unknown name and an empty han
 }
 
 TEST_CASE("asio: a coroutine awaits one tensor while its load goes on, then a whole load") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   Loader loader;
   asio::io_context io;
   bool first_ok = false, all_ok = false;
@@ -127,10 +135,10 @@ TEST_CASE("asio: a coroutine awaits one tensor while its load goes on, then a wh
   asio::co_spawn(
       io,
       [&]() -> asio::awaitable<void> {
-        LoadHandle load = loader.Load(ckpt, *plan);
+        LoadHandle load = loader.Load(ckpt, plan);
         auto [st, first] = co_await AsyncTensor(load, kTensor, asio::use_awaitable);
         first_ok = st.ok() && first.name() == kTensor;
-        auto [status, whole] = co_await AsyncLoad(loader, ckpt, *plan, asio::use_awaitable);
+        auto [status, whole] = co_await AsyncLoad(loader, ckpt, plan, asio::use_awaitable);
         all_ok = status.ok();
         count = whole.Tensors().size();
       },
@@ -142,17 +150,16 @@ TEST_CASE("asio: a coroutine awaits one tensor while its load goes on, then a wh
 }
 
 TEST_CASE("asio: a cancellation through the slot cancels the load, and the Loader goes on") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   auto slow = SlowReads(std::chrono::milliseconds(20));
   Loader loader(OneReadAtATime(slow));
   asio::io_context io;
   asio::cancellation_signal signal;
   Status got;
   Progress when_cancelled;
-  AsyncLoad(loader, ckpt, *plan,
+  AsyncLoad(loader, ckpt, plan,
             asio::bind_cancellation_slot(
                 signal.slot(), asio::bind_executor(io, [&](Status status, LoadHandle load) {
                   got = std::move(status);
@@ -163,19 +170,18 @@ TEST_CASE("asio: a cancellation through the slot cancels the load, and the Loade
   CHECK(got.code() == StatusCode::kCancelled);
   CHECK(when_cancelled.tensors_done < ckpt.tensors().size());
   slow.Off();
-  auto [status, load] = AsyncLoad(loader, ckpt, *plan, asio::use_future).get();
+  auto [status, load] = AsyncLoad(loader, ckpt, plan, asio::use_future).get();
   CHECK(status.ok());
 }
 
 TEST_CASE("asio: a tensor wait gets the load's failure when the load ends without it") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   auto slow = SlowReads(std::chrono::milliseconds(20));
   Loader loader(OneReadAtATime(slow));
-  LoadHandle load = loader.Load(ckpt, *plan);
-  const std::string last = ckpt.tensors()[plan->tensors.back().source].name;
+  LoadHandle load = loader.Load(ckpt, plan);
+  const std::string last = ckpt.tensors()[plan.tensors.back().source].name;
   auto waiting = AsyncTensor(load, last, asio::use_future);
   load.Cancel();
   auto [status, tensor] = waiting.get();
@@ -185,10 +191,9 @@ TEST_CASE("asio: a tensor wait gets the load's failure when the load ends withou
 }
 
 TEST_CASE("asio: OnDone and OnTensorReady from inside an on-tensor callback") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   Loader loader;
   std::promise<LoadHandle*> handle;
   std::shared_future<LoadHandle*> ready = handle.get_future().share();
@@ -204,7 +209,7 @@ TEST_CASE("asio: OnDone and OnTensorReady from inside an on-tensor callback") {
                  tensor_seen.set_value(s.ok() ? t.name() : s.ToString());
                }).ok());
   };
-  LoadHandle load = loader.Load(ckpt, *plan, options);
+  LoadHandle load = loader.Load(ckpt, plan, options);
   handle.set_value(&load);
   CHECK(tensor_seen.get_future().get() == kTensor);
   CHECK(done_seen.get_future().get().ok());
@@ -218,14 +223,13 @@ TEST_CASE("asio: OnDone and OnTensorReady from inside an on-tensor callback") {
 }
 
 TEST_CASE("asio: a tensor waiter that throws fails its load with the message") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   auto slow = SlowReads(std::chrono::milliseconds(5));
   Loader loader(OneReadAtATime(slow));
-  LoadHandle load = loader.Load(ckpt, *plan);
-  const std::string first = ckpt.tensors()[plan->tensors.front().source].name;
+  LoadHandle load = loader.Load(ckpt, plan);
+  const std::string first = ckpt.tensors()[plan.tensors.front().source].name;
   REQUIRE(load.OnTensorReady(first, [](Status, Tensor) { throw std::runtime_error("boom"); }).ok());
   const Status status = load.Done().get();
   CHECK(status.code() == StatusCode::kInvalidArgument);
