@@ -35,6 +35,7 @@
 #include <asio/prefer.hpp>
 
 #include <memory>
+#include <type_traits>
 #include <string>
 #include <utility>
 
@@ -48,9 +49,9 @@ template <typename Handler, typename... Args>
 class Pending {
  public:
   explicit Pending(Handler handler)
-      : executor_(asio::prefer(asio::get_associated_executor(handler),
-                               asio::execution::outstanding_work.tracked)),
-        handler_(std::move(handler)) {}
+      : handler_(std::move(handler)),
+        executor_(asio::prefer(asio::get_associated_executor(handler_),
+                               asio::execution::outstanding_work.tracked)) {}
 
   // Connects the handler's cancellation slot, if it has one, to `cancel`.
   template <typename Cancel>
@@ -70,10 +71,13 @@ class Pending {
   }
 
  private:
-  using Executor = decltype(asio::prefer(std::declval<asio::associated_executor_t<Handler>>(),
-                                         asio::execution::outstanding_work.tracked));
-  Executor executor_;
+  // decay: for an executor without the property (use_future's), prefer() hands back the
+  // argument itself, as a reference to a temporary.
+  using Executor = std::decay_t<decltype(asio::prefer(
+      std::declval<asio::associated_executor_t<Handler>>(),
+      asio::execution::outstanding_work.tracked))>;
   Handler handler_;
+  Executor executor_;
 };
 
 }  // namespace asio_detail
