@@ -145,6 +145,47 @@ std::vector<size_t> MinMaxPartition(const std::vector<int64_t>& sizes,
   return counts;
 }
 
+namespace {
+
+// Reserves room on the first GPU for the largest layer left off the GPUs, until stable: returns
+// how many groups the GPUs take, with `caps` lowered and `reserve` set accordingly.
+size_t ReserveForOffload(const std::vector<int64_t>& sizes, std::vector<int64_t>* caps,
+                         int64_t* reserve) {
+  while (true) {
+    std::vector<int64_t> reserved = *caps;
+    if (!reserved.empty()) reserved[0] = std::max<int64_t>(0, reserved[0] - *reserve);
+    const size_t prefix = LongestPrefix(sizes, reserved, nullptr);
+    int64_t largest_rest = 0;
+    for (size_t i = prefix; i < sizes.size(); ++i) largest_rest = std::max(largest_rest, sizes[i]);
+    if (largest_rest <= *reserve) {
+      *caps = reserved;
+      return prefix;
+    }
+    *reserve = largest_rest;
+  }
+}
+
+// The --explain lines of a min-max placement.
+void ExplainMinMax(const std::vector<Device>& gpus, const std::vector<size_t>& counts,
+                   const std::vector<int64_t>& sizes, size_t prefix, int64_t reserve,
+                   std::vector<std::string>* explanation) {
+  int64_t largest = 0;
+  size_t at = 0;
+  for (size_t part = 0; part < counts.size(); ++part) {
+    int64_t load = 0;
+    for (size_t k = 0; k < counts[part]; ++k) load += sizes[at++];
+    largest = std::max(largest, load);
+    explanation->push_back(fmt::format("min-max: {} gets {} layers ({} bytes)",
+                                       gpus[part].ToKey(), counts[part], (load + 7) / 8));
+  }
+  explanation->push_back(fmt::format(
+      "min-max: {} layers, {} on GPUs (reserve {} bytes on the first GPU), largest GPU load {} "
+      "bytes",
+      sizes.size(), prefix, (reserve + 7) / 8, (largest + 7) / 8));
+}
+
+}  // namespace
+
 Placement MinMaxPlace(const PlanContext& ctx, const Budgets& budgets) {
   Placement out;
   std::vector<Group> groups = Groups(ctx, Atoms(ctx));
@@ -157,21 +198,8 @@ Placement MinMaxPlace(const PlanContext& ctx, const Budgets& budgets) {
     gpus.push_back(b.device);
     caps.push_back(std::max<int64_t>(0, Eighths(b.bytes)));
   }
-  // Reserve room on the first GPU for the largest layer left off the GPUs, until stable.
   int64_t reserve = 0;
-  size_t prefix = 0;
-  while (true) {
-    std::vector<int64_t> reserved = caps;
-    if (!reserved.empty()) reserved[0] = std::max<int64_t>(0, reserved[0] - reserve);
-    prefix = LongestPrefix(sizes, reserved, nullptr);
-    int64_t largest_rest = 0;
-    for (size_t i = prefix; i < sizes.size(); ++i) largest_rest = std::max(largest_rest, sizes[i]);
-    if (largest_rest <= reserve) {
-      caps = reserved;
-      break;
-    }
-    reserve = largest_rest;
-  }
+  const size_t prefix = ReserveForOffload(sizes, &caps, &reserve);
   std::vector<int64_t> head(sizes.begin(), sizes.begin() + static_cast<ptrdiff_t>(prefix));
   std::vector<size_t> counts = MinMaxPartition(head, caps);
   std::vector<Device> device_of(groups.size(), Device::Disk());
@@ -201,21 +229,7 @@ Placement MinMaxPlace(const PlanContext& ctx, const Budgets& budgets) {
     }
   }
   out.used = std::move(used);
-  if (ctx.explain) {
-    int64_t largest = 0;
-    size_t at = 0;
-    for (size_t part = 0; part < counts.size(); ++part) {
-      int64_t load = 0;
-      for (size_t k = 0; k < counts[part]; ++k) load += sizes[at++];
-      largest = std::max(largest, load);
-      out.explanation.push_back(fmt::format("min-max: {} gets {} layers ({} bytes)",
-                                            gpus[part].ToKey(), counts[part], (load + 7) / 8));
-    }
-    out.explanation.push_back(fmt::format(
-        "min-max: {} layers, {} on GPUs (reserve {} bytes on the first GPU), largest GPU load {} "
-        "bytes",
-        groups.size(), prefix, (reserve + 7) / 8, (largest + 7) / 8));
-  }
+  if (ctx.explain) ExplainMinMax(gpus, counts, sizes, prefix, reserve, &out.explanation);
   return out;
 }
 

@@ -210,6 +210,49 @@ std::vector<std::string> ModuleTree::StateDictNames() const {
   return names;
 }
 
+namespace {
+
+// InvalidArgument for a name the planner does not take (an empty component; too long or deep).
+Status CheckTensorName(const TensorInfo& info, const std::vector<std::string_view>& parts) {
+  if (std::any_of(parts.begin(), parts.end(), [](std::string_view p) { return p.empty(); })) {
+    return Status::InvalidArgument(
+        fmt::format("tensor name '{}' has an empty dotted component", info.name));
+  }
+  if (info.name.size() > planner::kMaxNameBytes || parts.size() > planner::kMaxNameDepth) {
+    return Status::InvalidArgument(fmt::format(
+        "tensor '{}' has a name of {} bytes in {} dotted components, more than the device-map "
+        "planner takes ({} bytes, {} components); load it onto one device (--device-map cpu "
+        "or cuda:N) or with an explicit map",
+        info.name.substr(0, 64) + (info.name.size() > 64 ? "..." : ""), info.name.size(),
+        parts.size(), planner::kMaxNameBytes, planner::kMaxNameDepth));
+  }
+  return Status::OK();
+}
+
+// Shard order first: children and parameters by the first (file, natural rank) below them.
+void OrderByShard(const std::vector<std::pair<uint32_t, uint32_t>>& tensor_rank,
+                  ModuleTree::Impl* impl) {
+  std::vector<std::pair<uint32_t, uint32_t>> first(impl->nodes.size(), {UINT32_MAX, UINT32_MAX});
+  for (size_t t = 0; t < impl->tensors.size(); ++t) {
+    auto& f = first[static_cast<size_t>(impl->tensors[t].node)];
+    f = std::min(f, tensor_rank[t]);
+  }
+  for (size_t n = impl->nodes.size(); n-- > 1;) {  // children were created after parents
+    auto& f = first[static_cast<size_t>(impl->nodes[n].parent)];
+    f = std::min(f, first[n]);
+  }
+  for (planner::TreeNode& node : impl->nodes) {
+    std::stable_sort(node.children.begin(), node.children.end(), [&](int32_t a, int32_t b) {
+      return first[static_cast<size_t>(a)] < first[static_cast<size_t>(b)];
+    });
+    std::stable_sort(node.params.begin(), node.params.end(), [&](int32_t a, int32_t b) {
+      return tensor_rank[static_cast<size_t>(a)] < tensor_rank[static_cast<size_t>(b)];
+    });
+  }
+}
+
+}  // namespace
+
 Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
   const std::vector<TensorInfo>& infos = checkpoint.tensors();
   // Natural order makes every module's tensors contiguous, so the tree is built with a stack.
@@ -231,18 +274,7 @@ Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
   for (size_t rank = 0; rank < order.size(); ++rank) {
     const TensorInfo& info = infos[order[rank]];
     SplitDots(info.name, &parts);
-    if (std::any_of(parts.begin(), parts.end(), [](std::string_view p) { return p.empty(); })) {
-      return Status::InvalidArgument(
-          fmt::format("tensor name '{}' has an empty dotted component", info.name));
-    }
-    if (info.name.size() > planner::kMaxNameBytes || parts.size() > planner::kMaxNameDepth) {
-      return Status::InvalidArgument(fmt::format(
-          "tensor '{}' has a name of {} bytes in {} dotted components, more than the device-map "
-          "planner takes ({} bytes, {} components); load it onto one device (--device-map cpu "
-          "or cuda:N) or with an explicit map",
-          info.name.substr(0, 64) + (info.name.size() > 64 ? "..." : ""), info.name.size(),
-          parts.size(), planner::kMaxNameBytes, planner::kMaxNameDepth));
-    }
+    LOADSTONE_RETURN_IF_ERROR(CheckTensorName(info, parts));
     // One copy of the name; the modules on its path are views of its prefixes.
     const std::string_view full = impl->names.Add(info.name);
     size_t depth = 0;  // how much of `path` (below the root) matches the name's modules
@@ -264,26 +296,7 @@ Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
                     /*is_buffer=*/false, /*persistent=*/true);
     tensor_rank.push_back({info.file, static_cast<uint32_t>(rank)});
   }
-  if (checkpoint.files().size() > 1) {
-    // Shard order first: children and parameters by the first (file, rank) below them.
-    std::vector<std::pair<uint32_t, uint32_t>> first(impl->nodes.size(), {UINT32_MAX, UINT32_MAX});
-    for (size_t t = 0; t < impl->tensors.size(); ++t) {
-      auto& f = first[static_cast<size_t>(impl->tensors[t].node)];
-      f = std::min(f, tensor_rank[t]);
-    }
-    for (size_t n = impl->nodes.size(); n-- > 1;) {  // children were created after parents
-      auto& f = first[static_cast<size_t>(impl->nodes[n].parent)];
-      f = std::min(f, first[n]);
-    }
-    for (planner::TreeNode& node : impl->nodes) {
-      std::stable_sort(node.children.begin(), node.children.end(), [&](int32_t a, int32_t b) {
-        return first[static_cast<size_t>(a)] < first[static_cast<size_t>(b)];
-      });
-      std::stable_sort(node.params.begin(), node.params.end(), [&](int32_t a, int32_t b) {
-        return tensor_rank[static_cast<size_t>(a)] < tensor_rank[static_cast<size_t>(b)];
-      });
-    }
-  }
+  if (checkpoint.files().size() > 1) OrderByShard(tensor_rank, impl.get());
   impl->Finish();
   for (const planner::TreeTensor& tensor : impl->tensors) {
     if (impl->node_by_name.contains(tensor.name)) {

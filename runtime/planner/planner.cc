@@ -190,6 +190,45 @@ void CheckSpecialDTypes(const ModuleTree::Impl& tree, const DeviceMapOptions& op
 
 }  // namespace
 
+namespace {
+
+// The map of a mode (auto, balanced, ...): accelerate's placement (or min-max) over `budgets`,
+// cleaned unless asked not to, with its explanation and warnings.
+Status PlaceModules(const ModuleTree::Impl& impl, const DeviceMapOptions& options,
+                    const ModuleSizes& sizes, const NoSplit& no_split, const SizePolicy& policy,
+                    const Budgets& budgets, DevicePlan* plan) {
+  PlanContext ctx;
+  ctx.tree = &impl;
+  ctx.sizes = &sizes;
+  ctx.no_split = &no_split;
+  ctx.policy = &policy;
+  ctx.tied_groups = FindTiedGroups(impl);
+  ctx.tie_index = TieIndex(ctx.tied_groups);
+  ctx.offload_buffers = options.offload_buffers;
+  ctx.fallback_allocation = options.fallback_allocation;
+  ctx.fixes = options.fixes;
+  ctx.explain = options.explain;
+  if (options.explain) {
+    std::string line = "Budgets:";
+    for (const Budget& b : budgets) line += fmt::format(" {}={}", b.device.ToKey(), b.bytes.Repr());
+    plan->explanation.push_back(line);
+  }
+  Placement placement = options.strategy == PlanStrategy::kMinMax ? MinMaxPlace(ctx, budgets)
+                                                                  : GreedyPlace(ctx, budgets);
+  std::vector<DeviceMap::Entry> entries = options.clean_result
+                                              ? CleanDeviceMap(placement.map.entries())
+                                              : placement.map.entries();
+  for (DeviceMap::Entry& e : entries) {
+    LOADSTONE_RETURN_IF_ERROR(plan->device_map.Add(std::move(e.prefix), e.device));
+  }
+  for (std::string& line : placement.explanation) plan->explanation.push_back(std::move(line));
+  BufferWarning(placement, budgets, &plan->warnings);
+  MinimumWarning(placement, &plan->warnings);
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapOptions& options,
                                         const PlacedDTypes& placed) {
   const ModuleTree::Impl& impl = tree.impl();
@@ -225,33 +264,8 @@ Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapO
     } else {
       LOADSTONE_ASSIGN_OR_RETURN(budgets, GetMaxMemory(options.max_memory, platform, &plan.warnings));
     }
-    PlanContext ctx;
-    ctx.tree = &impl;
-    ctx.sizes = &sizes;
-    ctx.no_split = &no_split;
-    ctx.policy = &policy;
-    ctx.tied_groups = FindTiedGroups(impl);
-    ctx.tie_index = TieIndex(ctx.tied_groups);
-    ctx.offload_buffers = options.offload_buffers;
-    ctx.fallback_allocation = options.fallback_allocation;
-    ctx.fixes = options.fixes;
-    ctx.explain = options.explain;
-    if (options.explain) {
-      std::string line = "Budgets:";
-      for (const Budget& b : budgets) line += fmt::format(" {}={}", b.device.ToKey(), b.bytes.Repr());
-      plan.explanation.push_back(line);
-    }
-    Placement placement = options.strategy == PlanStrategy::kMinMax ? MinMaxPlace(ctx, budgets)
-                                                                    : GreedyPlace(ctx, budgets);
-    std::vector<DeviceMap::Entry> entries = options.clean_result
-                                                ? CleanDeviceMap(placement.map.entries())
-                                                : placement.map.entries();
-    for (DeviceMap::Entry& e : entries) {
-      LOADSTONE_RETURN_IF_ERROR(plan.device_map.Add(std::move(e.prefix), e.device));
-    }
-    for (std::string& line : placement.explanation) plan.explanation.push_back(std::move(line));
-    BufferWarning(placement, budgets, &plan.warnings);
-    MinimumWarning(placement, &plan.warnings);
+    LOADSTONE_RETURN_IF_ERROR(
+        PlaceModules(impl, options, sizes, no_split, policy, budgets, &plan));
   }
   Report(impl, sizes, budgets, &plan);
   PlaceBuffers(impl, options, budgets, &plan);
