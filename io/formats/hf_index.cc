@@ -36,8 +36,8 @@ Result<ShardIndex> ToShardIndex(const nlohmann::json& doc, const std::string& pa
   ShardIndex index;
   index.path = path;
   index.weight_map.reserve(map->size());
-  // Shard names in order of first mention, then sorted: one copy of each name, not one per
-  // tensor (a 100,000-tensor index names four files).
+  // Each shard name once, not once per tensor (a 100,000-tensor index names four files):
+  // numbered in order of first mention, then renumbered in sorted order.
   std::unordered_map<std::string_view, uint32_t> first_seen;
   for (const auto& [tensor, file] : map->items()) {
     if (!file.is_string()) {
@@ -53,20 +53,13 @@ Result<ShardIndex> ToShardIndex(const nlohmann::json& doc, const std::string& pa
     }
     index.weight_map.emplace_back(tensor, it->second);
   }
-  std::vector<uint32_t> sorted_id(first_seen.size());
-  index.shards.resize(first_seen.size());
-  for (const auto& [name, id] : first_seen) index.shards[id] = std::string(name);
-  std::vector<uint32_t> order(first_seen.size());
-  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](uint32_t a, uint32_t b) { return index.shards[a] < index.shards[b]; });
-  std::vector<std::string> sorted;
-  sorted.reserve(order.size());
-  for (uint32_t rank = 0; rank < order.size(); ++rank) {
-    sorted_id[order[rank]] = rank;
-    sorted.push_back(std::move(index.shards[order[rank]]));
+  for (const auto& [name, id] : first_seen) index.shards.emplace_back(name);
+  std::sort(index.shards.begin(), index.shards.end());
+  std::vector<uint32_t> sorted_id(first_seen.size());  // order of first mention → sorted
+  for (const auto& [name, id] : first_seen) {
+    sorted_id[id] = static_cast<uint32_t>(
+        std::lower_bound(index.shards.begin(), index.shards.end(), name) - index.shards.begin());
   }
-  index.shards = std::move(sorted);
   for (auto& entry : index.weight_map) entry.second = sorted_id[entry.second];
   return index;
 }

@@ -3,6 +3,9 @@
 #include <asio/post.hpp>
 #include <cstdio>
 #include <exception>
+#include <optional>
+#include <span>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -24,15 +27,23 @@ std::string Describe(std::exception_ptr thrown) {
   }
 }
 
+// Calls `call`: what it threw, described, or nothing.
+template <typename F>
+std::optional<std::string> Threw(const F& call) {
+  try {
+    call();
+    return std::nullopt;
+  } catch (...) {
+    return Describe(std::current_exception());
+  }
+}
+
 // Runs a waiter called as the load ends, when its exception can no longer fail the load: the
 // exception is reported on stderr, not let out of the callback thread (which would terminate).
 template <typename F>
 void RunAfterTheEnd(const F& call) {
-  try {
-    call();
-  } catch (...) {
-    fmt::print(stderr, "loadstone: a load's waiter threw after the load had ended: {}\n",
-               Describe(std::current_exception()));
+  if (auto what = Threw(call)) {
+    fmt::print(stderr, "loadstone: a load's waiter threw after the load had ended: {}\n", *what);
   }
 }
 
@@ -47,7 +58,11 @@ void Callbacks::Add(Callback callback) {
     for (const auto& t : all) callback(t.get());
     return;
   }
-  callbacks_.push_back(callback);
+  // A new list, so that the lists already posted with tensors stay as they were.
+  auto callbacks = callbacks_ ? std::make_shared<std::vector<Callback>>(*callbacks_)
+                              : std::make_shared<std::vector<Callback>>();
+  callbacks->push_back(callback);
+  callbacks_ = std::move(callbacks);
   if (!delivered_.empty()) {
     asio::post(*strand_, [this, callback = std::move(callback), so_far = delivered_] {
       Run({callback}, so_far);
@@ -92,8 +107,10 @@ void Callbacks::Deliver(uint32_t index, std::shared_future<Tensor> tensor) {
   std::lock_guard lock(mu_);
   delivered_.push_back(tensor);
   by_index_.at(index) = tensor;
-  if (!callbacks_.empty()) {
-    asio::post(*strand_, [this, callbacks = callbacks_, tensor] { Run(callbacks, {tensor}); });
+  if (callbacks_) {
+    asio::post(*strand_, [this, callbacks = callbacks_, tensor] {
+      Run(*callbacks, std::span(&tensor, 1));
+    });
   }
   if (auto waiting = tensor_waiters_.extract(index)) {
     asio::post(*strand_, [this, waiters = std::move(waiting.mapped()), tensor] {
@@ -103,14 +120,15 @@ void Callbacks::Deliver(uint32_t index, std::shared_future<Tensor> tensor) {
 }
 
 void Callbacks::RunWaiter(const TensorWaiter& waiter, Status status, const Tensor& tensor) {
-  try {
-    waiter(std::move(status), tensor);
-  } catch (...) {
-    if (!failure_.ok()) return;
-    failure_ = Status::InvalidArgument(fmt::format("a waiter for tensor '{}' threw: {}",
-                                                   tensor.name(), Describe(std::current_exception())));
-    if (on_failure_) on_failure_(failure_);
+  if (auto what = Threw([&] { waiter(std::move(status), tensor); })) {
+    FailWith(fmt::format("a waiter for tensor '{}' threw: {}", tensor.name(), *what));
   }
+}
+
+void Callbacks::FailWith(std::string message) {
+  if (!failure_.ok()) return;  // the first failure is the load's
+  failure_ = Status::InvalidArgument(std::move(message));
+  if (on_failure_) on_failure_(failure_);
 }
 
 Status Callbacks::Missing(const Status& end) {
@@ -119,22 +137,16 @@ Status Callbacks::Missing(const Status& end) {
 
 void Callbacks::OnFailure(std::function<void(Status)> on_failure) { on_failure_ = std::move(on_failure); }
 
-void Callbacks::Run(const std::vector<Callback>& callbacks, const Delivered& tensors) {
+void Callbacks::Run(const std::vector<Callback>& callbacks,
+                    std::span<const std::shared_future<Tensor>> tensors) {
   if (!failure_.ok()) return;  // the load is failing: no more callbacks
   for (const auto& ready : tensors) {
     const Tensor& t = ready.get();
     for (const Callback& cb : callbacks) {
-      std::exception_ptr thrown;
-      try {
-        cb(t);
-        continue;
-      } catch (...) {
-        thrown = std::current_exception();
+      if (auto what = Threw([&] { cb(t); })) {
+        return FailWith(
+            fmt::format("an on-tensor callback threw for tensor '{}': {}", t.name(), *what));
       }
-      failure_ = Status::InvalidArgument(fmt::format("an on-tensor callback threw for tensor '{}': {}",
-                                                     t.name(), Describe(thrown)));
-      if (on_failure_) on_failure_(failure_);
-      return;
     }
   }
 }

@@ -12,7 +12,10 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <memory>
 #include <optional>
+#include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -52,9 +55,12 @@ class Callbacks {
 
  private:
   using Delivered = std::vector<std::shared_future<Tensor>>;  // ready futures: no Tensor copies
-  void Run(const std::vector<Callback>& callbacks, const Delivered& tensors);
+  void Run(const std::vector<Callback>& callbacks,
+           std::span<const std::shared_future<Tensor>> tensors);
   // Calls `waiter`; an exception from it fails the load like one from an on-tensor callback.
   void RunWaiter(const TensorWaiter& waiter, Status status, const Tensor& tensor);
+  // The first callback or waiter that threw fails the load (on the strand).
+  void FailWith(std::string message);
   // The status a waiter for a tensor that never arrived gets from a load that ended with `end`.
   static Status Missing(const Status& end);
 
@@ -62,7 +68,8 @@ class Callbacks {
   // Released when closed: a handle may outlive its Loader, and with it the pool that a strand
   // belongs to.
   std::optional<asio::strand<asio::thread_pool::executor_type>> strand_;  // guarded by mu_
-  std::vector<Callback> callbacks_;  // guarded by mu_
+  // Replaced, never changed, by Add: each delivery posts the list as it is (no copy per tensor).
+  std::shared_ptr<const std::vector<Callback>> callbacks_;  // guarded by mu_
   Delivered delivered_;              // guarded by mu_, in completion order
   std::vector<std::shared_future<Tensor>> by_index_;  // guarded by mu_: delivered, by index
   std::unordered_map<uint32_t, std::vector<TensorWaiter>> tensor_waiters_;  // guarded by mu_
