@@ -26,7 +26,6 @@
 namespace loadstone {
 namespace {
 
-using testing::TempDir;
 
 constexpr const char* kTensor = "model.layers.1.attn.q.weight";
 
@@ -44,18 +43,6 @@ testing::ReaderSwitch SlowReads(std::chrono::milliseconds latency) {
   });
 }
 
-// The mixed test checkpoint and its default plan.
-struct MixedModel {
-  static LoadPlan PlanOf(const Checkpoint& ckpt) {
-    auto plan = Plan(ckpt);
-    REQUIRE(plan.ok());
-    return *std::move(plan);
-  }
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  LoadPlan plan = PlanOf(ckpt);
-};
-
 LoaderOptions OneReadAtATime(const testing::ReaderSwitch& reads) {
   LoaderOptions lo;
   lo.queue_depth = 1;
@@ -64,7 +51,7 @@ LoaderOptions OneReadAtATime(const testing::ReaderSwitch& reads) {
 }
 
 TEST_CASE("asio: a plain callback gets the status and the handle, off the Loader's threads") {
-  MixedModel model;
+  testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
   const LoadPlan& plan = model.plan;
   Loader loader;
@@ -78,7 +65,7 @@ TEST_CASE("asio: a plain callback gets the status and the handle, off the Loader
 }
 
 TEST_CASE("asio: a handler bound to an io_context runs there, and run() waits for it") {
-  MixedModel model;
+  testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
   const LoadPlan& plan = model.plan;
   Loader loader;
@@ -99,7 +86,7 @@ TEST_CASE("asio: a handler bound to an io_context runs there, and run() waits fo
 }
 
 TEST_CASE("asio: use_future, a per-tensor wait, an unknown name and an empty handle") {
-  MixedModel model;
+  testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
   const LoadPlan& plan = model.plan;
   Loader loader;
@@ -125,7 +112,7 @@ TEST_CASE("asio: use_future, a per-tensor wait, an unknown name and an empty han
 }
 
 TEST_CASE("asio: a coroutine awaits one tensor while its load goes on, then a whole load") {
-  MixedModel model;
+  testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
   const LoadPlan& plan = model.plan;
   Loader loader;
@@ -150,7 +137,7 @@ TEST_CASE("asio: a coroutine awaits one tensor while its load goes on, then a wh
 }
 
 TEST_CASE("asio: a cancellation through the slot cancels the load, and the Loader goes on") {
-  MixedModel model;
+  testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
   const LoadPlan& plan = model.plan;
   auto slow = SlowReads(std::chrono::milliseconds(20));
@@ -175,7 +162,7 @@ TEST_CASE("asio: a cancellation through the slot cancels the load, and the Loade
 }
 
 TEST_CASE("asio: a tensor wait gets the load's failure when the load ends without it") {
-  MixedModel model;
+  testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
   const LoadPlan& plan = model.plan;
   auto slow = SlowReads(std::chrono::milliseconds(20));
@@ -191,7 +178,7 @@ TEST_CASE("asio: a tensor wait gets the load's failure when the load ends withou
 }
 
 TEST_CASE("asio: OnDone and OnTensorReady from inside an on-tensor callback") {
-  MixedModel model;
+  testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
   const LoadPlan& plan = model.plan;
   Loader loader;
@@ -223,7 +210,7 @@ TEST_CASE("asio: OnDone and OnTensorReady from inside an on-tensor callback") {
 }
 
 TEST_CASE("asio: a tensor waiter that throws fails its load with the message") {
-  MixedModel model;
+  testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
   const LoadPlan& plan = model.plan;
   auto slow = SlowReads(std::chrono::milliseconds(5));

@@ -24,11 +24,10 @@ std::string LastName(const Checkpoint& ckpt, const LoadPlan& plan) {
 }
 
 TEST_CASE("contract: a callback may wait for another tensor and register another callback") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
-  const std::string last = LastName(ckpt, *plan);
+  testing::MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
+  const std::string last = LastName(ckpt, plan);
   std::promise<LoadHandle*> handle;
   std::shared_future<LoadHandle*> ready = handle.get_future().share();
   std::atomic<int> first_calls{0}, waited{0}, wrong_sizes{0};
@@ -51,7 +50,7 @@ TEST_CASE("contract: a callback may wait for another tensor and register another
     wrong_sizes += t.nbytes() != ckpt.Find(t.name())->nbytes;  // no Catch assertion off the main thread
   };
   Loader loader;
-  LoadHandle load = loader.Load(ckpt, *plan, options);
+  LoadHandle load = loader.Load(ckpt, plan, options);
   handle.set_value(&load);
   REQUIRE(load.Done().get().ok());
   CHECK(waited.load() == 1);
@@ -64,31 +63,29 @@ TEST_CASE("contract: a callback may wait for another tensor and register another
 }
 
 TEST_CASE("contract: a callback that throws fails its load with the message, the Loader goes on") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  testing::MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   Loader loader;
   LoadOptions options;
   options.on_tensor = [](const Tensor& t) {
     if (t.name() == "model.layers.1.attn.q.weight") throw std::runtime_error("engine refused it");
   };
-  LoadHandle load = loader.Load(ckpt, *plan, options);
+  LoadHandle load = loader.Load(ckpt, plan, options);
   const Status status = load.Done().get();
   REQUIRE(status.code() == StatusCode::kInvalidArgument);
   CHECK(status.message() ==
         "an on-tensor callback threw for tensor 'model.layers.1.attn.q.weight': engine refused it");
   CHECK(load.Tensors().empty());
-  LoadHandle again = loader.Load(ckpt, *plan);
+  LoadHandle again = loader.Load(ckpt, plan);
   REQUIRE(again.Done().get().ok());
   for (const Tensor& t : again.Tensors()) testing::CheckTensorBytes(t);
 }
 
 TEST_CASE("contract: a callback that blocks stalls neither the I/O nor another load") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  testing::MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   std::mutex mu;
   std::condition_variable cv;
   bool open = false;
@@ -98,8 +95,8 @@ TEST_CASE("contract: a callback that blocks stalls neither the I/O nor another l
     cv.wait(lock, [&] { return open; });
   };
   Loader loader;
-  LoadHandle a = loader.Load(ckpt, *plan, blocked);
-  LoadHandle b = loader.Load(ckpt, *plan);
+  LoadHandle a = loader.Load(ckpt, plan, blocked);
+  LoadHandle b = loader.Load(ckpt, plan);
   // B finishes although A's first callback has not returned; so does A's I/O.
   REQUIRE(b.Done().wait_for(std::chrono::seconds(60)) == std::future_status::ready);
   CHECK(b.Done().get().ok());
@@ -117,14 +114,13 @@ TEST_CASE("contract: a callback that blocks stalls neither the I/O nor another l
 }
 
 TEST_CASE("contract: a handle outlives its Loader: OnTensor and every accessor still answer") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  testing::MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   LoadHandle load;
   {
     Loader loader;
-    load = loader.Load(ckpt, *plan);
+    load = loader.Load(ckpt, plan);
     REQUIRE(load.Done().get().ok());
   }
   std::atomic<size_t> calls{0};
@@ -136,12 +132,11 @@ TEST_CASE("contract: a handle outlives its Loader: OnTensor and every accessor s
 }
 
 TEST_CASE("contract: an empty or moved-from handle answers every accessor with an error") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
+  testing::MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& plan = model.plan;
   Loader loader;
-  LoadHandle real = loader.Load(ckpt, *plan);
+  LoadHandle real = loader.Load(ckpt, plan);
   LoadHandle moved = std::move(real);
   for (LoadHandle* h : {&real, new LoadHandle()}) {
     CHECK_FALSE(h->valid());
@@ -154,7 +149,7 @@ TEST_CASE("contract: an empty or moved-from handle answers every accessor with a
     CHECK(h->progress().tensors_total == 0);
     CHECK(h->read_stats().direct_bytes == 0);
     CHECK(h->backend() == "no load");
-    CHECK(h->WriteTrace(dir.Path("t.json")).code() == StatusCode::kInvalidArgument);
+    CHECK(h->WriteTrace(model.dir.Path("t.json")).code() == StatusCode::kInvalidArgument);
     h->Cancel();
     if (h != &real) delete h;
   }

@@ -82,6 +82,14 @@ TEST_CASE("faults: a shard truncated after Open → Corruption naming file, tens
 // Hands out the real reader's page-cache views, and truncates the file right after the first
 // one: the workers' copy out of that mapping then meets pages past the end of the file (which
 // from user space would be SIGBUS).
+// Whether `load`'s workers copy cached chunks themselves (fresh pages need userfaultfd); says
+// that the test is skipped when not.
+bool WorkersCopyFromCache(const LoadHandle& load) {
+  if (load.backend().find("fresh pages by the workers") != std::string::npos) return true;
+  WARN("no userfaultfd here: the workers do not copy from the page cache, skipped");
+  return false;
+}
+
 class ShrinkingAfterView final : public io::ReaderWrapper {
  public:
   // `*shrunk` receives the path of the file it truncated; it must outlive the reader. The file
@@ -133,10 +141,7 @@ TEST_CASE("faults: a shard that shrinks under a page-cache copy → IOError, no 
   LoadHandle load = loader.Load(ckpt, *plan);
   const Status status = load.Done().get();
   INFO(status.ToString() << "\nbackend: " << load.backend());
-  if (load.backend().find("fresh pages by the workers") == std::string::npos) {
-    WARN("no userfaultfd here: the workers do not copy from the page cache, skipped");
-    return;
-  }
+  if (!WorkersCopyFromCache(load)) return;
   REQUIRE(status.code() == StatusCode::kIOError);
   const std::string msg(status.message());
   CHECK_THAT(msg, Catch::Contains("shrank"));
@@ -179,10 +184,7 @@ TEST_CASE("faults: a shard cut inside a copied page fails the tensor, never zero
   LoadHandle load = loader.Load(ckpt, *plan);
   const Status status = load.Done().get();
   INFO(status.ToString() << "\nbackend: " << load.backend());
-  if (load.backend().find("fresh pages by the workers") == std::string::npos) {
-    WARN("no userfaultfd here: the workers do not copy from the page cache, skipped");
-    return;
-  }
+  if (!WorkersCopyFromCache(load)) return;
   // Either the kernel faults on a source page past the new end (IOError, EFAULT) or the copy
   // succeeds with the page's lost tail read as zeros and the size check after it says so
   // (Corruption): which one depends on where the cut falls in the pages the copy touches.

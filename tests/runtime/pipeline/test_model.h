@@ -14,6 +14,7 @@
 
 #include "loadstone/checkpoint.h"
 #include "loadstone/loader.h"
+#include "loadstone/plan.h"
 #include "loadstone/writer.h"
 #include "testing/temp_dir.h"
 
@@ -113,6 +114,18 @@ inline Checkpoint WriteMixedCheckpoint(const TempDir& dir, uint64_t max_shard = 
   }
   return WriteAndOpen(dir, tensors, max_shard);
 }
+
+// The mixed checkpoint in a temporary folder, and its default plan.
+struct MixedModel {
+  static LoadPlan PlanOf(const Checkpoint& ckpt) {
+    auto plan = Plan(ckpt);
+    REQUIRE(plan.ok());
+    return *std::move(plan);
+  }
+  TempDir dir;
+  Checkpoint ckpt = WriteMixedCheckpoint(dir);
+  LoadPlan plan = PlanOf(ckpt);
+};
 
 inline size_t SpecIndex(const std::string& name) {
   const auto specs = MixedTensors();
