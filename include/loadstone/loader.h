@@ -19,6 +19,7 @@
 #ifndef LOADSTONE_LOADER_H_
 #define LOADSTONE_LOADER_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -53,7 +54,7 @@ class Tensor {
   const std::vector<uint64_t>& shape() const { return *shape_; }
   const std::string& device() const { return *device_; }  // "cpu", "cuda:0", ...
   // The memory, valid while any copy of this Tensor lives: host memory for "cpu" (page-aligned
-  // when written into fresh pages, see LoaderOptions::fill_fresh_pages; aligned to 64 bytes for
+  // when written into fresh pages, see ReadRouteOptions::fill_fresh_pages; aligned to 64 bytes for
   // converted tensors, small tensors (under 64 KiB, which share 4 MiB blocks) and with
   // LoaderOptions::align_tensors; otherwise as the file aligns it), a device address otherwise
   // (never dereference it on the host).
@@ -105,11 +106,15 @@ struct ReadStats {
   uint64_t buffered_bytes = 0;  // read through the page cache (copied from it when cached)
   uint64_t bounced_bytes = 0;   // of the requested bytes, those copied out of a bounce buffer
   uint64_t resubmits = 0;       // short reads, EAGAIN, EINTR continued
-  // Copied by the workers straight out of the page cache into fresh pages (no read at all;
-  // LoaderOptions::fill_fresh_pages).
-  uint64_t cache_copied_bytes = 0;
-  // Mapped instead of read (LoadOptions::mmap): these bytes come in on first touch.
-  uint64_t mapped_bytes = 0;
+  // Per route taken (indexed by ReadRoute, plan.h): the reads and their bytes. Page-cache
+  // copies were no read at all (the workers copied the cached bytes into fresh pages); mapped
+  // bytes come in on first touch.
+  struct RouteCount {
+    uint64_t reads = 0;
+    uint64_t bytes = 0;
+  };
+  std::array<RouteCount, kReadRouteCount> routes{};
+  RouteCount taken(ReadRoute route) const { return routes[static_cast<size_t>(route)]; }
 };
 
 enum class ReadBackend { kAuto, kUring, kPread };
@@ -128,28 +133,9 @@ struct LoaderOptions {
   // (safetensors: to 8 bytes relative to the header's end). true: tensor data is 64-byte
   // aligned, and O_DIRECT needs a bounce copy (measured: about 3x slower cold here).
   bool align_tensors = false;
-  // true (default): a CPU tensor whose bytes must come from the device (not in the page cache,
-  // O_DIRECT possible) is read into reused huge-page staging and copied into place by the
-  // workers; a tensor in the page cache is copied from there straight into its buffer.
-  // Measured on a virtio disk: DMA into fresh 4 KiB pages makes 0.5-1.2 MiB device requests and
-  // faults every page on the reader's thread; into staging, 1.7 MiB requests and 1.3x the
-  // throughput (docs/pipeline.md).
-  bool stage_cold_reads = true;
-  // true (default): CPU tensors of 64 KiB and more are written into pages the kernel does not
-  // zero first: the workers fill their never-touched pages with userfaultfd's UFFDIO_COPY
-  // (allocation and copy in one step, where a plain write faults, zeroes, then copies), either
-  // straight out of the page cache (a cached chunk needs no read at all) or out of staging
-  // (cold or converted chunks; nothing is read into such a tensor by the reader). Measured on
-  // the 3.6 GiB bench model, interleaved: warm 3.5-4.3 GB/s vs 2.0-2.4 without; cold the same
-  // (the disk's rate). Where userfaultfd is unavailable the load's backend line says so and
-  // tensors are written as before (docs/pipeline.md, "Fresh pages").
-  bool fill_fresh_pages = true;
 };
 
 struct LoadOptions {
-  // Map CPU tensors that need no conversion instead of reading them (zero copies; pages come in
-  // on first touch). Converted tensors are still read.
-  bool mmap = false;
   // Fail with OutOfMemory when the destination buffers would exceed this many bytes (0: no
   // limit beyond what the system gives).
   uint64_t host_memory_limit = 0;

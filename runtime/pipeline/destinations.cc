@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <fmt/format.h>
@@ -17,24 +18,16 @@
 namespace loadstone {
 
 void LoadHandle::State::OpenFreshPages() {
-  constexpr uint64_t kFreshMin = 64 << 10;  // smaller ones: not worth a mapping of their own
-  fresh_tensor_.assign(tensors.size(), false);
-  bool any = false;
-  for (uint32_t i = 0; i < tensors.size(); ++i) {
-    const TensorPlan& tp = plan.tensors[i];
-    fresh_tensor_[i] = loader_options.fill_fresh_pages && tensor_device_[i] < 0 &&
-                       tp.nbytes >= kFreshMin &&
-                       !(options.mmap && tp.conversion == Conversion::kNone);
-    any = any || fresh_tensor_[i];
+  if (std::none_of(plan.tensors.begin(), plan.tensors.end(),
+                   [](const TensorPlan& t) { return t.fresh_pages; })) {
+    return;
   }
-  if (!any) return;
   auto fresh = pipeline::FreshPages::Open();
   std::lock_guard lock(callbacks_mu);
   if (fresh.ok()) {
     fresh_ = std::move(*fresh);
     backend_description += "; CPU tensors written into fresh pages by the workers (userfaultfd)";
-  } else {
-    fresh_tensor_.assign(tensors.size(), false);
+  } else {  // RouteAtStart gives their reads the routes they have without fresh pages
     backend_description += fmt::format(
         "; fresh pages unavailable ({}): CPU tensors are page-faulted and zeroed as they are "
         "written", fresh.status().message());
@@ -81,22 +74,22 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
   if (slot.data || slot.buffer) return Status::OK();
   const TensorPlan& tp = plan.tensors[index];
   const TensorInfo& src = checkpoint.tensors()[tp.source];
-  if (tensor_device_[index] >= 0) {
-    auto memory = devices[tensor_device_[index]]->Allocate(tp.nbytes);
+  if (const int device = DeviceOf(index); device >= 0) {
+    auto memory = devices[device]->Allocate(tp.nbytes);
     if (!memory.ok()) {
       return memory.status().WithContext(fmt::format("tensor '{}' ({} bytes) for {}", src.name,
-                                                     tp.nbytes, tp.device));
+                                                     tp.nbytes, plan.device_of(index).ToString()));
     }
     slot.buffer = std::shared_ptr<std::byte>(memory->owner, memory->data);  // aliasing
     slot.data = memory->data;
     return Status::OK();
   }
-  if (options.mmap && tp.conversion == Conversion::kNone && !mappings_.empty()) {
+  if (plan.routes.mmap && tp.conversion == Conversion::kNone && !mappings_.empty()) {
     slot.buffer = std::shared_ptr<std::byte>(mappings_[src.file], nullptr);  // aliasing: keeps the map
     slot.data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
     return Status::OK();
   }
-  if (fresh_tensor_[index]) {  // page-aligned; the workers fill it from staging or the cache
+  if (Fresh(index)) {  // page-aligned; the workers fill it from staging or the cache
     auto buffer = fresh_->Allocate(tp.nbytes, budget_);
     if (!buffer.ok()) {
       return buffer.status().WithContext(

@@ -91,7 +91,7 @@ Status LoadHandle::State::CheckPlan(const Checkpoint& checkpoint, const LoadPlan
   }
   const size_t n = checkpoint.tensors().size();
   for (const TensorPlan& t : plan.tensors) {
-    if (t.source >= n || t.scale >= plan.tensors.size()) {
+    if (t.source >= n || t.scale >= plan.tensors.size() || t.device >= plan.targets.size()) {
       return Status::InvalidArgument("the plan names a tensor the checkpoint does not have; plan it again");
     }
   }
@@ -115,17 +115,13 @@ std::string LoadHandle::State::TraceLabel(uint64_t id) const {
                                    : fmt::format("{} and {} more", first, chunk.tensors.size() - 1);
 }
 
-std::string_view LoadHandle::State::Route(uint64_t id) const {
-  if (staged_[id] <= 0) return "in place";
-  return plan.reads[id].staged ? "staged" : "staged (cold)";
-}
-
-std::string LoadHandle::State::TraceArgs(uint64_t id, std::string_view route) const {
+std::string LoadHandle::State::TraceArgs(uint64_t id) const {
   const ReadChunk& chunk = plan.reads[id];
   nlohmann::json args = {{"file", checkpoint.files()[chunk.file].path},
                          {"offset", chunk.offset},
                          {"bytes", chunk.length},
-                         {"route", route}};
+                         {"planned", ReadRouteName(chunk.route)},
+                         {"route", ReadRouteName(chunks_[id].route)}};
   auto& names = args["tensors"] = nlohmann::json::array();
   for (size_t k = 0; k < chunk.tensors.size() && k < 8; ++k) {
     names.push_back(checkpoint.tensors()[plan.tensors[chunk.tensors[k]].source].name);
@@ -151,15 +147,16 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   if (slot.remaining != 0 || slot.done) return;
   slot.done = true;
   std::shared_ptr<const loadstone::Tensor::HostCopier> copier;
-  if (tensor_device_[index] >= 0) {
+  const int device = DeviceOf(index);
+  if (device >= 0) {
     copier = std::make_shared<const loadstone::Tensor::HostCopier>(
-        [device = devices[tensor_device_[index]], data = slot.data,
+        [device = devices[device], data = slot.data,
          bytes = tp.nbytes](std::span<std::byte> dst) {
           return device->CopyToHost(data, bytes, dst.data());
         });
   }
   loadstone::Tensor tensor = TensorAccess::Make(
-      tensor_names, src, static_cast<size_t>(tensor_device_[index] + 1), tp.dtype, slot.buffer,
+      tensor_names, src, static_cast<size_t>(device + 1), tp.dtype, slot.buffer,
       slot.data, tp.nbytes, std::move(copier));
   slot.promise.set_value(std::move(tensor));
   tensors_done.fetch_add(1, std::memory_order_relaxed);
@@ -168,6 +165,12 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   }
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
   callbacks.Deliver(index, slot.future);
+}
+
+void LoadHandle::State::CountRoute(uint64_t id) {
+  ReadStats::RouteCount& count = route_counts_[static_cast<size_t>(chunks_[id].route)];
+  ++count.reads;
+  count.bytes += plan.reads[id].length;
 }
 
 void LoadHandle::State::Fail(Status status) {
@@ -195,7 +198,7 @@ void LoadHandle::State::MaybeFinish() {
     const io::ReaderStats stats = reader_->stats();
     std::lock_guard lock(callbacks_mu);
     read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits,
-                  cache_copied_bytes.load(), mapped_bytes.load()};
+                  route_counts_};
   }
   reader_.reset();         // nothing in flight: closes the ring and the files now
   fresh_.reset();          // every placed tensor is whole: unregisters their pages

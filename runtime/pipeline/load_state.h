@@ -7,6 +7,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/thread_pool.hpp>
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <future>
@@ -89,8 +90,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // --- progress, readable from any thread ---
   std::atomic<uint64_t> bytes_read{0};
   std::atomic<uint64_t> bytes_placed{0};
-  std::atomic<uint64_t> cache_copied_bytes{0};
-  std::atomic<uint64_t> mapped_bytes{0};
   std::atomic<size_t> tensors_done{0};
   std::atomic<bool> finished{false};
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -129,15 +128,20 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void PrepareSlots(bool touch);
   void OnSlotPrepared(size_t slot, Result<std::shared_ptr<std::byte>> buffer);
   void SizeStaging();
-  // Begin()'s steps: the reader and its completion eventfd; tensor_device_ from the plan's
-  // device names (InvalidArgument for a device this Loader does not have).
+  // Begin()'s steps: the reader and its completion eventfd; target_device_ from the plan's
+  // targets (InvalidArgument for a device this Loader does not have).
   Status OpenReader();
   Status ResolveDevices();
-  // Opens fresh_ when some CPU tensor would use it (LoaderOptions::fill_fresh_pages).
+  // Opens fresh_ when some CPU tensor would use it (TensorPlan::fresh_pages).
   void OpenFreshPages();
-  // The page-cache bytes of chunk `id` when the workers may copy them into its fresh tensor
-  // themselves (one unconverted CPU tensor, cached), else nullptr: the chunk is read.
-  const std::byte* CachedSource(uint64_t id) const;
+  // Each chunk's route for this load (RouteAtStart), and which tensors only staging fills.
+  void RouteChunks();
+  // The index into `devices` of tensor `t`'s device, -1 for the CPU.
+  int DeviceOf(uint32_t t) const { return target_device_[plan.tensors[t].device]; }
+  // Tensor `t` is written into fresh pages by the workers.
+  bool Fresh(uint32_t t) const { return fresh_ != nullptr && plan.tensors[t].fresh_pages; }
+  // Counts a read (or copy, or mapping) of chunk `id` on the route it took.
+  void CountRoute(uint64_t id);
   void CopyCached(uint64_t id, const std::byte* source);  // runs on a worker thread
   void OnCachedDone(uint64_t id, Status status);
   // Writes a CPU piece of a staged chunk into tensor `t`, converting as planned.
@@ -152,18 +156,16 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void MaybeFinish();
   Status ChunkError(uint64_t chunk, const Status& status) const;
   static Status CheckPlan(const Checkpoint& checkpoint, const LoadPlan& plan);
-  // For the trace: "NAME" or "NAME and 3 more"; the route the chunk took ("in place",
-  // "staged" as planned, "staged (cold)" where a planned in-place read found its bytes cold,
-  // "page-cache copy", "mapped"); the read's file, range, tensors and route as JSON.
+  // For the trace: "NAME" or "NAME and 3 more"; the read's file, range, tensors, planned route
+  // and the route it took (ReadRouteName) as JSON.
   std::string TraceLabel(uint64_t chunk) const;
-  std::string_view Route(uint64_t chunk) const;
-  std::string TraceArgs(uint64_t chunk, std::string_view route) const;
+  std::string TraceArgs(uint64_t chunk) const;
 
   const ReaderFactory reader_factory_;
   const size_t workers_count_;  // threads in `workers`
   std::shared_ptr<pipeline::HostMemoryBudget> budget_;
   pipeline::SmallTensorArena small_tensors_;  // small CPU tensors that arrive through staging
-  std::vector<bool> staged_only_;  // per tensor: every read of it is staged as planned
+  std::vector<bool> staged_only_;  // per tensor: every read of it is staged, whatever its turn
   std::unique_ptr<io::Reader> reader_;
   std::unique_ptr<asio::posix::stream_descriptor> completion_fd_;
   uint64_t eventfd_buffer_ = 0;
@@ -173,15 +175,21 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::vector<size_t> free_slots_;      // allocated (host: and touched) slots not in use
   std::vector<size_t> unprepared_slots_;  // host slots not allocated yet
   size_t slots_preparing_ = 0;            // host slots being allocated and touched by workers
-  std::vector<int> slot_of_chunk_;  // staging slot of each chunk in flight
-  // Per chunk: 1 read through staging (planned, or found cold), 0 in place, -1 not decided yet
-  // (an in-place chunk that goes through staging if it is cold when its turn comes).
-  std::vector<int8_t> staged_;
-  std::vector<int> chunk_parts_left_;  // CPU/device parts of a staged chunk not yet done
-  std::vector<int> tensor_device_;     // index into devices, -1 for cpu
-  std::unique_ptr<pipeline::FreshPages> fresh_;  // while the load runs, when available
-  // Per tensor: its buffer comes from fresh_ and only the workers write it (CPU, large).
-  std::vector<bool> fresh_tensor_;
+  // One per plan.reads entry.
+  struct Chunk {
+    // The planned route, then this load's (RouteAtStart, at Begin), then the one it took
+    // (RouteAtTurn, when issued).
+    ReadRoute route = ReadRoute::kInPlace;
+    int slot = -1;       // its staging slot while staged
+    int parts_left = 0;  // CPU/device parts of a staged chunk not yet done
+    pipeline::TraceRecorder::Clock::time_point submitted{};  // when tracing
+  };
+  std::vector<Chunk> chunks_;
+  std::vector<int> target_device_;  // per plan.targets entry: index into devices, -1 for cpu
+  // Set at Begin (when some tensor wants fresh pages and userfaultfd works), reset once the load
+  // is finished and nothing writes tensors any more.
+  std::unique_ptr<pipeline::FreshPages> fresh_;
+  std::array<ReadStats::RouteCount, kReadRouteCount> route_counts_{};
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
   std::shared_ptr<device::Device> staging_device_;  // pins the staging pool (first GPU used)
@@ -194,7 +202,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   bool stopping_ = false;
   Status error_;
   const Status plan_error_;  // CheckPlan()'s verdict, acted on by Start()
-  std::vector<pipeline::TraceRecorder::Clock::time_point> submitted_at_;  // per chunk, when tracing
 };
 
 }  // namespace loadstone

@@ -160,9 +160,31 @@ void CountUsage(const LoadPlan& plan, const std::vector<Device>& device_of,
             [](const DeviceUsage& a, const DeviceUsage& b) { return a.device < b.device; });
 }
 
-// The read schedule: large tensors in pieces of max_chunk, in place unless converted; small
-// ones (or small converted ones) gathered, then coalesced with their file neighbours into staged
-// reads; reads ordered by the priority of their first tensor.
+// The first route rule, for a whole tensor: what a read of CPU tensor `tp`, alone in its read,
+// takes by the plan's options (ReadRouteOptions).
+ReadRoute CpuRoute(const TensorPlan& tp, const ReadRouteOptions& routes) {
+  if (tp.conversion != Conversion::kNone) return ReadRoute::kStaged;
+  if (routes.mmap) return ReadRoute::kMapped;
+  if (tp.fresh_pages) return ReadRoute::kFreshPages;
+  return routes.stage_cold_reads ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace;
+}
+
+// Which CPU tensors go into fresh pages (ReadRouteOptions::fill_fresh_pages): 64 KiB and more
+// (smaller ones are not worth a mapping of their own), unless mapped.
+void ChooseFreshPages(LoadPlan* plan) {
+  constexpr uint64_t kFreshMin = 64 << 10;
+  if (!plan->routes.fill_fresh_pages) return;
+  for (uint32_t i = 0; i < plan->tensors.size(); ++i) {
+    TensorPlan& tp = plan->tensors[i];
+    tp.fresh_pages = plan->device_of(i) == Device::Cpu() && tp.nbytes >= kFreshMin &&
+                     !(plan->routes.mmap && tp.conversion == Conversion::kNone);
+  }
+}
+
+// The read schedule: large tensors in pieces of max_chunk, each routed by CpuRoute (or staged
+// for a device); small ones (or small converted ones) gathered, then coalesced with their file
+// neighbours into staged reads (mapped ones are not read, so never coalesced); reads ordered
+// by the priority of their first tensor.
 void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
                    const PlanOptions& options, LoadPlan* out) {
   LoadPlan& plan = *out;
@@ -173,17 +195,18 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
     const TensorInfo& src = infos[tp.source];
     plan.read_bytes += src.nbytes;
     if (src.nbytes == 0) continue;
-    const bool staged = tp.conversion != Conversion::kNone || tp.device != "cpu";
+    const ReadRoute route = plan.device_of(i) == Device::Cpu() ? CpuRoute(tp, plan.routes)
+                                                                 : ReadRoute::kStaged;
     // A dequantized weight and its scales are never coalesced: the scales' read then comes
     // before every read of the weight, whose conversion waits for them.
     const bool fp8_pair = tp.conversion == Conversion::kDequantFp8Block || is_scale[tp.source];
-    if (src.nbytes < options.coalesce_below && !fp8_pair) {
+    if (src.nbytes < options.coalesce_below && !fp8_pair && route != ReadRoute::kMapped) {
       small.push_back(i);
       continue;
     }
     for (uint64_t done = 0; done < src.nbytes; done += options.max_chunk) {
       keyed.push_back({i, {src.file, src.offset + done,
-                           std::min(options.max_chunk, src.nbytes - done), {i}, staged}});
+                           std::min(options.max_chunk, src.nbytes - done), {i}, route}});
     }
   }
   std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
@@ -195,7 +218,8 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
     const TensorInfo& src = infos[plan.tensors[i].source];
     if (!keyed.empty()) {
       auto& [key, last] = keyed.back();
-      if (last.staged && last.file == src.file && last.offset + last.length == src.offset &&
+      if (last.route == ReadRoute::kStaged && last.file == src.file &&
+          last.offset + last.length == src.offset &&
           last.length + src.nbytes <= options.max_chunk) {
         last.length += src.nbytes;
         last.tensors.push_back(i);
@@ -203,12 +227,24 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
         continue;
       }
     }
-    keyed.push_back({i, {src.file, src.offset, src.nbytes, {i}, true}});
+    keyed.push_back({i, {src.file, src.offset, src.nbytes, {i}, ReadRoute::kStaged}});
   }
   std::stable_sort(keyed.begin(), keyed.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   plan.reads.reserve(keyed.size());
   for (auto& [key, read] : keyed) plan.reads.push_back(std::move(read));
+}
+
+// LoadPlan::targets from the device of each planned tensor, and TensorPlan::device into it.
+void IndexTargets(const std::vector<Device>& device_of, LoadPlan* plan) {
+  plan->targets.assign(device_of.begin(), device_of.end());
+  std::sort(plan->targets.begin(), plan->targets.end());
+  plan->targets.erase(std::unique(plan->targets.begin(), plan->targets.end()), plan->targets.end());
+  for (size_t i = 0; i < plan->tensors.size(); ++i) {
+    plan->tensors[i].device = static_cast<uint32_t>(
+        std::lower_bound(plan->targets.begin(), plan->targets.end(), device_of[i]) -
+        plan->targets.begin());
+  }
 }
 
 Status CheckOptions(const PlanOptions& options) {
@@ -306,7 +342,6 @@ class TensorPlanner {
     }
     TensorPlan tp;
     tp.source = index;
-    tp.device = device->ToString();
     tp.dtype = targets_[index].dtype;
     tp.conversion = targets_[index].conversion;
     tp.nbytes = t.numel() * DTypeBits(tp.dtype) / 8;
@@ -322,10 +357,11 @@ class TensorPlanner {
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, Add(index));
     if (targets_[index].conversion == Conversion::kNone) return Status::OK();
     TensorPlan& weight = plan_.tensors[w];
-    if (weight.device != plan_.tensors[s].device) {
+    if (device_of_[w] != device_of_[s]) {
       return Status::Unsupported(fmt::format(
           "float8 tensor '{}' is mapped to {} but its scales '{}' to {}; map them together",
-          infos_[index].name, weight.device, infos_[pair.scale].name, plan_.tensors[s].device));
+          infos_[index].name, device_of_[w].ToString(), infos_[pair.scale].name,
+          device_of_[s].ToString()));
     }
     weight.scale = s;
     weight.block_rows = pair.block_rows;
@@ -368,6 +404,9 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   TensorPlanner planner(checkpoint, options, targets, fp8_pairs, is_scale, &plan);
   LOADSTONE_RETURN_IF_ERROR(planner.AddAll(PriorityOrder(infos)));
   CountUsage(plan, planner.device_of(), &plan.devices.usage);
+  IndexTargets(planner.device_of(), &plan);
+  plan.routes = options.routes;
+  ChooseFreshPages(&plan);
   ScheduleReads(infos, is_scale, options, &plan);
   return plan;
 }

@@ -1,4 +1,5 @@
 // How a LoadPlan reads to a person: conversion names and LoadPlan::ToString().
+#include <array>
 #include <map>
 #include <string>
 #include <tuple>
@@ -18,17 +19,39 @@ std::string_view ConversionName(Conversion conversion) {
   return "?";
 }
 
+std::string_view ReadRouteName(ReadRoute route) {
+  switch (route) {
+    case ReadRoute::kInPlace: return "in place";
+    case ReadRoute::kStaged: return "staged";
+    case ReadRoute::kStagedWhenCold: return "staged when cold";
+    case ReadRoute::kFreshPages: return "fresh pages";
+    case ReadRoute::kMapped: return "mapped";
+    case ReadRoute::kPageCacheCopy: return "page-cache copy";
+  }
+  return "?";
+}
+
+std::array<std::pair<size_t, uint64_t>, kReadRouteCount> LoadPlan::RouteTotals() const {
+  std::array<std::pair<size_t, uint64_t>, kReadRouteCount> out{};
+  for (const ReadChunk& r : reads) {
+    auto& [count, bytes] = out[static_cast<size_t>(r.route)];
+    ++count;
+    bytes += r.length;
+  }
+  return out;
+}
+
 std::string LoadPlan::ToString() const {
   std::map<std::string, std::pair<size_t, uint64_t>> per_target;
-  size_t casts = 0, dequants = 0, staged_reads = 0;
+  size_t casts = 0, dequants = 0;
   for (const TensorPlan& t : tensors) {
-    auto& entry = per_target[fmt::format("{} {}", t.device, SafetensorsName(t.dtype))];
+    auto& entry =
+        per_target[fmt::format("{} {}", targets[t.device].ToString(), SafetensorsName(t.dtype))];
     ++entry.first;
     entry.second += t.nbytes;
     casts += t.conversion == Conversion::kCast;
     dequants += t.conversion == Conversion::kDequantFp8Block;
   }
-  for (const ReadChunk& r : reads) staged_reads += r.staged;
   std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts",
                                 tensors.size(), read_bytes, placed_bytes, casts);
   if (dequants > 0) out += fmt::format(", {} float8 block dequants", dequants);
@@ -38,10 +61,15 @@ std::string LoadPlan::ToString() const {
   for (const auto& [target, count_bytes] : per_target) {
     out += fmt::format("  {}: {} tensors, {} bytes\n", target, count_bytes.first, count_bytes.second);
   }
-  // How an unconverted read lands (in place, through staging, copied from the page cache) is
-  // the Loader's choice at run time; the load's backend line says which.
-  out += fmt::format("  reads: {} ({} staged to convert or coalesce, {} unconverted)\n",
-                     reads.size(), staged_reads, reads.size() - staged_reads);
+  // A route that names two ("staged when cold", "fresh pages") is settled as each read's turn
+  // comes; the trace and ReadStats::routes say which each took.
+  out += fmt::format("  reads: {}\n", reads.size());
+  const auto totals = RouteTotals();
+  for (size_t r = 0; r < totals.size(); ++r) {
+    if (totals[r].first == 0) continue;
+    out += fmt::format("    {}: {} reads, {} bytes\n", ReadRouteName(static_cast<ReadRoute>(r)),
+                       totals[r].first, totals[r].second);
+  }
   return out;
 }
 

@@ -7,57 +7,62 @@
 #include <fmt/format.h>
 
 #include "runtime/pipeline/load_state.h"
+#include "runtime/pipeline/routes.h"
 
 namespace loadstone {
 
 void LoadHandle::State::Pump() {
   std::vector<io::ReadRequest> batch;
+  auto fail = [&](Status status) {
+    if (!batch.empty()) reader_->Submit(batch);
+    Fail(std::move(status));
+  };
   while (!stopping_ && next_read_ < plan.reads.size() &&
          reads_in_flight_ < static_cast<size_t>(loader_options.queue_depth) * 2) {
-    const ReadChunk& chunk = plan.reads[next_read_];
     const uint64_t id = next_read_;
+    const ReadChunk& chunk = plan.reads[id];
     for (uint32_t t : chunk.tensors) {
-      if (Status s = EnsureDestination(t); !s.ok()) {
-        if (!batch.empty()) reader_->Submit(batch);
-        return Fail(s);
-      }
+      if (Status s = EnsureDestination(t); !s.ok()) return fail(s);
     }
-    if (const std::byte* source = CachedSource(id)) {
+    // The route it takes, now that where its bytes are can be asked (routes.h).
+    pipeline::TurnFacts facts;
+    const std::byte* cached = nullptr;
+    if (chunks_[id].route == ReadRoute::kFreshPages) {
+      cached = reader_->CachedView(chunk.file, chunk.offset, chunk.length);
+      facts.cached = cached != nullptr;
+    } else if (chunks_[id].route == ReadRoute::kStagedWhenCold) {
+      facts.cold = reader_->ReadsDirect(chunk.file, chunk.offset, chunk.length);
+    }
+    const ReadRoute route = pipeline::RouteAtTurn(chunks_[id].route, facts);
+    // Settled once, even when it waits below for a staging slot; a page-cache copy that waits
+    // for a worker asks for its view again.
+    if (route != ReadRoute::kPageCacheCopy) chunks_[id].route = route;
+    io::ReadRequest request{chunk.file, chunk.offset, chunk.length, nullptr, id};
+    if (route == ReadRoute::kPageCacheCopy) {
       // Two per worker at most, so that a cancel is not stuck behind a long queue of copies.
       if (cached_copies_ >= 2 * workers_count_) break;
-      ++next_read_;
       ++cached_copies_;
       ++conversions_in_flight_;
       asio::post(workers,
-                 [self = shared_from_this(), id, source] { self->CopyCached(id, source); });
-      continue;
-    }
-    const TensorPlan& first = plan.tensors[chunk.tensors.front()];
-    const TensorInfo& first_src = checkpoint.tensors()[first.source];
-    io::ReadRequest request{chunk.file, chunk.offset, chunk.length, nullptr, id};
-    // A cold read for the CPU goes through staging too (LoaderOptions::stage_cold_reads).
-    if (staged_[id] < 0) staged_[id] = reader_->ReadsDirect(chunk.file, chunk.offset, chunk.length);
-    if (staged_[id] > 0) {
+                 [self = shared_from_this(), id, cached] { self->CopyCached(id, cached); });
+    } else if (route == ReadRoute::kStaged) {
       if (free_slots_.empty()) {
         PrepareSlots(/*touch=*/chunk.length * 2 >= slot_bytes_);
         break;
       }
-      if (Status st = TakeStagingSlot(id, &request); !st.ok()) {
-        if (!batch.empty()) reader_->Submit(batch);
-        return Fail(st);
-      }
-    } else if (options.mmap && first.conversion == Conversion::kNone) {
-      mapped_bytes.fetch_add(chunk.length, std::memory_order_relaxed);
-      Advance(chunk.tensors.front(), chunk.length);
-      ++next_read_;
-      continue;
-    } else {
-      request.dst = tensors[chunk.tensors.front()].data + (chunk.offset - first_src.offset);
+      if (Status st = TakeStagingSlot(id, &request); !st.ok()) return fail(st);
+    } else if (route == ReadRoute::kInPlace) {
+      const uint32_t t = chunk.tensors.front();
+      request.dst = tensors[t].data + (chunk.offset - checkpoint.tensors()[plan.tensors[t].source].offset);
     }
-    if (trace.enabled()) submitted_at_[id] = trace.Now();
+    chunks_[id].route = route;
+    CountRoute(id);
+    ++next_read_;
+    if (route == ReadRoute::kMapped) Advance(chunk.tensors.front(), chunk.length);
+    if (route != ReadRoute::kInPlace && route != ReadRoute::kStaged) continue;
+    if (trace.enabled()) chunks_[id].submitted = trace.Now();
     batch.push_back(request);
     ++reads_in_flight_;
-    ++next_read_;
   }
   if (!batch.empty()) reader_->Submit(batch);
 }
@@ -71,7 +76,7 @@ Status LoadHandle::State::TakeStagingSlot(uint64_t id, io::ReadRequest* request)
     }
   }
   free_slots_.pop_back();
-  slot_of_chunk_[id] = static_cast<int>(s);
+  chunks_[id].slot = static_cast<int>(s);
   // The whole pages around the chunk, so that O_DIRECT takes all of it in one piece: its
   // unaligned head and tail would otherwise be two more (page-cache) reads each. The
   // chunk's bytes land at its file phase within the slot, as before; the slot has room.
@@ -121,18 +126,19 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
   const ReadChunk& chunk = plan.reads[id];
   if (trace.enabled()) {
     trace.SpanInLane(fmt::format("read {}", TraceLabel(id)), "read", "reads in flight",
-                     submitted_at_[id], trace.Now(), TraceArgs(id, Route(id)));
+                     chunks_[id].submitted, trace.Now(), TraceArgs(id));
   }
+  const bool staged = chunks_[id].route == ReadRoute::kStaged;
   if (!status.ok()) {
-    if (staged_[id] > 0) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
+    if (staged) free_slots_.push_back(static_cast<size_t>(chunks_[id].slot));
     return Fail(ChunkError(id, status));
   }
   bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
   if (stopping_) {
-    if (staged_[id] > 0) free_slots_.push_back(static_cast<size_t>(slot_of_chunk_[id]));
+    if (staged) free_slots_.push_back(static_cast<size_t>(chunks_[id].slot));
     return;
   }
-  if (staged_[id] <= 0) return Advance(chunk.tensors.front(), chunk.length);
+  if (!staged) return Advance(chunk.tensors.front(), chunk.length);
   for (uint32_t t : chunk.tensors) {
     const TensorPlan& tp = plan.tensors[t];
     if (tp.conversion == Conversion::kDequantFp8Block && !tensors[tp.scale].done) {

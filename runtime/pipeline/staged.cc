@@ -35,11 +35,12 @@ convert::Fp8BlockScales LoadHandle::State::Fp8Layout(uint32_t t) const {
 
 void LoadHandle::State::DispatchStaged(uint64_t id) {
   const ReadChunk& chunk = plan.reads[id];
-  const size_t slot = static_cast<size_t>(slot_of_chunk_[id]);
+  const size_t slot = static_cast<size_t>(chunks_[id].slot);
   const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
   bool cpu_pieces = false;
   for (uint32_t t : chunk.tensors) {
-    if (tensor_device_[t] < 0) {
+    const int device = DeviceOf(t);
+    if (device < 0) {
       cpu_pieces = true;
       continue;
     }
@@ -62,14 +63,15 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
       job.timed = [self = shared_from_this(), t, bytes = hi - lo](const device::JobTiming& at) {
         const TensorPlan& p = self->plan.tensors[t];
+        const std::string device = self->plan.device_of(t).ToString();
         const std::string args = fmt::format(
             R"({{"tensor":{}}})", nlohmann::json(self->checkpoint.tensors()[p.source].name).dump());
-        self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", p.device + " copy",
+        self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", device + " copy",
                                 at.copy_begin, at.copy_end, args);
         if (at.kernel_end > at.kernel_begin) {
           self->trace.SpanOnTrack(fmt::format("{} {}", ConversionName(p.conversion),
                                               TorchName(p.dtype)),
-                                  "device", p.device + " compute", at.kernel_begin, at.kernel_end,
+                                  "device", device + " compute", at.kernel_begin, at.kernel_end,
                                   args);
         }
       };
@@ -79,12 +81,12 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
         self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
       });
     };
-    ++chunk_parts_left_[id];
+    ++chunks_[id].parts_left;
     ++conversions_in_flight_;
-    devices[tensor_device_[t]]->Submit(std::move(job));
+    devices[device]->Submit(std::move(job));
   }
   if (cpu_pieces) {
-    ++chunk_parts_left_[id];
+    ++chunks_[id].parts_left;
     ++conversions_in_flight_;
     asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
   }
@@ -94,9 +96,9 @@ void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t ten
                                           uint64_t bytes, Status status) {
   --conversions_in_flight_;
   if (!status.ok()) {
-    const TensorPlan& tp = plan.tensors[tensor];
     Fail(status.WithContext(fmt::format("placing tensor '{}' on {}",
-                                        checkpoint.tensors()[tp.source].name, tp.device)));
+                                        checkpoint.tensors()[plan.tensors[tensor].source].name,
+                                        plan.device_of(tensor).ToString())));
   } else if (!stopping_) {
     Advance(tensor, bytes);
   }
@@ -104,7 +106,7 @@ void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t ten
 }
 
 void LoadHandle::State::ChunkPartDone(uint64_t id, size_t slot) {
-  if (--chunk_parts_left_[id] == 0) free_slots_.push_back(slot);
+  if (--chunks_[id].parts_left == 0) free_slots_.push_back(slot);
   if (!stopping_) Pump();
   MaybeFinish();
 }
@@ -165,7 +167,7 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
   Status status;
   for (uint32_t t : chunk.tensors) {
-    if (tensor_device_[t] >= 0) continue;  // a device piece: its device does it
+    if (DeviceOf(t) >= 0) continue;  // a device piece: its device does it
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
     const auto [lo, hi] = PieceOf(chunk, src);
     status = PlaceOnCpu(t, staged + (lo - chunk.offset), lo, hi);
@@ -177,29 +179,23 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   if (trace.enabled()) {  // named by what the workers did: a conversion, or a copy
     Conversion did = Conversion::kNone;
     for (uint32_t t : chunk.tensors) {
-      if (tensor_device_[t] < 0 && plan.tensors[t].conversion != Conversion::kNone) {
+      if (DeviceOf(t) < 0 && plan.tensors[t].conversion != Conversion::kNone) {
         did = plan.tensors[t].conversion;
       }
     }
     trace.Span(fmt::format("{} {}", did == Conversion::kNone ? "copy" : ConversionName(did),
                            TraceLabel(id)),
-               did == Conversion::kNone ? "copy" : "convert", begin, TraceArgs(id, Route(id)));
+               did == Conversion::kNone ? "copy" : "convert", begin, TraceArgs(id));
   }
   asio::post(loop, [self = shared_from_this(), id, slot, status = std::move(status)]() mutable {
     self->OnStagedDone(id, slot, std::move(status));
   });
 }
 
-const std::byte* LoadHandle::State::CachedSource(uint64_t id) const {
-  const ReadChunk& chunk = plan.reads[id];
-  if (chunk.tensors.size() != 1) return nullptr;
-  const uint32_t t = chunk.tensors.front();
-  if (!fresh_tensor_[t] || plan.tensors[t].conversion != Conversion::kNone) return nullptr;
-  return reader_->CachedView(chunk.file, chunk.offset, chunk.length);
-}
-
-// A converted or coalesced chunk is read instead: the conversion would read the mapping from
-// user space, where an unreadable page raises SIGBUS (UFFDIO_COPY reads it in the kernel).
+// A page-cache copy (ReadRoute::kPageCacheCopy), on a worker: the cached bytes of one
+// unconverted CPU tensor straight into its fresh pages. Only such reads are planned kFreshPages:
+// a conversion would read the mapping from user space, where an unreadable page raises SIGBUS
+// (UFFDIO_COPY reads it in the kernel).
 void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
@@ -219,7 +215,7 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   }
   if (trace.enabled()) {
     trace.Span(fmt::format("copy {} (page cache)", TraceLabel(id)), "copy", begin,
-               TraceArgs(id, "page-cache copy"));
+               TraceArgs(id));
   }
   asio::post(loop, [self = shared_from_this(), id, status = std::move(status)]() mutable {
     self->OnCachedDone(id, std::move(status));
@@ -234,7 +230,6 @@ void LoadHandle::State::OnCachedDone(uint64_t id, Status status) {
     Fail(ChunkError(id, status));
   } else if (!stopping_) {
     bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
-    cache_copied_bytes.fetch_add(chunk.length, std::memory_order_relaxed);
     Advance(chunk.tensors.front(), chunk.length);
   }
   Pump();
@@ -247,9 +242,9 @@ Status LoadHandle::State::PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t
   const TensorSlot& slot = tensors[t];
   if (tp.conversion == Conversion::kNone) {
     std::byte* to = slot.data + (lo - src.offset);
-    if (fresh_tensor_[t]) return fresh_->Write(to, from, hi - lo);
-    if (!options.mmap) std::memcpy(to, from, hi - lo);
-    return Status::OK();  // in mmap mode the bytes are already mapped
+    if (Fresh(t)) return fresh_->Write(to, from, hi - lo);
+    std::memcpy(to, from, hi - lo);
+    return Status::OK();
   }
   const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
   const uint64_t first = (lo - src.offset) / src_elem;
@@ -263,7 +258,7 @@ Status LoadHandle::State::PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t
   };
   std::byte* to = slot.data + first * dst_elem;
   const uint64_t count = (hi - lo) / src_elem;
-  if (!fresh_tensor_[t]) return convert(to, 0, count);
+  if (!Fresh(t)) return convert(to, 0, count);
   return fresh_->WriteConverted(to, count * dst_elem,
                                 [&](std::byte* out, uint64_t offset, uint64_t n) {
                                   return convert(out, offset / dst_elem, n / dst_elem);
@@ -277,7 +272,7 @@ void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
   } else if (!stopping_) {
     const ReadChunk& chunk = plan.reads[id];
     for (uint32_t t : chunk.tensors) {
-      if (tensor_device_[t] >= 0) continue;
+      if (DeviceOf(t) >= 0) continue;
       const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
       const auto [lo, hi] = PieceOf(chunk, src);
       Advance(t, hi - lo);

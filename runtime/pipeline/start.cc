@@ -1,5 +1,6 @@
 // Starting a load, on the loop thread: the plan and the files checked, the reader opened, the
-// planned devices resolved, fresh pages and the staging pool sized.
+// planned devices resolved, each read's route for this load, fresh pages and the staging pool
+// sized.
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 
 #include "io/posix_error.h"
 #include "runtime/pipeline/load_state.h"
+#include "runtime/pipeline/routes.h"
 
 namespace loadstone {
 namespace {
@@ -46,20 +48,13 @@ void LoadHandle::State::Begin() {
   });
   if (Status s = OpenReader(); !s.ok()) return Fail(s);
 
-  if (options.mmap) {
+  if (plan.routes.mmap) {
     if (Status s = MapFiles(); !s.ok()) return Fail(s);
   }
   if (Status s = ResolveDevices(); !s.ok()) return Fail(s);
-  slot_of_chunk_.assign(plan.reads.size(), -1);
-  staged_only_.assign(tensors.size(), true);
-  for (const ReadChunk& chunk : plan.reads) {
-    if (!chunk.staged) {
-      for (uint32_t t : chunk.tensors) staged_only_[t] = false;
-    }
-  }
   OpenFreshPages();
+  RouteChunks();
   SizeStaging();
-  if (trace.enabled()) submitted_at_.resize(plan.reads.size());
 
   for (uint32_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].remaining == 0 && !tensors[i].done) {
@@ -72,17 +67,27 @@ void LoadHandle::State::Begin() {
   MaybeFinish();
 }
 
+void LoadHandle::State::RouteChunks() {
+  const pipeline::StartFacts facts{fresh_ != nullptr, loader_options.direct_io};
+  chunks_.resize(plan.reads.size());
+  staged_only_.assign(tensors.size(), true);
+  for (size_t i = 0; i < plan.reads.size(); ++i) {
+    chunks_[i].route = pipeline::RouteAtStart(plan.reads[i].route, plan.routes, facts);
+    if (chunks_[i].route != ReadRoute::kStaged) {
+      for (uint32_t t : plan.reads[i].tensors) staged_only_[t] = false;
+    }
+  }
+}
+
 void LoadHandle::State::SizeStaging() {
-  const bool stage_cold =
-      loader_options.stage_cold_reads && loader_options.direct_io && !options.mmap;
-  staged_.resize(plan.reads.size());
-  // A staged read lands at its file offset's phase within the slot (see EnsureDestination).
+  // A staged read lands at its file offset's phase within the slot (see EnsureDestination);
+  // slots are as large as the largest read that may be staged.
   uint64_t largest = 0;
   for (size_t i = 0; i < plan.reads.size(); ++i) {
-    const bool fresh = std::any_of(plan.reads[i].tensors.begin(), plan.reads[i].tensors.end(),
-                                   [&](uint32_t t) { return fresh_tensor_[t]; });
-    staged_[i] = plan.reads[i].staged || fresh ? 1 : stage_cold ? -1 : 0;
-    if (staged_[i] != 0) largest = std::max(largest, plan.reads[i].length);
+    const ReadRoute route = chunks_[i].route;
+    if (route != ReadRoute::kInPlace && route != ReadRoute::kMapped) {
+      largest = std::max(largest, plan.reads[i].length);
+    }
   }
   slot_bytes_ = largest + 2 * pipeline::kHostAlignment;  // whole pages around any phase
   uint64_t pool = loader_options.staging_bytes;
@@ -128,24 +133,25 @@ Status LoadHandle::State::OpenReader() {
 }
 
 Status LoadHandle::State::ResolveDevices() {
-  chunk_parts_left_.assign(plan.reads.size(), 0);
-  tensor_device_.assign(tensors.size(), -1);
-  for (uint32_t i = 0; i < tensors.size(); ++i) {
-    const std::string& name = plan.tensors[i].device;
-    if (name == "cpu") continue;
-    int ordinal = -1;
-    if (name.rfind("cuda:", 0) == 0) ordinal = std::atoi(name.c_str() + 5);
-    if (ordinal < 0 || ordinal >= static_cast<int>(devices.size())) {
-      return Status::InvalidArgument(fmt::format(
-          "tensor '{}' is planned on {}, but {}; plan for the devices this machine has "
-          "(--device-map cpu, or auto without --max-memory for GPUs)",
-          checkpoint.tensors()[plan.tensors[i].source].name, name,
-          devices.empty() ? fmt::format("the Loader has no GPU ({})", device_log)
-                          : fmt::format("this machine has {} GPU(s), cuda:0 to cuda:{}",
-                                        devices.size(), devices.size() - 1)));
+  target_device_.assign(plan.targets.size(), -1);
+  for (size_t d = 0; d < plan.targets.size(); ++d) {
+    const Device& target = plan.targets[d];
+    if (target == Device::Cpu()) continue;
+    if (target.is_gpu() && target.index >= 0 && target.index < static_cast<int>(devices.size())) {
+      target_device_[d] = target.index;
+      if (!staging_device_) staging_device_ = devices[target.index];
+      continue;
     }
-    tensor_device_[i] = ordinal;
-    if (!staging_device_) staging_device_ = devices[ordinal];
+    const auto first = std::find_if(plan.tensors.begin(), plan.tensors.end(),
+                                    [&](const TensorPlan& t) { return t.device == d; });
+    return Status::InvalidArgument(fmt::format(
+        "tensor '{}' is planned on {}, but {}; plan for the devices this machine has "
+        "(--device-map cpu, or auto without --max-memory for GPUs)",
+        first == plan.tensors.end() ? std::string("?") : checkpoint.tensors()[first->source].name,
+        target.ToString(),
+        devices.empty() ? fmt::format("the Loader has no GPU ({})", device_log)
+                        : fmt::format("this machine has {} GPU(s), cuda:0 to cuda:{}",
+                                      devices.size(), devices.size() - 1)));
   }
   return Status::OK();
 }

@@ -256,6 +256,48 @@ TEST_CASE("cli: --assume-gpus plans for a machine that is not this one, and load
   CHECK(RunCli("plan " + m.path + " --assume-gpus two").err.find("give COUNTxSIZE") != std::string::npos);
 }
 
+TEST_CASE("cli: plan shows each read's route, the route flags change it, load reports the routes taken",
+          "[tools][cli]") {
+  TempDir dir;
+  static const std::vector<std::byte> large(1024 * 1024 * 2), small(64 * 2);
+  const std::string path = dir.Path("model.safetensors");
+  REQUIRE(WriteSafetensors(path, {{"big.weight", DType::kBF16, {1024, 1024}, large, {}},
+                                  {"big.bias", DType::kBF16, {64}, small, {}}})
+              .ok());
+  auto routes = [&](const std::string& flags) {
+    const auto run = RunCli("plan " + path + " --device-map cpu --json " + flags);
+    INFO(run.err);
+    REQUIRE(run.code == 0);
+    return nlohmann::json::parse(run.out)["routes"];
+  };
+  const nlohmann::json fresh = routes("");
+  CHECK(fresh["fresh pages"]["reads"] == 1);
+  CHECK(fresh["fresh pages"]["bytes"] == large.size());
+  CHECK(fresh["staged"]["bytes"] == small.size());
+  CHECK(routes("--no-fresh-pages")["staged when cold"]["bytes"] == large.size());
+  CHECK(routes("--no-fresh-pages --no-stage-cold")["in place"]["bytes"] == large.size());
+  CHECK(routes("--dtype f32").contains("staged"));
+  CHECK_FALSE(routes("--dtype f32").contains("fresh pages"));
+  const auto human = RunCli("plan " + path + " --device-map cpu --no-fresh-pages");
+  CHECK(human.out.find("staged when cold") != std::string::npos);
+
+  // load: every byte of the plan on a route taken; none left "when cold" or "fresh pages".
+  for (const std::string& flags : {"", "--no-fresh-pages", "--mmap"}) {
+    INFO(flags);
+    const auto load = RunCli("load " + path + " --json " + flags);
+    REQUIRE(load.code == 0);
+    const nlohmann::json doc = nlohmann::json::parse(load.out);
+    uint64_t bytes = 0;
+    for (const auto& [route, count] : doc["routes"].items()) {
+      CHECK((route == "in place" || route == "staged" || route == "page-cache copy" ||
+             route == "mapped"));
+      bytes += count["bytes"].get<uint64_t>();
+    }
+    CHECK(bytes == large.size() + small.size());
+    if (flags == "--mmap") CHECK(doc["routes"]["mapped"]["bytes"] == bytes);
+  }
+}
+
 TEST_CASE("cli: a full disk, an unwritable trace, a FIFO are errors, not exit 0 or a hang",
           "[tools][cli]") {
   Model m;

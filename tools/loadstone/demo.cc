@@ -84,8 +84,9 @@ int RunDemo(const DemoArgs& args) {
   std::cout << fmt::format(
       "demo: {} from the device with O_DIRECT (cold data goes through huge-page staging), {} "
       "copied from the page cache ({} of it by the workers into fresh pages)\n",
-      HumanBytes(rs.direct_bytes), HumanBytes(rs.buffered_bytes + rs.cache_copied_bytes),
-      HumanBytes(rs.cache_copied_bytes));
+      HumanBytes(rs.direct_bytes),
+      HumanBytes(rs.buffered_bytes + rs.taken(ReadRoute::kPageCacheCopy).bytes),
+      HumanBytes(rs.taken(ReadRoute::kPageCacheCopy).bytes));
   std::cout << "demo: try `loadstone load " << folder
             << " --dtype f32 --trace /tmp/trace.json` or `loadstone bench " << folder
             << " --cold`\n";

@@ -64,9 +64,9 @@ Status CheckWritable(const std::string& path) {
 std::string HowBytesCame(const Progress& p, const ReadStats& rs) {
   const double gbps = p.seconds > 0 ? p.bytes_read / p.seconds / 1e9 : 0;
   std::string out;
-  if (rs.mapped_bytes > 0) {
+  if (const uint64_t mapped = rs.taken(ReadRoute::kMapped).bytes; mapped > 0) {
     out = fmt::format("{} mapped (read from the file on first touch, not now), ",
-                      HumanBytes(rs.mapped_bytes));
+                      HumanBytes(mapped));
   }
   return out + fmt::format("{} read at {:.2f} GB/s", HumanBytes(p.bytes_read), gbps);
 }
@@ -79,7 +79,7 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
   nlohmann::ordered_json doc;
   doc["bytes"] = plan.read_bytes;
   doc["read_bytes"] = progress.bytes_read;
-  doc["mapped_bytes"] = rs.mapped_bytes;
+  doc["mapped_bytes"] = rs.taken(ReadRoute::kMapped).bytes;
   doc["placed_bytes"] = plan.placed_bytes;
   doc["seconds"] = seconds;
   doc["gbps"] = seconds > 0 ? progress.bytes_read / seconds / 1e9 : 0;
@@ -91,8 +91,17 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
                  {"buffered_bytes", rs.buffered_bytes},
                  {"bounced_bytes", rs.bounced_bytes},
                  {"resubmits", rs.resubmits},
-                 {"cache_copied_bytes", rs.cache_copied_bytes},
-                 {"mapped_bytes", rs.mapped_bytes}};
+                 {"cache_copied_bytes", rs.taken(ReadRoute::kPageCacheCopy).bytes},
+                 {"mapped_bytes", rs.taken(ReadRoute::kMapped).bytes}};
+  // The route each read took (the plan's, settled as each read's turn came: routes.h).
+  auto& routes = doc["routes"] = nlohmann::ordered_json::object();
+  for (size_t r = 0; r < kReadRouteCount; ++r) {
+    const ReadStats::RouteCount& c = rs.routes[r];
+    if (c.reads > 0) {
+      routes[std::string(ReadRouteName(static_cast<ReadRoute>(r)))] = {{"reads", c.reads},
+                                                                        {"bytes", c.bytes}};
+    }
+  }
   std::map<std::string, uint64_t> per_device;
   auto& tensors = doc["tensors"] = nlohmann::ordered_json::array();
   for (const loadstone::Tensor& t : load.Tensors()) {
@@ -117,6 +126,7 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
 int RunLoad(const LoadArgs& args) {
   auto in = args.flags.Resolve("cpu");
   if (!in.ok()) return ReportError(in.status());
+  in->options.routes.mmap = args.mmap;
   auto plan = Plan(*in->checkpoint, in->options);
   if (!plan.ok()) return ReportError(plan.status());
   PrintWarnings(in->warnings);
@@ -134,7 +144,6 @@ int RunLoad(const LoadArgs& args) {
   const auto start = std::chrono::steady_clock::now();
   std::atomic<int64_t> first_tensor_ns{-1};
   LoadOptions options;
-  options.mmap = args.mmap;
   options.trace = !args.trace.empty();
   options.on_tensor = [&](const loadstone::Tensor&) {
     int64_t unset = -1;

@@ -34,9 +34,23 @@ std::string StringList(const std::vector<std::string>& items) {
   return out + "]";
 }
 
-// `placed`: sized as the load places each tensor (a checkpoint's plan); else as accelerate sizes.
+// The reads and bytes per planned route of a checkpoint's plan, as JSON.
+std::string RoutesJson(const LoadPlan& plan) {
+  nlohmann::ordered_json routes = nlohmann::ordered_json::object();
+  const auto totals = plan.RouteTotals();
+  for (size_t r = 0; r < totals.size(); ++r) {
+    if (totals[r].first == 0) continue;
+    routes[std::string(ReadRouteName(static_cast<ReadRoute>(r)))] = {{"reads", totals[r].first},
+                                                                     {"bytes", totals[r].second}};
+  }
+  return routes.dump();
+}
+
+// `load_plan` (a checkpoint's plan): sizes are as the load places each tensor, and its routes
+// are shown; null: sized as accelerate sizes.
 void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings, bool explain,
-               bool placed) {
+               const LoadPlan* load_plan) {
+  const bool placed = load_plan != nullptr;
   std::string bytes = "{";
   std::string budgets = "{";
   for (size_t i = 0; i < plan.usage.size(); ++i) {
@@ -52,11 +66,16 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
             << ", \"warnings\": " << StringList(warnings)
             << ", \"sizes\": " << (placed ? "\"placed\"" : "\"accelerate\"");
   if (explain) std::cout << ", \"explanation\": " << StringList(plan.explanation);
+  if (placed) {
+    std::cout << ", \"reads\": " << load_plan->reads.size()
+              << ", \"routes\": " << RoutesJson(*load_plan);
+  }
   std::cout << "}\n";
 }
 
 void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOptions& o,
-                bool placed) {
+                const LoadPlan* load_plan) {
+  const bool placed = load_plan != nullptr;
   std::cout << fmt::format("plan for {}: device_map={}, strategy={}\n", source,
                            o.explicit_map ? "explicit" : o.device_map,
                            o.strategy == PlanStrategy::kMinMax ? "min-max" : "greedy");
@@ -92,6 +111,17 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
     std::cout << fmt::format("{:<8} {:>14} {:>14} {:>7}\n", u.device.ToString(), HumanBytes(u.bytes),
                              budget, use);
   }
+  if (!placed) return;
+  // "staged when cold" and "fresh pages" are settled as each read's turn comes (load --json
+  // reports the route each took).
+  std::cout << fmt::format("\nreads: {}\n", load_plan->reads.size());
+  const auto totals = load_plan->RouteTotals();
+  for (size_t r = 0; r < totals.size(); ++r) {
+    if (totals[r].first == 0) continue;
+    std::cout << fmt::format("  {:<18} {:>8} reads {:>14}\n",
+                             ReadRouteName(static_cast<ReadRoute>(r)), totals[r].first,
+                             HumanBytes(totals[r].second));
+  }
 }
 
 int RunPlan(const PlanArgs& args) {
@@ -99,10 +129,11 @@ int RunPlan(const PlanArgs& args) {
   if (!in.ok()) return ReportError(in.status());
   DevicePlan plan;
   std::vector<std::string> warnings = in->warnings;
-  const bool placed = in->checkpoint.has_value();
-  if (placed) {
-    auto load_plan = Plan(*in->checkpoint, in->options);
-    if (!load_plan.ok()) return ReportError(load_plan.status());
+  std::optional<LoadPlan> load_plan;
+  if (in->checkpoint) {
+    auto planned = Plan(*in->checkpoint, in->options);
+    if (!planned.ok()) return ReportError(planned.status());
+    load_plan = *std::move(planned);
     plan = load_plan->devices;
     warnings.insert(warnings.end(), load_plan->warnings.begin(), load_plan->warnings.end());
   } else {
@@ -113,9 +144,9 @@ int RunPlan(const PlanArgs& args) {
   }
   PrintWarnings(warnings);
   if (args.json) {
-    PrintJson(plan, warnings, in->options.explain, placed);
+    PrintJson(plan, warnings, in->options.explain, load_plan ? &*load_plan : nullptr);
   } else {
-    PrintHuman(plan, in->source, in->options, placed);
+    PrintHuman(plan, in->source, in->options, load_plan ? &*load_plan : nullptr);
   }
   return 0;
 }

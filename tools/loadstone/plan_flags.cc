@@ -84,6 +84,10 @@ void PlanFlags::Register(CLI::App* cmd, bool path_required) {
                 "Put a smaller module on a device that would get nothing");
   cmd->add_flag("--no-clean", no_clean, "Do not merge keys that share a device");
   cmd->add_flag("--explain", explain, "Print the planner's step-by-step reasons");
+  cmd->add_flag("--no-stage-cold", no_stage_cold,
+                "Read cold CPU tensors straight into place instead of through staging");
+  cmd->add_flag("--no-fresh-pages", no_fresh_pages,
+                "Write CPU tensors into ordinary (kernel-zeroed) pages, not userfaultfd-filled ones");
   cmd->add_option("--assume-gpus", assume_gpus,
                   "Plan for a machine with COUNT GPUs of SIZE each (e.g. 2x80GiB) instead of this "
                   "one; `load` then places their tensors on simulated devices (host memory)");
@@ -155,6 +159,8 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   o.fallback_allocation = o.fallback_allocation || fallback_allocation;
   o.clean_result = !no_clean;
   o.explain = explain;
+  o.routes.stage_cold_reads = !no_stage_cold;
+  o.routes.fill_fresh_pages = !no_fresh_pages;
   if (!assume_gpus.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus));
     o.platform = Platform::Simulated(machine);
@@ -167,10 +173,6 @@ void ReadFlags::Register(CLI::App* cmd) {
       ->check(CLI::IsMember({"auto", "uring", "io_uring", "pread"}));
   cmd->add_option("--queue-depth", queue_depth, "Reads in flight")->check(CLI::Range(1, 4096));
   cmd->add_option("--staging", staging, "Staging pool per load, e.g. 64MiB (default 256MiB)");
-  cmd->add_flag("--no-stage-cold", no_stage_cold,
-                "Read cold CPU tensors straight into place instead of through staging");
-  cmd->add_flag("--no-fresh-pages", no_fresh_pages,
-                "Write CPU tensors into ordinary (kernel-zeroed) pages, not userfaultfd-filled ones");
 }
 
 Result<LoaderOptions> ReadFlags::ToLoaderOptions(std::shared_ptr<const Platform> platform) const {
@@ -180,8 +182,6 @@ Result<LoaderOptions> ReadFlags::ToLoaderOptions(std::shared_ptr<const Platform>
                     : backend == "pread"                        ? ReadBackend::kPread
                                                                 : ReadBackend::kAuto;
   options.queue_depth = queue_depth;
-  options.stage_cold_reads = !no_stage_cold;
-  options.fill_fresh_pages = !no_fresh_pages;
   if (!staging.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(options.staging_bytes, ParseSizeFlag(staging, "--staging " + staging));
   }

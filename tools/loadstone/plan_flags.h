@@ -43,6 +43,8 @@ struct PlanFlags {
   bool fallback_allocation = false;
   bool no_clean = false;
   bool explain = false;
+  bool no_stage_cold = false;   // ReadRouteOptions
+  bool no_fresh_pages = false;
   std::string assume_gpus;  // COUNTxSIZE: plan (and load) on a simulated machine
 
   // `path_required`: load and bench need a checkpoint; plan takes one, a description or both.
@@ -58,8 +60,6 @@ struct ReadFlags {
   std::string backend = "auto";
   int queue_depth = 32;
   std::string staging;  // size string; empty: the Loader's default
-  bool no_stage_cold = false;
-  bool no_fresh_pages = false;
 
   void Register(CLI::App* cmd);
   Result<LoaderOptions> ToLoaderOptions(std::shared_ptr<const Platform> platform) const;

@@ -46,8 +46,14 @@ testing::ReaderSwitch SlowReads(std::chrono::milliseconds latency) {
 LoaderOptions OneReadAtATime(const testing::ReaderSwitch& reads) {
   LoaderOptions lo;
   lo.queue_depth = 1;
-  lo.fill_fresh_pages = false;  // every chunk goes through the (slow) reader
   return reads.Options(lo);
+}
+
+// A plan whose every chunk goes through the (slow) reader: no page-cache copies.
+LoadPlan EveryChunkRead(const Checkpoint& ckpt) {
+  PlanOptions po;
+  po.routes.fill_fresh_pages = false;
+  return testing::MixedModel::PlanOf(ckpt, po);
 }
 
 TEST_CASE("asio: a plain callback gets the status and the handle, off the Loader's threads") {
@@ -139,7 +145,7 @@ TEST_CASE("asio: a coroutine awaits one tensor while its load goes on, then a wh
 TEST_CASE("asio: a cancellation through the slot cancels the load, and the Loader goes on") {
   testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
-  const LoadPlan& plan = model.plan;
+  const LoadPlan plan = EveryChunkRead(ckpt);
   auto slow = SlowReads(std::chrono::milliseconds(20));
   Loader loader(OneReadAtATime(slow));
   asio::io_context io;
@@ -164,7 +170,7 @@ TEST_CASE("asio: a cancellation through the slot cancels the load, and the Loade
 TEST_CASE("asio: a tensor wait gets the load's failure when the load ends without it") {
   testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
-  const LoadPlan& plan = model.plan;
+  const LoadPlan plan = EveryChunkRead(ckpt);
   auto slow = SlowReads(std::chrono::milliseconds(20));
   Loader loader(OneReadAtATime(slow));
   LoadHandle load = loader.Load(ckpt, plan);
@@ -212,7 +218,7 @@ TEST_CASE("asio: OnDone and OnTensorReady from inside an on-tensor callback") {
 TEST_CASE("asio: a tensor waiter that throws fails its load with the message") {
   testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
-  const LoadPlan& plan = model.plan;
+  const LoadPlan plan = EveryChunkRead(ckpt);
   auto slow = SlowReads(std::chrono::milliseconds(5));
   Loader loader(OneReadAtATime(slow));
   LoadHandle load = loader.Load(ckpt, plan);

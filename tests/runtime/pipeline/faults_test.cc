@@ -205,14 +205,14 @@ TEST_CASE("faults: a shard cut inside a copied page fails the tensor, never zero
 TEST_CASE("faults: a mapped load of a shard truncated after Open fails before mapping, no SIGBUS") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
+  PlanOptions mapped;
+  mapped.routes.mmap = true;
+  auto plan = Plan(ckpt, mapped);
   REQUIRE(plan.ok());
   const CheckpointFile& victim = ckpt.files().front();
   std::filesystem::resize_file(victim.path, victim.bytes / 2);
   Loader loader;
-  LoadOptions options;
-  options.mmap = true;
-  LoadHandle load = loader.Load(ckpt, *plan, options);
+  LoadHandle load = loader.Load(ckpt, *plan);
   const Status status = load.Done().get();
   INFO(status.ToString());
   REQUIRE(status.code() == StatusCode::kCorruption);

@@ -125,7 +125,7 @@ TEST_CASE("fp8 block: the CPU load dequantizes with the right scales, in any com
   PlanOptions po;
   po.dtype = to;
   // Pieces that start mid-row and mid-block; or whole weights, whose dequantized output is
-  // written in several blocks when it goes into fresh pages (LoaderOptions::fill_fresh_pages).
+  // written in several blocks when it goes into fresh pages (ReadRouteOptions::fill_fresh_pages).
   po.max_chunk = GENERATE(uint64_t{64} << 10, uint64_t{16} << 20);
   auto plan = Plan(m.ckpt, po);
   REQUIRE(plan.ok());

@@ -71,15 +71,16 @@ TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire onc
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   REQUIRE(ckpt.files().size() > 1);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
   const auto backend = GENERATE(ReadBackend::kAuto, ReadBackend::kPread);
   const bool align_tensors = GENERATE(false, true);
   const bool fresh_pages = GENERATE(true, false);
+  PlanOptions po;
+  po.routes.fill_fresh_pages = fresh_pages;
+  auto plan = Plan(ckpt, po);
+  REQUIRE(plan.ok());
   LoaderOptions lo;
   lo.backend = backend;
   lo.align_tensors = align_tensors;
-  lo.fill_fresh_pages = fresh_pages;
   Loader loader(lo);
   std::mutex mu;
   std::multiset<std::string> seen;
@@ -122,8 +123,17 @@ TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire onc
   CHECK(p.tensors_done == p.tensors_total);
   // The files were just written (in the page cache): with fresh pages, the workers copied the
   // large tensors out of the cache themselves, without reads.
-  if (filled) CHECK(load.read_stats().cache_copied_bytes > 0);
-  if (!filled) CHECK(load.read_stats().cache_copied_bytes == 0);
+  const ReadStats::RouteCount copied = load.read_stats().taken(ReadRoute::kPageCacheCopy);
+  if (filled) CHECK(copied.bytes > 0);
+  if (!filled) CHECK(copied.bytes == 0);
+  // Every read took a route, and each route's bytes add up to the plan's.
+  uint64_t reads = 0, bytes = 0;
+  for (const ReadStats::RouteCount& c : load.read_stats().routes) reads += c.reads, bytes += c.bytes;
+  CHECK(reads == plan->reads.size());
+  CHECK(bytes == plan->read_bytes);
+  // Routes named two ways are settled at each read's turn: none is reported as taken.
+  CHECK(load.read_stats().taken(ReadRoute::kStagedWhenCold).reads == 0);
+  CHECK(load.read_stats().taken(ReadRoute::kFreshPages).reads == 0);
   CHECK_THROWS_AS(load.Tensor("no.such.tensor").get(), Error);
 }
 
@@ -142,7 +152,7 @@ int LoadWithoutUserfaultfd(const Checkpoint& ckpt, const LoadPlan& plan) {
       ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
     return 2;
   }
-  Loader loader;  // fill_fresh_pages is on by default
+  Loader loader;  // ReadRouteOptions::fill_fresh_pages is on by default
   LoadHandle load = loader.Load(ckpt, plan);
   if (!load.Done().get().ok()) return 3;
   if (load.backend().find("fresh pages unavailable") == std::string::npos ||
@@ -212,23 +222,23 @@ TEST_CASE("loader: a cast to f32 matches independent conversions, integers stay"
 TEST_CASE("loader: mmap mode maps unconverted tensors") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
+  PlanOptions po;
+  po.routes.mmap = true;
+  auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   Loader loader;
-  LoadOptions options;
-  options.mmap = true;
-  LoadHandle load = loader.Load(ckpt, *plan, options);
+  LoadHandle load = loader.Load(ckpt, *plan);
   REQUIRE(load.Done().get().ok());
   for (const Tensor& t : load.Tensors()) testing::CheckTensorBytes(t);
-  // Mapped bytes count as mapped, not read; reads the plan stages (coalesced small tensors)
-  // are still read.
+  // Every unconverted CPU tensor is mapped, small ones included (nothing to coalesce): no read.
+  for (const ReadChunk& r : plan->reads) CHECK(r.route == ReadRoute::kMapped);
   const ReadStats rs = load.read_stats();
   const Progress p = load.progress();
-  uint64_t staged = 0;
-  for (const ReadChunk& r : plan->reads) staged += r.staged ? r.length : 0;
-  CHECK(rs.mapped_bytes > 0);
-  CHECK(rs.mapped_bytes == plan->read_bytes - staged);
-  CHECK(p.bytes_read == staged);
+  CHECK(rs.taken(ReadRoute::kMapped).bytes == plan->read_bytes);
+  CHECK(rs.taken(ReadRoute::kMapped).reads == plan->reads.size());
+  CHECK(p.bytes_read == 0);
+  // Mapped tensors point into the file's mapping: their bytes are the file's.
+  for (const Tensor& t : load.Tensors()) CHECK(t.data() != nullptr);
   CHECK(p.bytes_placed == plan->placed_bytes);
 }
 

@@ -193,7 +193,7 @@ TEST_CASE("plan options: an explicit map is used as given and must cover every t
   auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   CHECK(plan->devices.device_map == *map);
-  for (const TensorPlan& t : plan->tensors) CHECK(t.device == "cpu");
+  for (uint32_t t = 0; t < plan->tensors.size(); ++t) CHECK(plan->device_of(t) == Device::Cpu());
   po.explicit_map = *DeviceMap::FromJson(R"({"model": "cpu"})");
   auto partial = Plan(ckpt, po);
   REQUIRE_FALSE(partial.ok());

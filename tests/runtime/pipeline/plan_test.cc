@@ -43,7 +43,7 @@ TEST_CASE("plan: every byte is read exactly once, chunks bounded by max_chunk") 
     CHECK(r.length <= options.max_chunk);
     CHECK(r.length > 0);
     ranges[r.file].push_back({r.offset, r.offset + r.length});
-    if (!r.staged) CHECK(r.tensors.size() == 1);
+    if (r.route != ReadRoute::kStaged) CHECK(r.tensors.size() == 1);
   }
   uint64_t covered = 0;
   for (auto& [file, rs] : ranges) {
@@ -95,8 +95,9 @@ TEST_CASE("plan: device maps route tensors, GPU tensors are always staged") {
   one.device_map = "cuda:1";
   auto all_on_one = Plan(ckpt, one);
   REQUIRE(all_on_one.ok());
-  for (const TensorPlan& t : all_on_one->tensors) CHECK(t.device == "cuda:1");
-  for (const ReadChunk& r : all_on_one->reads) CHECK(r.staged);
+  REQUIRE(all_on_one->targets == std::vector<Device>{Device::Cuda(1)});
+  for (const TensorPlan& t : all_on_one->tensors) CHECK(t.device == 0);
+  for (const ReadChunk& r : all_on_one->reads) CHECK(r.route == ReadRoute::kStaged);
   CHECK(all_on_one->devices.device_map.ToJson() == R"({"": 1})");
 
   PlanOptions balanced;
@@ -106,11 +107,12 @@ TEST_CASE("plan: device maps route tensors, GPU tensors are always staged") {
   auto split = Plan(ckpt, balanced);
   REQUIRE(split.ok());
   std::set<std::string> used;
-  for (const TensorPlan& t : split->tensors) used.insert(t.device);
+  for (uint32_t t = 0; t < split->tensors.size(); ++t) used.insert(split->device_of(t).ToString());
   CHECK(used.count("cuda:0") == 1);
   CHECK(used.size() >= 2);
-  for (const TensorPlan& t : split->tensors) {
-    CHECK(split->devices.device_map.Lookup(ckpt.tensors()[t.source].name)->ToString() == t.device);
+  for (uint32_t t = 0; t < split->tensors.size(); ++t) {
+    CHECK(*split->devices.device_map.Lookup(ckpt.tensors()[split->tensors[t].source].name) ==
+          split->device_of(t));
   }
 }
 

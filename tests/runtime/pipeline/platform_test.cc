@@ -56,7 +56,7 @@ TEST_CASE("platform: auto with no max_memory uses both GPUs of a simulated machi
   auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   std::set<std::string> devices;
-  for (const TensorPlan& t : plan->tensors) devices.insert(t.device);
+  for (uint32_t t = 0; t < plan->tensors.size(); ++t) devices.insert(plan->device_of(t).ToString());
   CHECK(devices == std::set<std::string>{"cuda:0", "cuda:1"});
   // The same options on this machine (no GPU here, or real ones) never invent a simulated one.
   PlanOptions here = po;

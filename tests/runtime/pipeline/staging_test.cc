@@ -1,4 +1,4 @@
-// Cold reads through staging (LoaderOptions::stage_cold_reads): tensors the reader would fetch
+// Cold reads through staging (ReadRouteOptions::stage_cold_reads): tensors the reader would fetch
 // from the device are read into reused staging and copied into place by the workers.
 #include <atomic>
 #include <fstream>
@@ -26,12 +26,13 @@ size_t Count(const std::string& text, const std::string& what) {
 TEST_CASE("staging: cold tensors are staged and copied byte-exact, off means in place") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
-  REQUIRE(plan.ok());
   const bool stage = GENERATE(true, false);
+  PlanOptions po;
+  po.routes.stage_cold_reads = stage;
+  po.routes.fill_fresh_pages = false;  // with them, every large CPU read is a fresh-pages read
+  auto plan = Plan(ckpt, po);
+  REQUIRE(plan.ok());
   LoaderOptions lo;
-  lo.stage_cold_reads = stage;
-  lo.fill_fresh_pages = false;  // with them, every CPU tensor is staged
   std::atomic<int> asked{0};
   Loader loader(ColdReads(&asked, {}, lo));
   LoadOptions options;
@@ -47,15 +48,22 @@ TEST_CASE("staging: cold tensors are staged and copied byte-exact, off means in 
   CHECK(load.progress().bytes_placed == ckpt.total_bytes());
   const std::string trace = testing::TraceText(load, dir);
   size_t in_place = 0;
-  for (const ReadChunk& chunk : plan->reads) in_place += !chunk.staged;
+  for (const ReadChunk& chunk : plan->reads) {
+    in_place += chunk.route != ReadRoute::kStaged;
+    if (chunk.route != ReadRoute::kStaged) {
+      CHECK(chunk.route == (stage ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace));
+    }
+  }
   REQUIRE(in_place > 2);
-  // Each in-place chunk found cold is read into staging and copied by a worker: one read and
-  // one copy on that route each.
+  // Each chunk staged when cold, found cold, is read into staging and copied by a worker: one
+  // read and one copy on that route each, and the trace says which route it took.
   const std::string cold_copy = R"("cat":"copy")";
   size_t cold_copies = 0, cold_reads = 0;
   for (size_t at = trace.find("\n"); at != std::string::npos; at = trace.find("\n", at + 1)) {
     const std::string line = trace.substr(at + 1, trace.find("\n", at + 1) - at - 1);
-    if (line.find(R"x("route":"staged (cold)")x") == std::string::npos) continue;
+    if (line.find(R"x("planned":"staged when cold","route":"staged")x") == std::string::npos) {
+      continue;
+    }
     cold_copies += line.find(cold_copy) != std::string::npos;
     cold_reads += line.find(R"("cat":"read")") != std::string::npos;
   }
@@ -73,13 +81,14 @@ TEST_CASE("staging: cold tensors are staged and copied byte-exact, off means in 
 TEST_CASE("staging: EIO in a cold staged read fails cleanly, the slot and Loader are reusable") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt);
+  PlanOptions po;
+  po.routes.fill_fresh_pages = GENERATE(false, true);  // with fresh pages, every read is staged
+  auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   const TensorInfo* victim = ckpt.Find("model.embed_tokens.weight");  // in place when warm
   REQUIRE(victim != nullptr);
   LoaderOptions lo;
   lo.staging_bytes = 1;  // two slots: a leaked one would stall the next load
-  lo.fill_fresh_pages = GENERATE(false, true);  // with fresh pages, every read is staged
   std::atomic<int> asked{0};
   io::FaultOptions faults;
   faults.eio_at.push_back({victim->file, victim->offset + victim->nbytes / 3});
@@ -91,7 +100,7 @@ TEST_CASE("staging: EIO in a cold staged read fails cleanly, the slot and Loader
   REQUIRE(status.code() == StatusCode::kIOError);
   CHECK_THAT(std::string(status.message()), Catch::Contains(victim->name));
   CHECK(load.Tensors().empty());
-  if (!lo.fill_fresh_pages) CHECK(asked.load() > 0);
+  if (!po.routes.fill_fresh_pages) CHECK(asked.load() > 0);
 
   faults_on->store(false);
   LoadHandle again = loader.Load(ckpt, *plan);

@@ -117,8 +117,8 @@ inline Checkpoint WriteMixedCheckpoint(const TempDir& dir, uint64_t max_shard = 
 
 // The mixed checkpoint in a temporary folder, and its default plan.
 struct MixedModel {
-  static LoadPlan PlanOf(const Checkpoint& ckpt) {
-    auto plan = Plan(ckpt);
+  static LoadPlan PlanOf(const Checkpoint& ckpt, const PlanOptions& options = {}) {
+    auto plan = Plan(ckpt, options);
     REQUIRE(plan.ok());
     return *std::move(plan);
   }

@@ -66,8 +66,11 @@ void CheckTrace(const json& doc, const Checkpoint& ckpt, bool overlapping) {
       CHECK(files.count(e["args"]["file"].get<std::string>()) == 1);
       REQUIRE(e["args"]["tensors"].size() >= 1);
       for (const auto& t : e["args"]["tensors"]) CHECK(ckpt.Find(t.get<std::string>()) != nullptr);
+      // Reads take one of the two routes that read into memory; the plan's route is kept too.
       const std::string route = e["args"]["route"];
-      CHECK((route == "in place" || route == "staged" || route == "staged (cold)"));
+      CHECK((route == "in place" || route == "staged"));
+      const std::string planned = e["args"]["planned"];
+      CHECK((planned == route || planned == "staged when cold" || planned == "fresh pages"));
       CHECK(e["name"].get<std::string>().starts_with("read "));
     }
     if (e["cat"] == "copy") {
@@ -93,9 +96,9 @@ TEST_CASE("trace: named tracks, nested events, reads by file and tensor, as stor
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   {
     // Fresh pages off: the large tensors are read in place, many reads in flight at once.
-    LoaderOptions in_place;
-    in_place.fill_fresh_pages = false;
-    const json plain = Traced(ckpt, {}, dir, in_place);
+    PlanOptions in_place;
+    in_place.routes.fill_fresh_pages = false;
+    const json plain = Traced(ckpt, in_place, dir);
     CheckTrace(plain, ckpt, /*overlapping=*/true);
     size_t converts = 0;
     for (const auto& e : plain["traceEvents"]) converts += e.value("cat", "") == "convert";

@@ -1,0 +1,25 @@
+#include "runtime/pipeline/routes.h"
+
+namespace loadstone::pipeline {
+
+ReadRoute RouteAtStart(ReadRoute planned, const ReadRouteOptions& options, const StartFacts& facts) {
+  ReadRoute route = planned;
+  if (route == ReadRoute::kFreshPages && !facts.fresh_pages) {
+    route = options.stage_cold_reads ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace;
+  }
+  if (route == ReadRoute::kStagedWhenCold && !facts.direct_io) route = ReadRoute::kInPlace;
+  return route;
+}
+
+ReadRoute RouteAtTurn(ReadRoute route, const TurnFacts& facts) {
+  switch (route) {
+    case ReadRoute::kFreshPages:
+      return facts.cached ? ReadRoute::kPageCacheCopy : ReadRoute::kStaged;
+    case ReadRoute::kStagedWhenCold:
+      return facts.cold ? ReadRoute::kStaged : ReadRoute::kInPlace;
+    default:
+      return route;
+  }
+}
+
+}  // namespace loadstone::pipeline

@@ -1,0 +1,37 @@
+// The route rules: where a fact the plan cannot know changes the route it gave a read. There are
+// two moments, and these are the only places the executor departs from LoadPlan::reads[i].route:
+// when the load starts (what this Loader can do) and when the read's turn comes (where its bytes
+// are). Everything else carries the route out as it is.
+#ifndef LOADSTONE_RUNTIME_PIPELINE_ROUTES_H_
+#define LOADSTONE_RUNTIME_PIPELINE_ROUTES_H_
+
+#include "loadstone/plan.h"
+
+namespace loadstone::pipeline {
+
+// What the Loader can do, known once the load has started.
+struct StartFacts {
+  bool fresh_pages = false;  // userfaultfd opened (FreshPages::Open)
+  bool direct_io = false;    // LoaderOptions::direct_io: reads may bypass the page cache
+};
+
+// The route `planned` becomes for this load:
+// - kFreshPages without fresh pages: the route the read has without them (kStagedWhenCold, or
+//   kInPlace when cold reads are not staged), then the next rule;
+// - kStagedWhenCold without direct I/O: kInPlace (every read comes through the page cache, so
+//   staging would only add a copy).
+ReadRoute RouteAtStart(ReadRoute planned, const ReadRouteOptions& options, const StartFacts& facts);
+
+// Where a read's bytes are when its turn comes; each is asked only of the route that needs it.
+struct TurnFacts {
+  bool cached = false;  // kFreshPages: the reader offers a view of them in the page cache
+  bool cold = false;    // kStagedWhenCold: the reader would fetch them from the device
+};
+
+// The route taken: kFreshPages → kPageCacheCopy when cached, else kStaged; kStagedWhenCold →
+// kStaged when cold, else kInPlace; any other route as it is.
+ReadRoute RouteAtTurn(ReadRoute route, const TurnFacts& facts);
+
+}  // namespace loadstone::pipeline
+
+#endif  // LOADSTONE_RUNTIME_PIPELINE_ROUTES_H_
