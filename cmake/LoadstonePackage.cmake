@@ -5,7 +5,8 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(LOADSTONE_PARTS loadstone_io loadstone_convert loadstone_device loadstone_planner loadstone_pipeline)
+set(LOADSTONE_PARTS loadstone_io loadstone_convert loadstone_device loadstone_planner loadstone_plan
+  loadstone_pipeline)
 if(LOADSTONE_HAVE_CUDA)
   list(APPEND LOADSTONE_PARTS loadstone_cuda)
 endif()

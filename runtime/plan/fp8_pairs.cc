@@ -1,12 +1,12 @@
 // Which float8 weights are dequantized with which scales (plan.h, PlanOptions::fp8_block).
-#include "runtime/pipeline/fp8_pairs.h"
+#include "runtime/plan/fp8_pairs.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "runtime/convert/fp8_block.h"
 
-namespace loadstone::pipeline {
+namespace loadstone::planning {
 namespace {
 
 std::string ShapeString(const std::vector<uint64_t>& shape) {
@@ -87,4 +87,4 @@ Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
 }
 
 
-}  // namespace loadstone::pipeline
+}  // namespace loadstone::planning

@@ -6,7 +6,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "test_model.h"
+#include "tests/runtime/pipeline/test_model.h"
 
 namespace loadstone {
 namespace {

@@ -1,7 +1,7 @@
 // Scaled float8 weights: which weight is dequantized with which scales and block (plan.h,
 // PlanOptions::fp8_block; specs/quant.md, "FP8 weights").
-#ifndef LOADSTONE_RUNTIME_PIPELINE_FP8_PAIRS_H_
-#define LOADSTONE_RUNTIME_PIPELINE_FP8_PAIRS_H_
+#ifndef LOADSTONE_RUNTIME_PLAN_FP8_PAIRS_H_
+#define LOADSTONE_RUNTIME_PLAN_FP8_PAIRS_H_
 
 #include <array>
 #include <cstddef>
@@ -11,7 +11,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/plan.h"
 
-namespace loadstone::pipeline {
+namespace loadstone::planning {
 
 struct Fp8Pair {
   size_t scale = 0;  // index into Checkpoint::tensors
@@ -27,6 +27,6 @@ Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
                                                 const PlanOptions& options,
                                                 std::array<uint64_t, 2> block);
 
-}  // namespace loadstone::pipeline
+}  // namespace loadstone::planning
 
-#endif  // LOADSTONE_RUNTIME_PIPELINE_FP8_PAIRS_H_
+#endif  // LOADSTONE_RUNTIME_PLAN_FP8_PAIRS_H_

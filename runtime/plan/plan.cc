@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -13,31 +12,12 @@
 
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
-#include "runtime/pipeline/fp8_pairs.h"
+#include "runtime/plan/fp8_pairs.h"
+#include "runtime/plan/schedule.h"
 #include "runtime/planner/planner.h"
 
 namespace loadstone {
 namespace {
-
-// Natural order of dotted names: numeric components compare as numbers ("layers.2" before
-// "layers.10"), the rest as text.
-bool NaturalLess(std::string_view a, std::string_view b) {
-  while (!a.empty() && !b.empty()) {
-    const size_t ea = std::min(a.find('.'), a.size()), eb = std::min(b.find('.'), b.size());
-    const std::string_view ca = a.substr(0, ea), cb = b.substr(0, eb);
-    uint64_t na = 0, nb = 0;
-    const bool num_a = !ca.empty() && std::from_chars(ca.data(), ca.data() + ca.size(), na).ptr ==
-                                          ca.data() + ca.size();
-    const bool num_b = !cb.empty() && std::from_chars(cb.data(), cb.data() + cb.size(), nb).ptr ==
-                                          cb.data() + cb.size();
-    if (num_a && num_b && na != nb) return na < nb;
-    if (num_a != num_b) return num_a;  // numbers before names at the same level
-    if (ca != cb) return ca < cb;
-    a.remove_prefix(std::min(ea + 1, a.size()));
-    b.remove_prefix(std::min(eb + 1, b.size()));
-  }
-  return a.size() < b.size();
-}
 
 bool IsReducedFloat(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16; }
 
@@ -160,93 +140,6 @@ void CountUsage(const LoadPlan& plan, const std::vector<Device>& device_of,
             [](const DeviceUsage& a, const DeviceUsage& b) { return a.device < b.device; });
 }
 
-// The first route rule, for a whole tensor: what a read of CPU tensor `tp`, alone in its read,
-// takes by the plan's options (ReadRouteOptions).
-ReadRoute CpuRoute(const TensorPlan& tp, const ReadRouteOptions& routes) {
-  if (tp.conversion != Conversion::kNone) return ReadRoute::kStaged;
-  if (routes.mmap) return ReadRoute::kMapped;
-  if (tp.fresh_pages) return ReadRoute::kFreshPages;
-  return routes.stage_cold_reads ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace;
-}
-
-// Which CPU tensors go into fresh pages (ReadRouteOptions::fill_fresh_pages): 64 KiB and more
-// (smaller ones are not worth a mapping of their own), unless mapped.
-void ChooseFreshPages(LoadPlan* plan) {
-  constexpr uint64_t kFreshMin = 64 << 10;
-  if (!plan->routes.fill_fresh_pages) return;
-  for (uint32_t i = 0; i < plan->tensors.size(); ++i) {
-    TensorPlan& tp = plan->tensors[i];
-    tp.fresh_pages = plan->device_of(i) == Device::Cpu() && tp.nbytes >= kFreshMin &&
-                     !(plan->routes.mmap && tp.conversion == Conversion::kNone);
-  }
-}
-
-// The read schedule: large tensors in pieces of max_chunk, each routed by CpuRoute (or staged
-// for a device); small ones (or small converted ones) gathered, then coalesced with their file
-// neighbours into staged reads (mapped ones are not read, so never coalesced); reads ordered
-// by the priority of their first tensor.
-void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
-                   const PlanOptions& options, LoadPlan* out) {
-  LoadPlan& plan = *out;
-  std::vector<std::pair<uint32_t, ReadChunk>> keyed;  // (priority, read)
-  std::vector<uint32_t> small;
-  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
-    const TensorPlan& tp = plan.tensors[i];
-    const TensorInfo& src = infos[tp.source];
-    plan.read_bytes += src.nbytes;
-    if (src.nbytes == 0) continue;
-    const ReadRoute route = plan.device_of(i) == Device::Cpu() ? CpuRoute(tp, plan.routes)
-                                                                 : ReadRoute::kStaged;
-    // A dequantized weight and its scales are never coalesced: the scales' read then comes
-    // before every read of the weight, whose conversion waits for them.
-    const bool fp8_pair = tp.conversion == Conversion::kDequantFp8Block || is_scale[tp.source];
-    if (src.nbytes < options.coalesce_below && !fp8_pair && route != ReadRoute::kMapped) {
-      small.push_back(i);
-      continue;
-    }
-    for (uint64_t done = 0; done < src.nbytes; done += options.max_chunk) {
-      keyed.push_back({i, {src.file, src.offset + done,
-                           std::min(options.max_chunk, src.nbytes - done), {i}, route}});
-    }
-  }
-  std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
-    const TensorInfo& x = infos[plan.tensors[a].source];
-    const TensorInfo& y = infos[plan.tensors[b].source];
-    return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
-  });
-  for (uint32_t i : small) {
-    const TensorInfo& src = infos[plan.tensors[i].source];
-    if (!keyed.empty()) {
-      auto& [key, last] = keyed.back();
-      if (last.route == ReadRoute::kStaged && last.file == src.file &&
-          last.offset + last.length == src.offset &&
-          last.length + src.nbytes <= options.max_chunk) {
-        last.length += src.nbytes;
-        last.tensors.push_back(i);
-        key = std::min(key, i);
-        continue;
-      }
-    }
-    keyed.push_back({i, {src.file, src.offset, src.nbytes, {i}, ReadRoute::kStaged}});
-  }
-  std::stable_sort(keyed.begin(), keyed.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
-  plan.reads.reserve(keyed.size());
-  for (auto& [key, read] : keyed) plan.reads.push_back(std::move(read));
-}
-
-// LoadPlan::targets from the device of each planned tensor, and TensorPlan::device into it.
-void IndexTargets(const std::vector<Device>& device_of, LoadPlan* plan) {
-  plan->targets.assign(device_of.begin(), device_of.end());
-  std::sort(plan->targets.begin(), plan->targets.end());
-  plan->targets.erase(std::unique(plan->targets.begin(), plan->targets.end()), plan->targets.end());
-  for (size_t i = 0; i < plan->tensors.size(); ++i) {
-    plan->tensors[i].device = static_cast<uint32_t>(
-        std::lower_bound(plan->targets.begin(), plan->targets.end(), device_of[i]) -
-        plan->targets.begin());
-  }
-}
-
 Status CheckOptions(const PlanOptions& options) {
   if (options.dtype && !IsCastTarget(*options.dtype)) {
     return Status::InvalidArgument(fmt::format(
@@ -259,21 +152,10 @@ Status CheckOptions(const PlanOptions& options) {
   return Status::OK();
 }
 
-// Priority order: shard order, then natural name order within a shard.
-std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos) {
-  std::vector<size_t> order(infos.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (infos[a].file != infos[b].file) return infos[a].file < infos[b].file;
-    return NaturalLess(infos[a].name, infos[b].name);
-  });
-  return order;
-}
-
 // What each tensor becomes (float8 scales: as stored; a scaled float8 weight that is converted:
 // dequantized), known before any device is.
 Result<std::vector<Target>> Targets(const std::vector<TensorInfo>& infos, const PlanOptions& options,
-                                    const std::map<size_t, pipeline::Fp8Pair>& fp8_pairs,
+                                    const std::map<size_t, planning::Fp8Pair>& fp8_pairs,
                                     const std::vector<bool>& is_scale) {
   PlanOptions as_stored = options;
   as_stored.dtype.reset();
@@ -294,7 +176,7 @@ class TensorPlanner {
  public:
   TensorPlanner(const Checkpoint& checkpoint, const PlanOptions& options,
                 const std::vector<Target>& targets,
-                const std::map<size_t, pipeline::Fp8Pair>& fp8_pairs,
+                const std::map<size_t, planning::Fp8Pair>& fp8_pairs,
                 const std::vector<bool>& is_scale, LoadPlan* plan)
       : infos_(checkpoint.tensors()), options_(options), targets_(targets),
         fp8_pairs_(fp8_pairs), is_scale_(is_scale), plan_(*plan) {
@@ -352,7 +234,7 @@ class TensorPlanner {
   }
 
   // A weight with scales: the scales first, as stored; a dequantized weight points at them.
-  Status AddFp8Pair(size_t index, const pipeline::Fp8Pair& pair) {
+  Status AddFp8Pair(size_t index, const planning::Fp8Pair& pair) {
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, Add(pair.scale));
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, Add(index));
     if (targets_[index].conversion == Conversion::kNone) return Status::OK();
@@ -372,7 +254,7 @@ class TensorPlanner {
   const std::vector<TensorInfo>& infos_;
   const PlanOptions& options_;
   const std::vector<Target>& targets_;
-  const std::map<size_t, pipeline::Fp8Pair>& fp8_pairs_;
+  const std::map<size_t, planning::Fp8Pair>& fp8_pairs_;
   const std::vector<bool>& is_scale_;
   LoadPlan& plan_;
   std::unordered_map<std::string_view, Device> buffer_device_;  // placed apart from the map
@@ -392,7 +274,7 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
                        ? *checkpoint.config().weight_block_size
                        : std::array<uint64_t, 2>{128, 128};
   LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs,
-                             pipeline::PairFp8Scales(checkpoint, options, plan.fp8_block));
+                             planning::PairFp8Scales(checkpoint, options, plan.fp8_block));
   std::vector<bool> is_scale(infos.size());
   for (const auto& [w, pair] : fp8_pairs) is_scale[pair.scale] = true;
   LOADSTONE_ASSIGN_OR_RETURN(const std::vector<Target> targets,
@@ -402,12 +284,12 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   plan.devices.warnings.clear();
   WarnIneffective(checkpoint, options, &plan.warnings);
   TensorPlanner planner(checkpoint, options, targets, fp8_pairs, is_scale, &plan);
-  LOADSTONE_RETURN_IF_ERROR(planner.AddAll(PriorityOrder(infos)));
+  LOADSTONE_RETURN_IF_ERROR(planner.AddAll(planning::PriorityOrder(infos)));
   CountUsage(plan, planner.device_of(), &plan.devices.usage);
-  IndexTargets(planner.device_of(), &plan);
+  planning::IndexTargets(planner.device_of(), &plan);
   plan.routes = options.routes;
-  ChooseFreshPages(&plan);
-  ScheduleReads(infos, is_scale, options, &plan);
+  planning::ChooseFreshPages(&plan);
+  planning::ScheduleReads(infos, is_scale, options, &plan);
   return plan;
 }
 

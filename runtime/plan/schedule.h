@@ -1,0 +1,36 @@
+// The order and the read schedule of a LoadPlan (plan.h): which tensor comes first, which go
+// into fresh pages, and every read with its route. Plan() (plan.cc) calls these once the
+// tensors' devices, dtypes and conversions are known.
+#ifndef LOADSTONE_RUNTIME_PLAN_SCHEDULE_H_
+#define LOADSTONE_RUNTIME_PLAN_SCHEDULE_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "loadstone/plan.h"
+
+namespace loadstone::planning {
+
+// Priority order (indices into `infos`): shard order, then natural name order within a shard
+// ("layers.2" before "layers.10").
+std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos);
+
+// LoadPlan::targets from the device of each planned tensor (`device_of[i]` holds tensor i),
+// and TensorPlan::device as an index into it.
+void IndexTargets(const std::vector<Device>& device_of, LoadPlan* plan);
+
+// TensorPlan::fresh_pages: CPU tensors of 64 KiB and more, unless mapped, when
+// plan->routes.fill_fresh_pages.
+void ChooseFreshPages(LoadPlan* plan);
+
+// LoadPlan::reads and read_bytes: large tensors in pieces of max_chunk, each routed by its
+// tensor and plan->routes (staged for a device or a conversion); small ones coalesced with their
+// file neighbours into staged reads (mapped ones are not read, so never coalesced); reads in the
+// priority order of their first tensor. `is_scale[i]`: checkpoint tensor i is a float8 weight's
+// scales (never coalesced, so that it is read before its weight).
+void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
+                   const PlanOptions& options, LoadPlan* plan);
+
+}  // namespace loadstone::planning
+
+#endif  // LOADSTONE_RUNTIME_PLAN_SCHEDULE_H_
