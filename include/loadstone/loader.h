@@ -208,10 +208,11 @@ class LoadHandle {
   // Writes the Chrome trace-event JSON of this load (needs LoadOptions::trace) to `path`.
   Status WriteTrace(const std::string& path) const;
 
-  struct State;
-  explicit LoadHandle(std::shared_ptr<State> state);
+  struct State;  // runtime/pipeline/load_state.h
 
  private:
+  friend class Loader;  // the only maker of handles
+  explicit LoadHandle(std::shared_ptr<State> state);
   std::shared_ptr<State> state_;
 };
 
@@ -228,26 +229,10 @@ class Loader {
   LoadHandle Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                   const LoadOptions& options = {});
 
-  struct Impl;
-
  private:
+  struct Impl;  // runtime/pipeline/loader.cc
   std::unique_ptr<Impl> impl_;
 };
-
-// The raw read ceiling of a set of files: reads every byte into a small scratch ring (nothing is
-// kept) with io_uring, O_DIRECT where possible, `queue_depth` reads of `chunk` bytes in flight.
-struct RawReadOptions {
-  int queue_depth = 32;
-  uint64_t chunk = 4ULL << 20;
-  bool direct = true;
-};
-struct RawReadResult {
-  uint64_t bytes = 0;
-  double seconds = 0;
-  std::string backend;
-};
-Result<RawReadResult> MeasureRawRead(const std::vector<std::string>& paths,
-                                     const RawReadOptions& options = {});
 
 }  // namespace loadstone
 

@@ -5,7 +5,7 @@
 
 #include "io/file.h"
 #include "io/reader.h"
-#include "loadstone/loader.h"
+#include "loadstone/diagnostics.h"
 #include "runtime/pipeline/host_buffer.h"
 
 namespace loadstone {

@@ -34,7 +34,7 @@ Result<ModeChoice> ParseDeviceMapString(std::string_view text) {
 
 Status CheckDeviceMap(const ModuleTree& tree, const DeviceMap& map,
                       std::vector<std::string>* warnings) {
-  const ModuleTree::Impl& impl = tree.impl();
+  const ModuleTree::Impl& impl = ModuleTreeAccess::Get(tree);
   std::vector<std::string> invalid;
   for (const DeviceMap::Entry& e : map.entries()) {
     if (!e.prefix.empty() && impl.FindNode(e.prefix) < 0) invalid.push_back(e.prefix);

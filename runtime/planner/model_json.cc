@@ -296,7 +296,7 @@ Result<ModelDescription> ParseModelDescription(std::string_view json_text) {
       parser.ResolveTies();
       impl->Finish();  // number the tied names added to their modules
     }
-    ModelDescription description{ModuleTree(std::move(impl)), DeviceMapOptions{}};
+    ModelDescription description{ModuleTreeAccess::Make(std::move(impl)), DeviceMapOptions{}};
     LOADSTONE_RETURN_IF_ERROR(ParseOptions(doc, &description.options));
     return description;
   });

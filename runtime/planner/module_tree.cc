@@ -304,7 +304,7 @@ Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
           "'{}' is both a tensor and a module prefix of other tensors", tensor.name));
     }
   }
-  return ModuleTree(std::move(impl));
+  return ModuleTreeAccess::Make(std::move(impl));
 }
 
 }  // namespace loadstone

@@ -104,6 +104,14 @@ struct ModuleTree::Impl {
   int32_t FindTensor(std::string_view name) const;  // -1 when absent
 };
 
+// How the planner makes trees and reads them (ModuleTree's constructor is private).
+struct ModuleTreeAccess {
+  static ModuleTree Make(std::shared_ptr<const ModuleTree::Impl> impl) {
+    return ModuleTree(std::move(impl));
+  }
+  static const ModuleTree::Impl& Get(const ModuleTree& tree) { return *tree.impl_; }
+};
+
 }  // namespace loadstone
 
 #endif  // LOADSTONE_RUNTIME_PLANNER_MODULE_TREE_H_

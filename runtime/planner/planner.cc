@@ -231,7 +231,7 @@ Status PlaceModules(const ModuleTree::Impl& impl, const DeviceMapOptions& option
 
 Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapOptions& options,
                                         const PlacedDTypes& placed) {
-  const ModuleTree::Impl& impl = tree.impl();
+  const ModuleTree::Impl& impl = ModuleTreeAccess::Get(tree);
   const Platform& platform = device::OrDefault(options.platform);
   DevicePlan plan;
   LOADSTONE_ASSIGN_OR_RETURN(ModeChoice mode, ParseDeviceMapString(options.device_map));

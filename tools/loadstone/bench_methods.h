@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "loadstone/checkpoint.h"
+#include "loadstone/diagnostics.h"
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
 

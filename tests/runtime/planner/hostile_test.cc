@@ -106,7 +106,7 @@ TEST_CASE("hostile: a tensor name past the planner's name bounds") {
   auto ok_tree = ModuleTree::FromCheckpoint(*Checkpoint::Open(dir.Path("ok.safetensors")));
   REQUIRE(ok_tree.ok());
   CHECK(ok_tree->num_modules() == planner::kMaxNameDepth - 1);
-  const auto& impl = ok_tree->impl();
+  const auto& impl = ModuleTreeAccess::Get(*ok_tree);
   CHECK(impl.nodes.back().name.data() == impl.tensors.back().name.data());  // a view, not a copy
 }
 
