@@ -8,8 +8,10 @@
 //   opt.device_map = "auto";
 //   opt.platform = capacity;                              // plan for it
 //
-// A Loader on a simulated platform places "cuda:N" tensors on simulated devices (host memory
-// behind the device interface), so the same plan runs end to end without a GPU.
+// A simulated platform is for planning: the production library has no device behind its GPUs,
+// so a Loader on it loads CPU tensors and refuses a plan that puts tensors on them. Tests and
+// tools that run such plans end to end (`loadstone load --assume-gpus`) take their platform from
+// runtime/sim/ (SimulatedPlatformWithDevices: host memory behind the device interface).
 //
 // Thread safety: a Platform is immutable; share it freely.
 #ifndef LOADSTONE_PLATFORM_H_
@@ -47,6 +49,7 @@ class Platform {
   // This machine: its GPUs through the CUDA backend when it is built, its host memory
   // (MemAvailable), its page size. Probed on first use; every call returns the same object.
   static std::shared_ptr<const Platform> Default();
+  // A machine you are not on, for planning (see above).
   static std::shared_ptr<const Platform> Simulated(const SimulatedMachine& machine);
 
   ~Platform();

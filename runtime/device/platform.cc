@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include "runtime/device/platform_impl.h"
-#include "runtime/device/sim_device.h"
 
 namespace loadstone {
 namespace {
@@ -94,14 +93,12 @@ std::shared_ptr<const Platform> Platform::Simulated(const SimulatedMachine& mach
   if (machine.host_bytes) {
     impl.host_bytes = [bytes = *machine.host_bytes]() -> Result<uint64_t> { return bytes; };
   }
-  impl.open_devices = [gpus, description = impl.description](std::string* log) {
-    device::DeviceSet devices;
-    for (const PlatformGpu& gpu : gpus) {
-      devices.push_back(std::make_shared<device::SimDevice>(
-          device::SimDeviceOptions{.name = gpu.name, .memory_bytes = gpu.memory_bytes}));
+  impl.open_devices = [description = impl.description](std::string* log) {
+    if (log) {
+      *log = description + ": planning only (simulated devices come from runtime/sim/, for tests "
+                           "and tools)";
     }
-    if (log) *log = description + " (host memory behind the device interface)";
-    return devices;
+    return device::DeviceSet{};
   };
   return PlatformAccess::Make(std::move(impl));
 }

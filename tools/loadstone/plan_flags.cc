@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/sim/simulated_platform.h"
 #include "tools/loadstone/parse.h"
 
 namespace loadstone::cli {
@@ -163,7 +164,7 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   o.routes.fill_fresh_pages = !no_fresh_pages;
   if (!assume_gpus.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus));
-    o.platform = Platform::Simulated(machine);
+    o.platform = SimulatedPlatformWithDevices(machine);  // `load` runs the plan on them
   }
   return in;
 }

@@ -14,7 +14,7 @@
 #include "loadstone/loader.h"
 #include "loadstone/writer.h"
 #include "runtime/convert/fp8_block.h"
-#include "runtime/device/sim_device.h"
+#include "runtime/sim/sim_device.h"
 #include "tests/runtime/pipeline/test_platform.h"
 #include "test_model.h"
 

@@ -6,6 +6,7 @@
 
 #include "loadstone/loader.h"
 #include "loadstone/platform.h"
+#include "runtime/sim/simulated_platform.h"
 #include "test_model.h"
 
 namespace loadstone {
@@ -65,8 +66,17 @@ TEST_CASE("platform: auto with no max_memory uses both GPUs of a simulated machi
   REQUIRE(local.ok());
   CHECK(local->devices.usage.size() == Platform::Default()->Gpus().size() + 1);
 
+  // Platform::Simulated is for planning: the production library has no device behind its GPUs.
+  LoaderOptions planning_only;
+  planning_only.platform = po.platform;
+  const Status refused = Loader(planning_only).Load(ckpt, *plan).Done().get();
+  REQUIRE(refused.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("planning only"));
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("runtime/sim/"));
+
+  // The same machine with simulated devices behind it (runtime/sim/, test and tool support).
   LoaderOptions lo;
-  lo.platform = po.platform;
+  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(2, 2 * ckpt.total_bytes()));
   Loader loader(lo);
   LoadHandle load = loader.Load(ckpt, *plan);
   REQUIRE(load.Done().get().ok());
@@ -96,7 +106,7 @@ TEST_CASE("platform: a plan for more GPUs than the Loader's machine has is refus
   auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   LoaderOptions lo;
-  lo.platform = Platform::Simulated(SimulatedMachine::Gpus(1, 1ULL << 30));
+  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
   Loader loader(lo);
   const Status s = loader.Load(ckpt, *plan).Done().get();
   REQUIRE(s.code() == StatusCode::kInvalidArgument);

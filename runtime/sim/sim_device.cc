@@ -1,4 +1,4 @@
-#include "runtime/device/sim_device.h"
+#include "runtime/sim/sim_device.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -2,8 +2,8 @@
 // its own with an optional latency and bandwidth cap, conversions use the CPU reference casts.
 // It lets CI test ordering, backpressure, staging recycling, multi-device routing,
 // cancellation and faults without a GPU.
-#ifndef LOADSTONE_RUNTIME_DEVICE_SIM_DEVICE_H_
-#define LOADSTONE_RUNTIME_DEVICE_SIM_DEVICE_H_
+#ifndef LOADSTONE_RUNTIME_SIM_SIM_DEVICE_H_
+#define LOADSTONE_RUNTIME_SIM_SIM_DEVICE_H_
 
 #include <atomic>
 #include <chrono>
@@ -69,4 +69,4 @@ class SimDevice final : public Device {
 
 }  // namespace loadstone::device
 
-#endif  // LOADSTONE_RUNTIME_DEVICE_SIM_DEVICE_H_
+#endif  // LOADSTONE_RUNTIME_SIM_SIM_DEVICE_H_
