@@ -54,9 +54,10 @@ class Tensor {
   const std::vector<uint64_t>& shape() const { return *shape_; }
   const std::string& device() const { return *device_; }  // "cpu", "cuda:0", ...
   // The memory, valid while any copy of this Tensor lives: host memory for "cpu" (page-aligned
-  // when written into fresh pages, see ReadRouteOptions::fill_fresh_pages; aligned to 64 bytes for
-  // converted tensors, small tensors (under 64 KiB, which share 4 MiB blocks) and with
-  // LoaderOptions::align_tensors; otherwise as the file aligns it), a device address otherwise
+  // when it has fresh pages of its own, see ReadRouteOptions::fill_fresh_pages; aligned to 64
+  // bytes for converted tensors, small converted ones sharing 4 MiB blocks, and with
+  // ReadRouteOptions::align_tensors; otherwise as the file aligns it — small unconverted
+  // tensors share their read's buffer, ReadChunk::shared_buffer), a device address otherwise
   // (never dereference it on the host).
   const std::byte* data() const { return data_; }
   std::byte* mutable_data() const { return data_; }
@@ -128,11 +129,6 @@ struct LoaderOptions {
   int worker_threads = 0;               // conversion workers; 0 = hardware threads
   uint64_t staging_bytes = 256ULL << 20;  // staging pool per load (bounds host memory in use)
   bool direct_io = true;                // O_DIRECT where the file system and alignment allow
-  // false (default): a tensor read in place starts at its file offset's phase within a page,
-  // so that O_DIRECT lands straight in it; its data is then aligned as it is in the file
-  // (safetensors: to 8 bytes relative to the header's end). true: tensor data is 64-byte
-  // aligned, and O_DIRECT needs a bounce copy (measured: about 3x slower cold here).
-  bool align_tensors = false;
 };
 
 struct LoadOptions {

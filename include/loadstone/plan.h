@@ -57,7 +57,7 @@ struct TensorPlan {
 // planned route names both (runtime/pipeline/routes.h holds that rule, and the trace and
 // ReadStats::routes report the route each read took).
 enum class ReadRoute : uint8_t {
-  kInPlace,         // read straight into its tensor's buffer
+  kInPlace,         // read straight into its tensor's (or its tensors' shared) buffer
   kStaged,          // read into staging, then converted, copied or sent to a device
   kStagedWhenCold,  // kStaged when its bytes must come from the device, else kInPlace
   kFreshPages,      // into fresh pages: copied out of the page cache when cached, else kStaged
@@ -85,20 +85,31 @@ std::string_view ReadRouteName(ReadRoute route);
 //   Measured on the 3.6 GiB bench model, interleaved: warm 3.5-4.3 GB/s vs 2.0-2.4 without;
 //   cold the same (the disk's rate). Where userfaultfd is unavailable, the load's backend line
 //   says so and these reads take the route they would have had without it.
+// align_tensors: false (default): a tensor read in place starts at its file offset's phase
+//   within a page, so that O_DIRECT lands straight in it, and small unconverted CPU tensors
+//   that neighbour each other in the file share one buffer (ReadChunk::shared_buffer); their
+//   data is then aligned as it is in the file (safetensors: to 8 bytes relative to the header's
+//   end). true: every CPU tensor's data is 64-byte aligned: small ones are copied one by one
+//   out of staging, and O_DIRECT needs a bounce copy (measured: about 3x slower cold here).
 struct ReadRouteOptions {
   bool mmap = false;
   bool stage_cold_reads = true;
   bool fill_fresh_pages = true;
+  bool align_tensors = false;
 };
 
 // One read: `length` bytes at `offset` of `file`, covering the given tensors' bytes (whole
-// small tensors coalesced, or one piece of a large tensor).
+// small tensors coalesced, or one piece of a large tensor). With `shared_buffer`, its tensors
+// (small, unconverted, on the CPU, neighbours in the file) share one buffer that holds the read's
+// bytes as the file does: the read lands in it as in one tensor, on any route, and each tensor
+// points into it (a tensor kept alive keeps the whole buffer).
 struct ReadChunk {
   uint32_t file = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   std::vector<uint32_t> tensors;  // indices into LoadPlan::tensors, in file order
   ReadRoute route = ReadRoute::kInPlace;
+  bool shared_buffer = false;
 };
 
 // What to plan: the device-map options of device_map.h — every one of them honoured, exactly as

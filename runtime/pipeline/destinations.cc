@@ -69,6 +69,24 @@ Status LoadHandle::State::MapFiles() {
   return Status::OK();
 }
 
+Status LoadHandle::State::EnsureSharedBuffer(uint64_t id) {
+  const ReadChunk& chunk = plan.reads[id];
+  const uint32_t first = chunk.tensors.front();
+  if (tensors[first].buffer) return Status::OK();
+  // In phase with the file, as an in-place tensor (below), so that O_DIRECT lands in it.
+  const uint64_t skew =
+      Fresh(first) || !loader_options.direct_io ? 0 : chunk.offset % pipeline::kHostAlignment;
+  auto block = Fresh(first) ? fresh_->Allocate(chunk.length, budget_)
+                            : pipeline::AllocateHost(chunk.length + skew, budget_);
+  if (!block.ok()) return ChunkError(id, block.status());
+  for (uint32_t t : chunk.tensors) {
+    TensorSlot& slot = tensors[t];
+    slot.data = block->get() + skew + (checkpoint.tensors()[plan.tensors[t].source].offset - chunk.offset);
+    slot.buffer = std::shared_ptr<std::byte>(*block, slot.data);  // aliasing: keeps the block
+  }
+  return Status::OK();
+}
+
 Status LoadHandle::State::EnsureDestination(uint32_t index) {
   TensorSlot& slot = tensors[index];
   if (slot.data || slot.buffer) return Status::OK();
@@ -111,7 +129,7 @@ Status LoadHandle::State::EnsureDestination(uint32_t index) {
   }
   // In place: the first byte sits at the file offset's phase within a page, so that O_DIRECT
   // reads fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
-  const bool in_phase = loader_options.direct_io && !loader_options.align_tensors &&
+  const bool in_phase = loader_options.direct_io && !plan.routes.align_tensors &&
                         tp.conversion == Conversion::kNone;
   const uint64_t skew = in_phase ? src.offset % pipeline::kHostAlignment : 0;
   auto buffer = pipeline::AllocateHost(tp.nbytes + skew, budget_);

@@ -47,17 +47,25 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       budget_(std::make_shared<pipeline::HostMemoryBudget>(options.host_memory_limit)),
       small_tensors_(budget_),
       plan_error_(CheckPlan(checkpoint, plan)) {
+  if (plan_error_.ok()) plan_index_.assign(checkpoint.tensors().size(), ~uint32_t{0});
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     tensors[i].future = tensors[i].promise.get_future().share();
     if (!plan_error_.ok()) continue;  // Start() fails the load; the plan's indices are not used
-    const TensorInfo& src = checkpoint.tensors()[plan.tensors[i].source];
-    by_name.emplace(src.name, i);
-    tensors[i].remaining = src.nbytes;
+    plan_index_[plan.tensors[i].source] = i;
+    tensors[i].remaining = checkpoint.tensors()[plan.tensors[i].source].nbytes;
   }
   if (options.on_tensor) callbacks.Add(options.on_tensor);
   if (options.on_progress) {  // after each tensor, with the progress then (this State outlives it)
     callbacks.Add([this](const loadstone::Tensor&) { options.on_progress(Snapshot()); });
   }
+}
+
+std::optional<uint32_t> LoadHandle::State::IndexOf(std::string_view name) const {
+  const TensorInfo* info = checkpoint.Find(name);
+  if (info == nullptr || plan_index_.empty()) return std::nullopt;
+  const uint32_t index = plan_index_[static_cast<size_t>(info - checkpoint.tensors().data())];
+  if (index == ~uint32_t{0}) return std::nullopt;  // not in this load (PlanOptions::include)
+  return index;
 }
 
 Progress LoadHandle::State::Snapshot() const {
@@ -165,6 +173,15 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   }
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
   callbacks.Deliver(index, slot.future);
+}
+
+void LoadHandle::State::AdvanceChunk(uint64_t id) {
+  const ReadChunk& chunk = plan.reads[id];
+  for (uint32_t t : chunk.tensors) {
+    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+    Advance(t, std::min(chunk.offset + chunk.length, src.offset + src.nbytes) -
+                   std::max(chunk.offset, src.offset));
+  }
 }
 
 void LoadHandle::State::CountRoute(uint64_t id) {

@@ -13,6 +13,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -65,7 +66,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   const LoadPlan plan;
   const LoadOptions options;
   const LoaderOptions loader_options;
-  std::unordered_map<std::string_view, uint32_t> by_name;  // → plan.tensors index
+  // The plan.tensors index of the tensor named `name`, if this load has it (the checkpoint's
+  // own name index, then plan_index_; 4 bytes per tensor where a map of names took ~50).
+  std::optional<uint32_t> IndexOf(std::string_view name) const;
   const device::DeviceSet devices;  // "cuda:N" = devices[N]
   const std::string device_log;
   // The names the tensors handed out point into ("cpu" is device 0, "cuda:N" is N + 1).
@@ -147,7 +150,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // Writes a CPU piece of a staged chunk into tensor `t`, converting as planned.
   Status PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi);
   void Advance(uint32_t tensor, uint64_t source_bytes);
+  void AdvanceChunk(uint64_t chunk);  // every tensor of the chunk by its piece of it
   Status EnsureDestination(uint32_t tensor);
+  // The one buffer of a ReadChunk::shared_buffer chunk, its tensors pointing into it.
+  Status EnsureSharedBuffer(uint64_t chunk);
   Status MapFiles();
   // Corruption naming the file and the first tensor past its end when file `file` no longer has
   // the size it had when the checkpoint was opened (`needed` == 0) or is shorter than `needed`.
@@ -161,6 +167,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::string TraceLabel(uint64_t chunk) const;
   std::string TraceArgs(uint64_t chunk) const;
 
+  std::vector<uint32_t> plan_index_;  // per checkpoint tensor: its plan.tensors index, or ~0
   const ReaderFactory reader_factory_;
   const size_t workers_count_;  // threads in `workers`
   std::shared_ptr<pipeline::HostMemoryBudget> budget_;

@@ -154,11 +154,9 @@ std::shared_future<Tensor> LoadHandle::Tensor(std::string_view name) const {
     return missing.get_future().share();
   };
   if (!state_) return failed(NoLoad());
-  auto it = state_->by_name.find(name);
-  if (it == state_->by_name.end()) {
-    return failed(Status::NotFound(fmt::format("no tensor '{}' in this load", name)));
-  }
-  return state_->tensors[it->second].future;
+  const std::optional<uint32_t> index = state_->IndexOf(name);
+  if (!index) return failed(Status::NotFound(fmt::format("no tensor '{}' in this load", name)));
+  return state_->tensors[*index].future;
 }
 
 Status LoadHandle::OnTensor(std::function<void(const loadstone::Tensor&)> callback) {
@@ -176,11 +174,9 @@ Status LoadHandle::OnDone(std::function<void(Status)> callback) {
 Status LoadHandle::OnTensorReady(std::string_view name,
                                  std::function<void(Status, loadstone::Tensor)> callback) {
   if (!state_) return NoLoad();
-  auto it = state_->by_name.find(name);
-  if (it == state_->by_name.end()) {
-    return Status::NotFound(fmt::format("no tensor '{}' in this load", name));
-  }
-  state_->callbacks.AddTensorWaiter(it->second, std::move(callback));
+  const std::optional<uint32_t> index = state_->IndexOf(name);
+  if (!index) return Status::NotFound(fmt::format("no tensor '{}' in this load", name));
+  state_->callbacks.AddTensorWaiter(*index, std::move(callback));
   return Status::OK();
 }
 

@@ -21,6 +21,9 @@ void LoadHandle::State::Pump() {
          reads_in_flight_ < static_cast<size_t>(loader_options.queue_depth) * 2) {
     const uint64_t id = next_read_;
     const ReadChunk& chunk = plan.reads[id];
+    if (chunk.shared_buffer) {
+      if (Status s = EnsureSharedBuffer(id); !s.ok()) return fail(s);
+    }
     for (uint32_t t : chunk.tensors) {
       if (Status s = EnsureDestination(t); !s.ok()) return fail(s);
     }
@@ -58,7 +61,7 @@ void LoadHandle::State::Pump() {
     chunks_[id].route = route;
     CountRoute(id);
     ++next_read_;
-    if (route == ReadRoute::kMapped) Advance(chunk.tensors.front(), chunk.length);
+    if (route == ReadRoute::kMapped) AdvanceChunk(id);
     if (route != ReadRoute::kInPlace && route != ReadRoute::kStaged) continue;
     if (trace.enabled()) chunks_[id].submitted = trace.Now();
     batch.push_back(request);
@@ -138,7 +141,7 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
     if (staged) free_slots_.push_back(static_cast<size_t>(chunks_[id].slot));
     return;
   }
-  if (!staged) return Advance(chunk.tensors.front(), chunk.length);
+  if (!staged) return AdvanceChunk(id);
   for (uint32_t t : chunk.tensors) {
     const TensorPlan& tp = plan.tensors[t];
     if (tp.conversion == Conversion::kDequantFp8Block && !tensors[tp.scale].done) {

@@ -6,6 +6,7 @@
 #include <asio/post.hpp>
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include <fmt/format.h>
@@ -166,7 +167,17 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const ReadChunk& chunk = plan.reads[id];
   const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
   Status status;
-  for (uint32_t t : chunk.tensors) {
+  if (chunk.shared_buffer) {  // one copy of the whole chunk into its tensors' shared buffer
+    const uint32_t first = chunk.tensors.front();
+    if (Fresh(first)) {
+      status = fresh_->Write(tensors[first].data, staged, chunk.length);
+    } else {
+      std::memcpy(tensors[first].data, staged, chunk.length);
+    }
+  }
+  const auto pieces = chunk.shared_buffer ? std::span<const uint32_t>()
+                                           : std::span<const uint32_t>(chunk.tensors);
+  for (uint32_t t : pieces) {  // each tensor's piece, converted as planned
     if (DeviceOf(t) >= 0) continue;  // a device piece: its device does it
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
     const auto [lo, hi] = PieceOf(chunk, src);
@@ -193,17 +204,25 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
 }
 
 // A page-cache copy (ReadRoute::kPageCacheCopy), on a worker: the cached bytes of one
-// unconverted CPU tensor straight into its fresh pages. Only such reads are planned kFreshPages:
-// a conversion would read the mapping from user space, where an unreadable page raises SIGBUS
-// (UFFDIO_COPY reads it in the kernel).
+// unconverted CPU tensor, or of a shared buffer, straight into its fresh pages. Only such reads
+// are planned kFreshPages: a conversion would read the mapping from user space, where an
+// unreadable page raises SIGBUS (UFFDIO_COPY reads it in the kernel).
 void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
   const uint32_t t = chunk.tensors.front();
   const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
   std::byte* to = tensors[t].data + (chunk.offset - src.offset);
-  Status status = fresh_->Write(to, source, chunk.length);
-  io::ReleaseCachedView(source, chunk.length);
+  // In pieces, each let go of as soon as it is copied: the cached pages a copy maps count in this
+  // process's RSS, and a whole 16 MiB read per worker was most of a small-tensor load's peak
+  // above its tensors (measured on the 100k-tensor checkpoint, bench/README.md).
+  constexpr uint64_t kPiece = 4ULL << 20;
+  Status status;
+  for (uint64_t done = 0; done < chunk.length && status.ok(); done += kPiece) {
+    const uint64_t n = std::min(kPiece, chunk.length - done);
+    status = fresh_->Write(to + done, source + done, n);
+    io::ReleaseCachedView(source + done, n);
+  }
   // A file cut inside the chunk's last page reads as zeros through the mapping, without a
   // fault: the bytes count only if the file still holds all of them after the copy.
   if (status.ok()) status = CheckFileSize(chunk.file, chunk.offset + chunk.length);
@@ -230,7 +249,7 @@ void LoadHandle::State::OnCachedDone(uint64_t id, Status status) {
     Fail(ChunkError(id, status));
   } else if (!stopping_) {
     bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
-    Advance(chunk.tensors.front(), chunk.length);
+    AdvanceChunk(id);
   }
   Pump();
   MaybeFinish();

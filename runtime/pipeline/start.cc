@@ -116,7 +116,7 @@ Status LoadHandle::State::OpenReader() {
   // them the reader keeps no pool (measured: 0 bounced bytes cold and warm, and 32 MiB of pinned
   // memory less); a read that is not in phase after all goes through the page cache, and
   // ReadStats says so (buffered_bytes).
-  if (!loader_options.align_tensors) ro.bounce_bytes = 0;
+  if (!plan.routes.align_tensors) ro.bounce_bytes = 0;
   std::string log;
   auto reader = reader_factory_ ? reader_factory_(paths, ro, &log) : io::OpenReader(paths, ro, &log);
   if (!reader.ok()) return reader.status();

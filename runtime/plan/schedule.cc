@@ -29,12 +29,56 @@ bool NaturalLess(std::string_view a, std::string_view b) {
   return a.size() < b.size();
 }
 
-// The route of a read of CPU tensor `tp` that holds it alone, by the plan's ReadRouteOptions.
-ReadRoute CpuRoute(const TensorPlan& tp, const ReadRouteOptions& routes) {
-  if (tp.conversion != Conversion::kNone) return ReadRoute::kStaged;
+// The route of a read into CPU memory that needs no conversion (one tensor, or a shared buffer),
+// by the plan's ReadRouteOptions; `fresh`: that memory is fresh pages.
+ReadRoute UnconvertedCpuRoute(bool fresh, const ReadRouteOptions& routes) {
   if (routes.mmap) return ReadRoute::kMapped;
-  if (tp.fresh_pages) return ReadRoute::kFreshPages;
+  if (fresh) return ReadRoute::kFreshPages;
   return routes.stage_cold_reads ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace;
+}
+
+ReadRoute RouteOf(const LoadPlan& plan, uint32_t t) {
+  const TensorPlan& tp = plan.tensors[t];
+  if (plan.device_of(t) != Device::Cpu() || tp.conversion != Conversion::kNone) {
+    return ReadRoute::kStaged;
+  }
+  return UnconvertedCpuRoute(tp.fresh_pages, plan.routes);
+}
+
+// Small tensors (`small`, sorted by file offset) coalesced with their file neighbours: those
+// that can share a buffer (unconverted, CPU, no 64-byte alignment asked) into shared reads,
+// the others into staged reads; a read grows while the next tensor follows it in the same file
+// and the read stays within max_chunk.
+void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint32_t>& small,
+                   uint64_t max_chunk, LoadPlan* plan,
+                   std::vector<std::pair<uint32_t, ReadChunk>>* keyed) {
+  for (uint32_t i : small) {
+    const TensorInfo& src = infos[plan->tensors[i].source];
+    const bool share = RouteOf(*plan, i) != ReadRoute::kStaged && !plan->routes.align_tensors;
+    if (!keyed->empty()) {
+      auto& [key, last] = keyed->back();
+      if (last.route == ReadRoute::kStaged && last.shared_buffer == share &&
+          last.file == src.file && last.offset + last.length == src.offset &&
+          last.length + src.nbytes <= max_chunk) {
+        last.length += src.nbytes;
+        last.tensors.push_back(i);
+        key = std::min(key, i);
+        continue;
+      }
+    }
+    ReadChunk read{src.file, src.offset, src.nbytes, {i}, ReadRoute::kStaged};
+    read.shared_buffer = share;
+    keyed->push_back({i, std::move(read)});
+  }
+  // A shared buffer is one block of CPU memory, fresh pages when it is large enough to be worth
+  // a mapping (ChooseFreshPages' rule, for the block), and routed as one unconverted tensor.
+  constexpr uint64_t kFreshMin = 64 << 10;
+  for (auto& [key, read] : *keyed) {
+    if (!read.shared_buffer) continue;
+    const bool fresh = plan->routes.fill_fresh_pages && read.length >= kFreshMin;
+    for (uint32_t t : read.tensors) plan->tensors[t].fresh_pages = fresh;
+    read.route = UnconvertedCpuRoute(fresh, plan->routes);
+  }
 }
 
 }  // namespace
@@ -69,8 +113,7 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
     const TensorInfo& src = infos[tp.source];
     plan.read_bytes += src.nbytes;
     if (src.nbytes == 0) continue;
-    const ReadRoute route = plan.device_of(i) == Device::Cpu() ? CpuRoute(tp, plan.routes)
-                                                                 : ReadRoute::kStaged;
+    const ReadRoute route = RouteOf(plan, i);
     // A dequantized weight and its scales are never coalesced: the scales' read then comes
     // before every read of the weight, whose conversion waits for them.
     const bool fp8_pair = tp.conversion == Conversion::kDequantFp8Block || is_scale[tp.source];
@@ -88,21 +131,7 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
     const TensorInfo& y = infos[plan.tensors[b].source];
     return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
   });
-  for (uint32_t i : small) {
-    const TensorInfo& src = infos[plan.tensors[i].source];
-    if (!keyed.empty()) {
-      auto& [key, last] = keyed.back();
-      if (last.route == ReadRoute::kStaged && last.file == src.file &&
-          last.offset + last.length == src.offset &&
-          last.length + src.nbytes <= options.max_chunk) {
-        last.length += src.nbytes;
-        last.tensors.push_back(i);
-        key = std::min(key, i);
-        continue;
-      }
-    }
-    keyed.push_back({i, {src.file, src.offset, src.nbytes, {i}, ReadRoute::kStaged}});
-  }
+  CoalesceSmall(infos, small, options.max_chunk, &plan, &keyed);
   std::stable_sort(keyed.begin(), keyed.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   plan.reads.reserve(keyed.size());

@@ -25,8 +25,9 @@ void ChooseFreshPages(LoadPlan* plan);
 
 // LoadPlan::reads and read_bytes: large tensors in pieces of max_chunk, each routed by its
 // tensor and plan->routes (staged for a device or a conversion); small ones coalesced with their
-// file neighbours into staged reads (mapped ones are not read, so never coalesced); reads in the
-// priority order of their first tensor. `is_scale[i]`: checkpoint tensor i is a float8 weight's
+// file neighbours, into shared buffers where they need no conversion (ReadChunk::shared_buffer,
+// whose tensors' fresh_pages it sets), else into staged reads (mapped ones are not read, so
+// never coalesced); reads in the priority order of their first tensor. `is_scale[i]`: checkpoint tensor i is a float8 weight's
 // scales (never coalesced, so that it is read before its weight).
 void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
                    const PlanOptions& options, LoadPlan* plan);

@@ -43,7 +43,7 @@ TEST_CASE("plan: every byte is read exactly once, chunks bounded by max_chunk") 
     CHECK(r.length <= options.max_chunk);
     CHECK(r.length > 0);
     ranges[r.file].push_back({r.offset, r.offset + r.length});
-    if (r.route != ReadRoute::kStaged) CHECK(r.tensors.size() == 1);
+    if (r.route != ReadRoute::kStaged && !r.shared_buffer) CHECK(r.tensors.size() == 1);
   }
   uint64_t covered = 0;
   for (auto& [file, rs] : ranges) {
@@ -63,6 +63,44 @@ TEST_CASE("plan: small neighbours are coalesced into one staged read") {
   size_t multi = 0;
   for (const ReadChunk& r : plan->reads) multi += r.tensors.size() > 1;
   CHECK(multi > 0);
+}
+
+TEST_CASE("plan: small unconverted CPU neighbours share one buffer, converted ones are staged") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir, 1'000'000'000);
+  PlanOptions options;
+  options.dtype = DType::kF32;  // bf16/f16 small tensors are cast (staged), f32 and ints are not
+  auto plan = Plan(ckpt, options);
+  REQUIRE(plan.ok());
+  size_t shared = 0, staged_small = 0;
+  for (const ReadChunk& r : plan->reads) {
+    uint64_t at = r.offset;
+    for (uint32_t t : r.tensors) {
+      const TensorPlan& tp = plan->tensors[t];
+      const TensorInfo& src = ckpt.tensors()[tp.source];
+      CHECK(src.offset <= at);  // in file order, no gap a shared buffer would not hold
+      at = src.offset + src.nbytes;
+      if (r.shared_buffer) {
+        CHECK(tp.conversion == Conversion::kNone);
+        CHECK(plan->device_of(t) == Device::Cpu());
+        CHECK(tp.fresh_pages == (r.length >= (64 << 10)));  // the block's, not the tensor's
+      }
+    }
+    if (r.shared_buffer) {
+      ++shared;
+      CHECK((r.route == ReadRoute::kFreshPages || r.route == ReadRoute::kStagedWhenCold));
+    } else if (ckpt.tensors()[plan->tensors[r.tensors.front()].source].nbytes < (1 << 20)) {
+      ++staged_small;  // the f16 norm, cast to f32
+      CHECK(r.route == ReadRoute::kStaged);
+    }
+  }
+  CHECK(shared > 0);
+  CHECK(staged_small > 0);
+  // Asked for 64-byte alignment, nothing shares a buffer: small tensors are staged one by one.
+  options.routes.align_tensors = true;
+  auto aligned = Plan(ckpt, options);
+  REQUIRE(aligned.ok());
+  for (const ReadChunk& r : aligned->reads) CHECK_FALSE(r.shared_buffer);
 }
 
 TEST_CASE("plan: --dtype casts floats, never integers or bool, keep_in_fp32 is anchored") {
