@@ -1,11 +1,15 @@
 #include "runtime/pipeline/load_state.h"
 
 #include <asio/post.hpp>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "io/posix_error.h"
 
 namespace loadstone {
 namespace {
@@ -44,8 +48,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       workers_count_(loader_options.worker_threads > 0
                          ? static_cast<size_t>(loader_options.worker_threads)
                          : std::max(1u, std::thread::hardware_concurrency())),
-      budget_(std::make_shared<pipeline::HostMemoryBudget>(options.host_memory_limit)),
-      small_tensors_(budget_),
+      destinations_(checkpoint, plan, devices, options.host_memory_limit, loader_options.direct_io),
       plan_error_(CheckPlan(checkpoint, plan)) {
   if (plan_error_.ok()) plan_index_.assign(checkpoint.tensors().size(), ~uint32_t{0});
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
@@ -138,6 +141,48 @@ std::string LoadHandle::State::TraceArgs(uint64_t id) const {
   return args.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+Status LoadHandle::State::CheckFileSize(uint32_t file, uint64_t needed) const {
+  const CheckpointFile& f = checkpoint.files()[file];
+  struct stat st;
+  if (::stat(f.path.c_str(), &st) != 0) return io::ErrnoStatus(errno, "cannot stat", f.path);
+  const auto now = static_cast<uint64_t>(st.st_size);
+  if (now == f.bytes || (needed != 0 && now >= needed)) return Status::OK();
+  // The first tensor the file no longer holds, for the message.
+  const TensorInfo* lost = nullptr;
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    if (t.file == file && t.offset + t.nbytes > now && (!lost || t.offset < lost->offset)) lost = &t;
+  }
+  return Status::Corruption(fmt::format(
+      "'{}' is {} bytes, {} when the checkpoint was opened: it changed{}; open the checkpoint "
+      "again (and do not rewrite a file while it loads)",
+      f.path, now, f.bytes,
+      lost ? fmt::format(", and tensor '{}' (bytes {}..{}) is past its end", lost->name,
+                         lost->offset, lost->offset + lost->nbytes)
+           : std::string()));
+}
+
+Status LoadHandle::State::EnsureDestination(uint32_t t) {
+  TensorSlot& slot = tensors[t];
+  if (slot.data || slot.buffer) return Status::OK();
+  LOADSTONE_ASSIGN_OR_RETURN(auto memory, destinations_.ForTensor(t, staged_only_[t]));
+  slot.buffer = std::move(memory.owner);
+  slot.data = memory.data;
+  return Status::OK();
+}
+
+Status LoadHandle::State::EnsureSharedBuffer(uint64_t id) {
+  const ReadChunk& chunk = plan.reads[id];
+  if (tensors[chunk.tensors.front()].buffer) return Status::OK();
+  auto block = destinations_.ForSharedRead(chunk);
+  if (!block.ok()) return ChunkError(id, block.status());
+  for (uint32_t t : chunk.tensors) {
+    TensorSlot& slot = tensors[t];
+    slot.data = block->data + (checkpoint.tensors()[plan.tensors[t].source].offset - chunk.offset);
+    slot.buffer = std::shared_ptr<std::byte>(block->owner, slot.data);  // aliasing: keeps the block
+  }
+  return Status::OK();
+}
+
 void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   TensorSlot& slot = tensors[index];
   const TensorPlan& tp = plan.tensors[index];
@@ -204,7 +249,7 @@ void LoadHandle::State::RequestCancel() {
 }
 
 void LoadHandle::State::MaybeFinish() {
-  if (finished || reads_in_flight_ != 0 || conversions_in_flight_ != 0 || slots_preparing_ != 0) {
+  if (finished || reads_in_flight_ != 0 || conversions_in_flight_ != 0 || staging_.preparing() != 0) {
     return;
   }
   if (!stopping_ && tensors_done.load() != tensors.size()) return;
@@ -218,7 +263,7 @@ void LoadHandle::State::MaybeFinish() {
                   route_counts_};
   }
   reader_.reset();         // nothing in flight: closes the ring and the files now
-  fresh_.reset();          // every placed tensor is whole: unregisters their pages
+  destinations_.CloseFreshPages();  // every placed tensor is whole: unregisters their pages
   Status result = error_;
   if (result.ok() && tensors_done.load() != tensors.size()) {
     result = Status::Corruption("the load ended with tensors not in place");  // a bug, never OK
@@ -231,7 +276,7 @@ void LoadHandle::State::MaybeFinish() {
       slot.data = nullptr;
     }
   }
-  staging_.clear();
+  staging_.Clear();
   trace.Instant(result.ok() ? "done" : "failed", "load");
   // Done() resolves after the load's last callback has returned (or failed the load).
   callbacks.Close(result, [self = shared_from_this()](Status status) {

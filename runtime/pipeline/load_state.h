@@ -23,8 +23,10 @@
 #include "runtime/convert/fp8_block.h"
 #include "runtime/device/device.h"
 #include "runtime/pipeline/callbacks.h"
+#include "runtime/pipeline/destinations.h"
 #include "runtime/pipeline/fresh_pages.h"
 #include "runtime/pipeline/host_buffer.h"
+#include "runtime/pipeline/staging_pool.h"
 #include "runtime/pipeline/tensor_access.h"
 #include "runtime/device/platform_impl.h"
 #include "runtime/pipeline/trace.h"
@@ -105,10 +107,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   pipeline::Callbacks callbacks;    // the on-tensor callbacks, off the loop thread
 
  private:
-  struct StagingSlot {
-    std::shared_ptr<std::byte> buffer;
-  };
-
   void Pump();
   // Takes a free staging slot (allocating it on first use) for chunk `id` and points `request`
   // at the whole pages around the chunk, in it. Needs a free slot.
@@ -125,24 +123,22 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void OnDevicePieceDone(uint64_t chunk, size_t slot, uint32_t tensor, uint64_t bytes,
                          Status status);
   void ChunkPartDone(uint64_t chunk, size_t slot);  // frees the slot after the last part
-  Status AllocateStagingSlot(size_t slot);
-  // Host staging: workers allocate slots, and first-touch them when `touch` (a read that fills
-  // most of a slot would otherwise fault it in on the ring thread, with O_DIRECT).
+  // Host staging: workers allocate the slots staging_ hands out, and first-touch them when
+  // `touch` (a read that fills most of a slot would otherwise fault it in on the ring thread,
+  // with O_DIRECT).
   void PrepareSlots(bool touch);
   void OnSlotPrepared(size_t slot, Result<std::shared_ptr<std::byte>> buffer);
   void SizeStaging();
-  // Begin()'s steps: the reader and its completion eventfd; target_device_ from the plan's
-  // targets (InvalidArgument for a device this Loader does not have).
+  // Begin()'s steps: the reader and its completion eventfd; the destinations (devices, maps,
+  // fresh pages), with their notes for the backend line.
   Status OpenReader();
-  Status ResolveDevices();
-  // Opens fresh_ when some CPU tensor would use it (TensorPlan::fresh_pages).
-  void OpenFreshPages();
+  Status OpenDestinations();
   // Each chunk's route for this load (RouteAtStart), and which tensors only staging fills.
   void RouteChunks();
   // The index into `devices` of tensor `t`'s device, -1 for the CPU.
-  int DeviceOf(uint32_t t) const { return target_device_[plan.tensors[t].device]; }
+  int DeviceOf(uint32_t t) const { return destinations_.DeviceOf(t); }
   // Tensor `t` is written into fresh pages by the workers.
-  bool Fresh(uint32_t t) const { return fresh_ != nullptr && plan.tensors[t].fresh_pages; }
+  bool Fresh(uint32_t t) const { return destinations_.Fresh(t); }
   // Counts a read (or copy, or mapping) of chunk `id` on the route it took.
   void CountRoute(uint64_t id);
   void CopyCached(uint64_t id, const std::byte* source);  // runs on a worker thread
@@ -151,10 +147,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   Status PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi);
   void Advance(uint32_t tensor, uint64_t source_bytes);
   void AdvanceChunk(uint64_t chunk);  // every tensor of the chunk by its piece of it
+  // Tensor `tensor`'s memory (destinations_), once; for a ReadChunk::shared_buffer chunk, the
+  // one buffer its tensors point into.
   Status EnsureDestination(uint32_t tensor);
-  // The one buffer of a ReadChunk::shared_buffer chunk, its tensors pointing into it.
   Status EnsureSharedBuffer(uint64_t chunk);
-  Status MapFiles();
   // Corruption naming the file and the first tensor past its end when file `file` no longer has
   // the size it had when the checkpoint was opened (`needed` == 0) or is shorter than `needed`.
   Status CheckFileSize(uint32_t file, uint64_t needed) const;
@@ -170,18 +166,13 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::vector<uint32_t> plan_index_;  // per checkpoint tensor: its plan.tensors index, or ~0
   const ReaderFactory reader_factory_;
   const size_t workers_count_;  // threads in `workers`
-  std::shared_ptr<pipeline::HostMemoryBudget> budget_;
-  pipeline::SmallTensorArena small_tensors_;  // small CPU tensors that arrive through staging
+  pipeline::Destinations destinations_;
   std::vector<bool> staged_only_;  // per tensor: every read of it is staged, whatever its turn
   std::unique_ptr<io::Reader> reader_;
   std::unique_ptr<asio::posix::stream_descriptor> completion_fd_;
   uint64_t eventfd_buffer_ = 0;
   std::vector<io::ReadCompletion> reaped_;
-  std::vector<StagingSlot> staging_;
-  uint64_t slot_bytes_ = 0;
-  std::vector<size_t> free_slots_;      // allocated (host: and touched) slots not in use
-  std::vector<size_t> unprepared_slots_;  // host slots not allocated yet
-  size_t slots_preparing_ = 0;            // host slots being allocated and touched by workers
+  pipeline::StagingPool staging_;
   // One per plan.reads entry.
   struct Chunk {
     // The planned route, then this load's (RouteAtStart, at Begin), then the one it took
@@ -192,16 +183,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     pipeline::TraceRecorder::Clock::time_point submitted{};  // when tracing
   };
   std::vector<Chunk> chunks_;
-  std::vector<int> target_device_;  // per plan.targets entry: index into devices, -1 for cpu
-  // Set at Begin (when some tensor wants fresh pages and userfaultfd works), reset once the load
-  // is finished and nothing writes tensors any more.
-  std::unique_ptr<pipeline::FreshPages> fresh_;
   std::array<ReadStats::RouteCount, kReadRouteCount> route_counts_{};
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
-  std::shared_ptr<device::Device> staging_device_;  // pins the staging pool (first GPU used)
-  bool warned_pageable_ = false;
-  std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
   size_t next_read_ = 0;
   size_t reads_in_flight_ = 0;
   size_t conversions_in_flight_ = 0;  // staged pieces and cached copies

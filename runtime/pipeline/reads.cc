@@ -49,8 +49,8 @@ void LoadHandle::State::Pump() {
       asio::post(workers,
                  [self = shared_from_this(), id, cached] { self->CopyCached(id, cached); });
     } else if (route == ReadRoute::kStaged) {
-      if (free_slots_.empty()) {
-        PrepareSlots(/*touch=*/chunk.length * 2 >= slot_bytes_);
+      if (!staging_.has_free()) {
+        PrepareSlots(/*touch=*/chunk.length * 2 >= staging_.slot_bytes());
         break;
       }
       if (Status st = TakeStagingSlot(id, &request); !st.ok()) return fail(st);
@@ -72,13 +72,14 @@ void LoadHandle::State::Pump() {
 
 Status LoadHandle::State::TakeStagingSlot(uint64_t id, io::ReadRequest* request) {
   const ReadChunk& chunk = plan.reads[id];
-  const size_t s = free_slots_.back();
-  if (!staging_[s].buffer) {
-    if (Status st = AllocateStagingSlot(s); !st.ok()) {
-      return st.WithContext("staging buffer");
-    }
+  std::string note;
+  auto taken = staging_.Take(&note);
+  if (!taken.ok()) return taken.status().WithContext("staging buffer");
+  if (!note.empty()) {
+    std::lock_guard lock(callbacks_mu);
+    backend_description += "; " + note;
   }
-  free_slots_.pop_back();
+  const size_t s = *taken;
   chunks_[id].slot = static_cast<int>(s);
   // The whole pages around the chunk, so that O_DIRECT takes all of it in one piece: its
   // unaligned head and tail would otherwise be two more (page-cache) reads each. The
@@ -88,7 +89,7 @@ Status LoadHandle::State::TakeStagingSlot(uint64_t id, io::ReadRequest* request)
   const uint64_t lo = chunk.offset / a * a;
   const uint64_t hi =
       std::max(end, std::min((end + a - 1) / a * a, checkpoint.files()[chunk.file].bytes));
-  *request = {chunk.file, lo, hi - lo, staging_[s].buffer.get(), id};
+  *request = {chunk.file, lo, hi - lo, staging_.data(s), id};
   return Status::OK();
 }
 
@@ -133,12 +134,12 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
   }
   const bool staged = chunks_[id].route == ReadRoute::kStaged;
   if (!status.ok()) {
-    if (staged) free_slots_.push_back(static_cast<size_t>(chunks_[id].slot));
+    if (staged) staging_.Release(static_cast<size_t>(chunks_[id].slot));
     return Fail(ChunkError(id, status));
   }
   bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
   if (stopping_) {
-    if (staged) free_slots_.push_back(static_cast<size_t>(chunks_[id].slot));
+    if (staged) staging_.Release(static_cast<size_t>(chunks_[id].slot));
     return;
   }
   if (!staged) return AdvanceChunk(id);

@@ -37,7 +37,7 @@ convert::Fp8BlockScales LoadHandle::State::Fp8Layout(uint32_t t) const {
 void LoadHandle::State::DispatchStaged(uint64_t id) {
   const ReadChunk& chunk = plan.reads[id];
   const size_t slot = static_cast<size_t>(chunks_[id].slot);
-  const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
+  const std::byte* staged = staging_.data(slot) + chunk.offset % pipeline::kHostAlignment;
   bool cpu_pieces = false;
   for (uint32_t t : chunk.tensors) {
     const int device = DeviceOf(t);
@@ -107,42 +107,15 @@ void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t ten
 }
 
 void LoadHandle::State::ChunkPartDone(uint64_t id, size_t slot) {
-  if (--chunks_[id].parts_left == 0) free_slots_.push_back(slot);
+  if (--chunks_[id].parts_left == 0) staging_.Release(slot);
   if (!stopping_) Pump();
   MaybeFinish();
 }
 
-Status LoadHandle::State::AllocateStagingSlot(size_t s) {
-  LOADSTONE_ASSIGN_OR_RETURN(device::HostStaging staging,
-                             staging_device_->AllocateStaging(slot_bytes_));
-  if (!staging.pinned && !warned_pageable_) {
-    warned_pageable_ = true;
-    std::lock_guard lock(callbacks_mu);
-    backend_description += "; staging is pageable (" + staging.why_pageable + ")";
-  }
-  staging_[s].buffer = std::move(staging.data);
-  return Status::OK();
-}
-
-// Host staging slots are huge pages whose first touch is slow on some VMs (measured: ~0.7 s for
-// 252 MiB when the host had taken the memory back). Touched by the O_DIRECT submission, that
-// time was spent on the ring thread before the first reads went out; two workers touch them
-// in parallel instead, and each slot joins the pool as soon as it is ready. Slots wanted by a
-// small read (a few coalesced small tensors) are not touched ahead: such reads fill a small
-// part of a slot, and touching all of it cost 200 MiB of RSS on a warm load.
 void LoadHandle::State::PrepareSlots(bool touch) {
-  constexpr size_t kAtOnce = 2;
-  while (!unprepared_slots_.empty() && slots_preparing_ < kAtOnce) {
-    const size_t s = unprepared_slots_.back();
-    unprepared_slots_.pop_back();
-    ++slots_preparing_;
+  for (size_t s : staging_.StartPreparing()) {
     asio::post(workers, [self = shared_from_this(), s, touch] {
-      auto buffer = pipeline::AllocateHost(self->slot_bytes_, nullptr, pipeline::HostPages::kHuge);
-      if (buffer.ok() && touch) {
-        for (uint64_t at = 0; at < self->slot_bytes_; at += pipeline::kHostAlignment) {
-          buffer->get()[at] = std::byte{0};
-        }
-      }
+      auto buffer = pipeline::StagingPool::AllocateHostSlot(self->staging_.slot_bytes(), touch);
       asio::post(self->loop, [self, s, buffer = std::move(buffer)]() mutable {
         self->OnSlotPrepared(s, std::move(buffer));
       });
@@ -151,12 +124,13 @@ void LoadHandle::State::PrepareSlots(bool touch) {
 }
 
 void LoadHandle::State::OnSlotPrepared(size_t s, Result<std::shared_ptr<std::byte>> buffer) {
-  --slots_preparing_;
   if (!buffer.ok()) {
+    staging_.Dropped();
     Fail(buffer.status().WithContext("staging buffer"));
-  } else if (!stopping_) {
-    staging_[s].buffer = std::move(*buffer);
-    free_slots_.push_back(s);
+  } else if (stopping_) {
+    staging_.Dropped();
+  } else {
+    staging_.Prepared(s, std::move(*buffer));
     Pump();
   }
   MaybeFinish();
@@ -165,12 +139,12 @@ void LoadHandle::State::OnSlotPrepared(size_t s, Result<std::shared_ptr<std::byt
 void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
-  const std::byte* staged = staging_[slot].buffer.get() + chunk.offset % pipeline::kHostAlignment;
+  const std::byte* staged = staging_.data(slot) + chunk.offset % pipeline::kHostAlignment;
   Status status;
   if (chunk.shared_buffer) {  // one copy of the whole chunk into its tensors' shared buffer
     const uint32_t first = chunk.tensors.front();
     if (Fresh(first)) {
-      status = fresh_->Write(tensors[first].data, staged, chunk.length);
+      status = destinations_.fresh_pages().Write(tensors[first].data, staged, chunk.length);
     } else {
       std::memcpy(tensors[first].data, staged, chunk.length);
     }
@@ -220,7 +194,7 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   Status status;
   for (uint64_t done = 0; done < chunk.length && status.ok(); done += kPiece) {
     const uint64_t n = std::min(kPiece, chunk.length - done);
-    status = fresh_->Write(to + done, source + done, n);
+    status = destinations_.fresh_pages().Write(to + done, source + done, n);
     io::ReleaseCachedView(source + done, n);
   }
   // A file cut inside the chunk's last page reads as zeros through the mapping, without a
@@ -261,7 +235,7 @@ Status LoadHandle::State::PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t
   const TensorSlot& slot = tensors[t];
   if (tp.conversion == Conversion::kNone) {
     std::byte* to = slot.data + (lo - src.offset);
-    if (Fresh(t)) return fresh_->Write(to, from, hi - lo);
+    if (Fresh(t)) return destinations_.fresh_pages().Write(to, from, hi - lo);
     std::memcpy(to, from, hi - lo);
     return Status::OK();
   }
@@ -278,7 +252,7 @@ Status LoadHandle::State::PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t
   std::byte* to = slot.data + first * dst_elem;
   const uint64_t count = (hi - lo) / src_elem;
   if (!Fresh(t)) return convert(to, 0, count);
-  return fresh_->WriteConverted(to, count * dst_elem,
+  return destinations_.fresh_pages().WriteConverted(to, count * dst_elem,
                                 [&](std::byte* out, uint64_t offset, uint64_t n) {
                                   return convert(out, offset / dst_elem, n / dst_elem);
                                 });

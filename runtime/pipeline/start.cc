@@ -48,11 +48,7 @@ void LoadHandle::State::Begin() {
   });
   if (Status s = OpenReader(); !s.ok()) return Fail(s);
 
-  if (plan.routes.mmap) {
-    if (Status s = MapFiles(); !s.ok()) return Fail(s);
-  }
-  if (Status s = ResolveDevices(); !s.ok()) return Fail(s);
-  OpenFreshPages();
+  if (Status s = OpenDestinations(); !s.ok()) return Fail(s);
   RouteChunks();
   SizeStaging();
 
@@ -68,7 +64,7 @@ void LoadHandle::State::Begin() {
 }
 
 void LoadHandle::State::RouteChunks() {
-  const pipeline::StartFacts facts{fresh_ != nullptr, loader_options.direct_io};
+  const pipeline::StartFacts facts{destinations_.has_fresh_pages(), loader_options.direct_io};
   chunks_.resize(plan.reads.size());
   staged_only_.assign(tensors.size(), true);
   for (size_t i = 0; i < plan.reads.size(); ++i) {
@@ -89,16 +85,13 @@ void LoadHandle::State::SizeStaging() {
       largest = std::max(largest, plan.reads[i].length);
     }
   }
-  slot_bytes_ = largest + 2 * pipeline::kHostAlignment;  // whole pages around any phase
+  const uint64_t slot_bytes = largest + 2 * pipeline::kHostAlignment;  // whole pages around any phase
   uint64_t pool = loader_options.staging_bytes;
   // A CPU load keeps its staging within a tenth of what it places, so that peak memory stays
   // near the model's size (a GPU load's host memory is its staging, whatever the model).
-  if (!staging_device_) pool = std::min<uint64_t>(pool, plan.placed_bytes / 10);
-  const size_t slots = std::max<uint64_t>(2, pool / slot_bytes_);
-  staging_.resize(slots);
-  // Device staging (pinned) is allocated on first use; host staging is prepared by the workers.
-  auto& initial = staging_device_ ? free_slots_ : unprepared_slots_;
-  for (size_t i = slots; i > 0; --i) initial.push_back(i - 1);
+  const auto& device = destinations_.staging_device();
+  if (!device) pool = std::min<uint64_t>(pool, plan.placed_bytes / 10);
+  staging_.Reset(slot_bytes, std::max<uint64_t>(2, pool / slot_bytes), device);
 }
 
 Status LoadHandle::State::OpenReader() {
@@ -132,26 +125,12 @@ Status LoadHandle::State::OpenReader() {
   return Status::OK();
 }
 
-Status LoadHandle::State::ResolveDevices() {
-  target_device_.assign(plan.targets.size(), -1);
-  for (size_t d = 0; d < plan.targets.size(); ++d) {
-    const Device& target = plan.targets[d];
-    if (target == Device::Cpu()) continue;
-    if (target.is_gpu() && target.index >= 0 && target.index < static_cast<int>(devices.size())) {
-      target_device_[d] = target.index;
-      if (!staging_device_) staging_device_ = devices[target.index];
-      continue;
-    }
-    const auto first = std::find_if(plan.tensors.begin(), plan.tensors.end(),
-                                    [&](const TensorPlan& t) { return t.device == d; });
-    return Status::InvalidArgument(fmt::format(
-        "tensor '{}' is planned on {}, but {}; plan for the devices this machine has "
-        "(--device-map cpu, or auto without --max-memory for GPUs)",
-        first == plan.tensors.end() ? std::string("?") : checkpoint.tensors()[first->source].name,
-        target.ToString(),
-        devices.empty() ? fmt::format("the Loader has no GPU ({})", device_log)
-                        : fmt::format("this machine has {} GPU(s), cuda:0 to cuda:{}",
-                                      devices.size(), devices.size() - 1)));
+Status LoadHandle::State::OpenDestinations() {
+  LOADSTONE_RETURN_IF_ERROR(destinations_.Resolve(device_log));
+  if (plan.routes.mmap) LOADSTONE_RETURN_IF_ERROR(destinations_.MapFiles());
+  if (const std::string note = destinations_.OpenFreshPages(); !note.empty()) {
+    std::lock_guard lock(callbacks_mu);
+    backend_description += "; " + note;
   }
   return Status::OK();
 }

@@ -1,0 +1,73 @@
+// Where each tensor's memory comes from, for one load: its device, a private mapping of its file
+// (mmap), fresh pages the workers fill (fresh_pages.h), its read's shared buffer
+// (ReadChunk::shared_buffer), the small-tensor arena (small converted tensors), or a host buffer
+// in phase with the file for O_DIRECT. Host memory given out is counted against the load's
+// budget (LoadOptions::host_memory_limit). Set up at the load's start and then used on its
+// event-loop thread, except Fresh() and fresh_pages(), which the workers read.
+#ifndef LOADSTONE_RUNTIME_PIPELINE_DESTINATIONS_H_
+#define LOADSTONE_RUNTIME_PIPELINE_DESTINATIONS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/plan.h"
+#include "runtime/device/device.h"
+#include "runtime/pipeline/fresh_pages.h"
+#include "runtime/pipeline/host_buffer.h"
+
+namespace loadstone::pipeline {
+
+class Destinations {
+ public:
+  // Memory for a tensor (or a shared block): `data` inside what `owner` keeps alive.
+  struct Memory {
+    std::shared_ptr<std::byte> owner;
+    std::byte* data = nullptr;
+  };
+
+  Destinations(const Checkpoint& checkpoint, const LoadPlan& plan, const device::DeviceSet& devices,
+               uint64_t host_memory_limit, bool direct_io);
+
+  // The start's steps. Resolve: each plan target to one of `devices` (InvalidArgument naming the
+  // first tensor planned on a device this Loader does not have; `device_log` says what it has).
+  Status Resolve(const std::string& device_log);
+  Status MapFiles();  // ReadRouteOptions::mmap: every file mapped privately
+  // Opens fresh pages when some tensor wants them; the backend line's note (empty when none do).
+  std::string OpenFreshPages();
+  void CloseFreshPages();  // once nothing writes tensors any more: unregisters their pages
+
+  // The index into `devices` of tensor `t`'s device, -1 for the CPU.
+  int DeviceOf(uint32_t t) const { return target_device_[plan_.tensors[t].device]; }
+  // The device whose pinned staging the load uses (its first GPU), or null.
+  const std::shared_ptr<device::Device>& staging_device() const { return staging_device_; }
+  // Tensor `t` is written into fresh pages, by the workers only.
+  bool Fresh(uint32_t t) const { return fresh_ != nullptr && plan_.tensors[t].fresh_pages; }
+  bool has_fresh_pages() const { return fresh_ != nullptr; }
+  const FreshPages& fresh_pages() const { return *fresh_; }  // REQUIRES: some Fresh(t)
+
+  // Memory for tensor `t`; `staged_only`: every read of it is staged (a small one may then share
+  // an arena block). Errors: OutOfMemory (budget, device), IOError.
+  Result<Memory> ForTensor(uint32_t t, bool staged_only);
+  // The one buffer of a shared-buffer read: its bytes as the file has them, in phase with the
+  // file for O_DIRECT unless fresh pages. Errors: as ForTensor.
+  Result<Memory> ForSharedRead(const ReadChunk& read);
+
+ private:
+  const Checkpoint& checkpoint_;
+  const LoadPlan& plan_;
+  const device::DeviceSet& devices_;
+  const bool direct_io_;
+  std::shared_ptr<HostMemoryBudget> budget_;
+  SmallTensorArena small_tensors_;
+  std::vector<int> target_device_;  // per plan.targets entry: index into devices_, -1 for cpu
+  std::shared_ptr<device::Device> staging_device_;
+  std::unique_ptr<FreshPages> fresh_;
+  std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
+};
+
+}  // namespace loadstone::pipeline
+
+#endif  // LOADSTONE_RUNTIME_PIPELINE_DESTINATIONS_H_
