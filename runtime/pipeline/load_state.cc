@@ -49,6 +49,8 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
                          ? static_cast<size_t>(loader_options.worker_threads)
                          : std::max(1u, std::thread::hardware_concurrency())),
       destinations_(checkpoint, plan, devices, options.host_memory_limit, loader_options.direct_io),
+      placer_(checkpoint, plan, destinations_),
+      window_(plan.reads.size(), static_cast<size_t>(std::max(loader_options.queue_depth, 1)) * 2),
       plan_error_(CheckPlan(checkpoint, plan)) {
   if (plan_error_.ok()) plan_index_.assign(checkpoint.tensors().size(), ~uint32_t{0});
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
@@ -238,7 +240,7 @@ void LoadHandle::State::CountRoute(uint64_t id) {
 void LoadHandle::State::Fail(Status status) {
   if (error_.ok()) error_ = std::move(status);
   stopping_ = true;
-  if (reader_) reader_->Cancel();
+  window_.Cancel();
   MaybeFinish();
 }
 
@@ -249,20 +251,19 @@ void LoadHandle::State::RequestCancel() {
 }
 
 void LoadHandle::State::MaybeFinish() {
-  if (finished || reads_in_flight_ != 0 || conversions_in_flight_ != 0 || staging_.preparing() != 0) {
+  if (finished || window_.in_flight() != 0 || conversions_in_flight_ != 0 ||
+      staging_.preparing() != 0) {
     return;
   }
   if (!stopping_ && tensors_done.load() != tensors.size()) return;
   final_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   finished = true;
-  completion_fd_.reset();  // aborts the pending wait
-  if (reader_) {
-    const io::ReaderStats stats = reader_->stats();
+  if (window_.open()) {  // nothing in flight: closes the ring and the files now
+    const io::ReaderStats stats = window_.Close();
     std::lock_guard lock(callbacks_mu);
     read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits,
                   route_counts_};
   }
-  reader_.reset();         // nothing in flight: closes the ring and the files now
   destinations_.CloseFreshPages();  // every placed tensor is whole: unregisters their pages
   Status result = error_;
   if (result.ok() && tensors_done.load() != tensors.size()) {

@@ -1,10 +1,14 @@
-// The state machine of one load. Everything except the atomics, the futures and the callback
-// list runs on the Loader's event-loop thread (the io_context), so it needs no lock.
+// The state machine of one load: the futures, callbacks and progress, one Chunk record per read,
+// and the one finish rule (MaybeFinish), over the load's stages — the read window
+// (read_window.h), the staging pool (staging_pool.h), the destinations (destinations.h) and the
+// placer (placer.h) — which it drives: Pump issues reads on their routes (reads.cc, routes.h),
+// staged.cc hands staged bytes to the workers and devices. Everything except the atomics, the
+// futures and the callback list runs on the Loader's event-loop thread (the io_context), so it
+// needs no lock.
 #ifndef LOADSTONE_RUNTIME_PIPELINE_LOAD_STATE_H_
 #define LOADSTONE_RUNTIME_PIPELINE_LOAD_STATE_H_
 
 #include <asio/io_context.hpp>
-#include <asio/posix/stream_descriptor.hpp>
 #include <asio/thread_pool.hpp>
 
 #include <array>
@@ -20,12 +24,12 @@
 
 #include "io/reader.h"
 #include "loadstone/loader.h"
-#include "runtime/convert/fp8_block.h"
 #include "runtime/device/device.h"
 #include "runtime/pipeline/callbacks.h"
 #include "runtime/pipeline/destinations.h"
-#include "runtime/pipeline/fresh_pages.h"
 #include "runtime/pipeline/host_buffer.h"
+#include "runtime/pipeline/placer.h"
+#include "runtime/pipeline/read_window.h"
 #include "runtime/pipeline/staging_pool.h"
 #include "runtime/pipeline/tensor_access.h"
 #include "runtime/device/platform_impl.h"
@@ -116,8 +120,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void OnReadDone(uint64_t chunk, Status status);
   // Hands a staged chunk's pieces to the workers and devices.
   void DispatchStaged(uint64_t chunk);
-  // The block layout of dequantized tensor `tensor`, its scales already in place.
-  convert::Fp8BlockScales Fp8Layout(uint32_t tensor) const;
   void ConvertStaged(uint64_t chunk, size_t slot);  // runs on a worker thread
   void OnStagedDone(uint64_t chunk, size_t slot, Status status);
   void OnDevicePieceDone(uint64_t chunk, size_t slot, uint32_t tensor, uint64_t bytes,
@@ -139,12 +141,15 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   int DeviceOf(uint32_t t) const { return destinations_.DeviceOf(t); }
   // Tensor `t` is written into fresh pages by the workers.
   bool Fresh(uint32_t t) const { return destinations_.Fresh(t); }
+  // The memory of tensor `t`'s float8 scales when it is dequantized with them, else null.
+  const std::byte* ScalesOf(uint32_t t) const {
+    const TensorPlan& tp = plan.tensors[t];
+    return tp.conversion == Conversion::kDequantFp8Block ? tensors[tp.scale].data : nullptr;
+  }
   // Counts a read (or copy, or mapping) of chunk `id` on the route it took.
   void CountRoute(uint64_t id);
   void CopyCached(uint64_t id, const std::byte* source);  // runs on a worker thread
   void OnCachedDone(uint64_t id, Status status);
-  // Writes a CPU piece of a staged chunk into tensor `t`, converting as planned.
-  Status PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi);
   void Advance(uint32_t tensor, uint64_t source_bytes);
   void AdvanceChunk(uint64_t chunk);  // every tensor of the chunk by its piece of it
   // Tensor `tensor`'s memory (destinations_), once; for a ReadChunk::shared_buffer chunk, the
@@ -167,11 +172,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   const ReaderFactory reader_factory_;
   const size_t workers_count_;  // threads in `workers`
   pipeline::Destinations destinations_;
+  const pipeline::Placer placer_;
   std::vector<bool> staged_only_;  // per tensor: every read of it is staged, whatever its turn
-  std::unique_ptr<io::Reader> reader_;
-  std::unique_ptr<asio::posix::stream_descriptor> completion_fd_;
-  uint64_t eventfd_buffer_ = 0;
-  std::vector<io::ReadCompletion> reaped_;
+  pipeline::ReadWindow window_;
   pipeline::StagingPool staging_;
   // One per plan.reads entry.
   struct Chunk {
@@ -186,8 +189,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::array<ReadStats::RouteCount, kReadRouteCount> route_counts_{};
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
-  size_t next_read_ = 0;
-  size_t reads_in_flight_ = 0;
   size_t conversions_in_flight_ = 0;  // staged pieces and cached copies
   size_t cached_copies_ = 0;
   bool stopping_ = false;

@@ -1,5 +1,6 @@
-// The read window, on the loop thread: reads issued in plan order while there is room (reads in
-// flight, staging slots, the workers' cached copies), their completions reaped and routed.
+// Pump and its completions, on the loop thread: the plan's reads issued through the read window
+// (read_window.h) while there is room (reads in flight, staging slots, the workers' cached
+// copies), each on the route it takes (routes.h), their completions reaped and handed on.
 #include <asio/post.hpp>
 #include <asio/read.hpp>
 #include <algorithm>
@@ -12,14 +13,12 @@
 namespace loadstone {
 
 void LoadHandle::State::Pump() {
-  std::vector<io::ReadRequest> batch;
   auto fail = [&](Status status) {
-    if (!batch.empty()) reader_->Submit(batch);
+    window_.Flush();
     Fail(std::move(status));
   };
-  while (!stopping_ && next_read_ < plan.reads.size() &&
-         reads_in_flight_ < static_cast<size_t>(loader_options.queue_depth) * 2) {
-    const uint64_t id = next_read_;
+  while (!stopping_ && window_.has_next()) {
+    const uint64_t id = window_.next();
     const ReadChunk& chunk = plan.reads[id];
     if (chunk.shared_buffer) {
       if (Status s = EnsureSharedBuffer(id); !s.ok()) return fail(s);
@@ -31,10 +30,10 @@ void LoadHandle::State::Pump() {
     pipeline::TurnFacts facts;
     const std::byte* cached = nullptr;
     if (chunks_[id].route == ReadRoute::kFreshPages) {
-      cached = reader_->CachedView(chunk.file, chunk.offset, chunk.length);
+      cached = window_.reader().CachedView(chunk.file, chunk.offset, chunk.length);
       facts.cached = cached != nullptr;
     } else if (chunks_[id].route == ReadRoute::kStagedWhenCold) {
-      facts.cold = reader_->ReadsDirect(chunk.file, chunk.offset, chunk.length);
+      facts.cold = window_.reader().ReadsDirect(chunk.file, chunk.offset, chunk.length);
     }
     const ReadRoute route = pipeline::RouteAtTurn(chunks_[id].route, facts);
     // Settled once, even when it waits below for a staging slot; a page-cache copy that waits
@@ -60,14 +59,15 @@ void LoadHandle::State::Pump() {
     }
     chunks_[id].route = route;
     CountRoute(id);
-    ++next_read_;
-    if (route == ReadRoute::kMapped) AdvanceChunk(id);
-    if (route != ReadRoute::kInPlace && route != ReadRoute::kStaged) continue;
+    if (route != ReadRoute::kInPlace && route != ReadRoute::kStaged) {
+      window_.Skip();
+      if (route == ReadRoute::kMapped) AdvanceChunk(id);
+      continue;
+    }
     if (trace.enabled()) chunks_[id].submitted = trace.Now();
-    batch.push_back(request);
-    ++reads_in_flight_;
+    window_.Issue(request);
   }
-  if (!batch.empty()) reader_->Submit(batch);
+  window_.Flush();
 }
 
 Status LoadHandle::State::TakeStagingSlot(uint64_t id, io::ReadRequest* request) {
@@ -94,20 +94,14 @@ Status LoadHandle::State::TakeStagingSlot(uint64_t id, io::ReadRequest* request)
 }
 
 void LoadHandle::State::ArmCompletions() {
-  // A real read of the eventfd (not a readiness wait), so that a completion signalled between
-  // the last Reap and this call is never missed.
-  completion_fd_->async_read_some(
-      asio::buffer(&eventfd_buffer_, sizeof(eventfd_buffer_)),
-      [self = shared_from_this()](const asio::error_code& ec, size_t) {
-        if (ec == asio::error::operation_aborted || self->finished) return;
-        self->OnCompletions();
-      });
+  window_.Arm([self = shared_from_this()](const asio::error_code& ec) {
+    if (ec == asio::error::operation_aborted || self->finished) return;
+    self->OnCompletions();
+  });
 }
 
 void LoadHandle::State::OnCompletions() {
-  reaped_.clear();
-  reader_->Reap(&reaped_);
-  for (io::ReadCompletion& c : reaped_) OnReadDone(c.tag, std::move(c.status));
+  for (io::ReadCompletion& c : window_.Reap()) OnReadDone(c.tag, std::move(c.status));
   Pump();
   MaybeFinish();
   if (!finished) ArmCompletions();
@@ -126,7 +120,7 @@ Status LoadHandle::State::ChunkError(uint64_t id, const Status& status) const {
 }
 
 void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
-  --reads_in_flight_;
+  window_.Completed();
   const ReadChunk& chunk = plan.reads[id];
   if (trace.enabled()) {
     trace.SpanInLane(fmt::format("read {}", TraceLabel(id)), "read", "reads in flight",

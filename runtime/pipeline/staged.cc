@@ -1,6 +1,7 @@
-// Staged chunks and page-cache copies: the staging slots, and where the bytes go once they
-// are in (the devices, or the workers' casts and copies into CPU tensors). Members of
-// LoadHandle::State (load_state.h); the loop-thread rule of that file holds here.
+// Staged chunks and page-cache copies: the staging slots prepared, the chunks' pieces handed to
+// the workers (Placer::PlaceOnCpu) and the devices (Placer::DeviceJob), float8 weights held back
+// until their scales are in place. Members of LoadHandle::State (load_state.h); the loop-thread
+// rule of that file holds here.
 #include "runtime/pipeline/load_state.h"
 
 #include <asio/post.hpp>
@@ -13,26 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/reader.h"
-#include "runtime/convert/cast.h"
-#include "runtime/convert/fp8_block.h"
 
 namespace loadstone {
-namespace {
-
-// The file range [lo, hi) of tensor `src` that chunk `chunk` holds.
-std::pair<uint64_t, uint64_t> PieceOf(const ReadChunk& chunk, const TensorInfo& src) {
-  return {std::max(chunk.offset, src.offset),
-          std::min(chunk.offset + chunk.length, src.offset + src.nbytes)};
-}
-
-}  // namespace
-
-convert::Fp8BlockScales LoadHandle::State::Fp8Layout(uint32_t t) const {
-  const TensorPlan& tp = plan.tensors[t];
-  const uint64_t cols = checkpoint.tensors()[tp.source].shape.at(1);
-  return {tensors[tp.scale].data, cols, tp.block_rows, tp.block_cols,
-          (cols + tp.block_cols - 1) / tp.block_cols, plan.tensors[tp.scale].dtype};
-}
+using pipeline::PieceOf;
 
 void LoadHandle::State::DispatchStaged(uint64_t id) {
   const ReadChunk& chunk = plan.reads[id];
@@ -46,33 +30,20 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
       continue;
     }
     const TensorPlan& tp = plan.tensors[t];
-    const TensorInfo& src = checkpoint.tensors()[tp.source];
-    const auto [lo, hi] = PieceOf(chunk, src);
-    const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
-    device::PlaceJob job;
-    job.src = staged + (lo - chunk.offset);
-    job.bytes = hi - lo;
-    job.from = src.dtype;
-    job.to = tp.dtype;
-    job.count = src_elem ? (hi - lo) / src_elem : 0;
-    job.dst = tensors[t].data + (src_elem ? (lo - src.offset) / src_elem * dst_elem : lo - src.offset);
-    if (tp.conversion == Conversion::kNone) job.from = job.to = DType::kU8, job.count = job.bytes;
-    if (tp.conversion == Conversion::kDequantFp8Block) {
-      job.fp8 = Fp8Layout(t);
-      job.first = (lo - src.offset) / src_elem;
-    }
+    const auto [lo, hi] = PieceOf(chunk, checkpoint.tensors()[tp.source]);
+    device::PlaceJob job = placer_.DeviceJob(chunk, t, tensors[t].data, ScalesOf(t), staged);
     if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
       job.timed = [self = shared_from_this(), t, bytes = hi - lo](const device::JobTiming& at) {
         const TensorPlan& p = self->plan.tensors[t];
-        const std::string device = self->plan.device_of(t).ToString();
+        const std::string track = self->plan.device_of(t).ToString();
         const std::string args = fmt::format(
             R"({{"tensor":{}}})", nlohmann::json(self->checkpoint.tensors()[p.source].name).dump());
-        self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", device + " copy",
+        self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", track + " copy",
                                 at.copy_begin, at.copy_end, args);
         if (at.kernel_end > at.kernel_begin) {
           self->trace.SpanOnTrack(fmt::format("{} {}", ConversionName(p.conversion),
                                               TorchName(p.dtype)),
-                                  "device", device + " compute", at.kernel_begin, at.kernel_end,
+                                  "device", track + " compute", at.kernel_begin, at.kernel_end,
                                   args);
         }
       };
@@ -142,12 +113,7 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const std::byte* staged = staging_.data(slot) + chunk.offset % pipeline::kHostAlignment;
   Status status;
   if (chunk.shared_buffer) {  // one copy of the whole chunk into its tensors' shared buffer
-    const uint32_t first = chunk.tensors.front();
-    if (Fresh(first)) {
-      status = destinations_.fresh_pages().Write(tensors[first].data, staged, chunk.length);
-    } else {
-      std::memcpy(tensors[first].data, staged, chunk.length);
-    }
+    status = placer_.PlaceShared(chunk, tensors[chunk.tensors.front()].data, staged);
   }
   const auto pieces = chunk.shared_buffer ? std::span<const uint32_t>()
                                            : std::span<const uint32_t>(chunk.tensors);
@@ -155,7 +121,8 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
     if (DeviceOf(t) >= 0) continue;  // a device piece: its device does it
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
     const auto [lo, hi] = PieceOf(chunk, src);
-    status = PlaceOnCpu(t, staged + (lo - chunk.offset), lo, hi);
+    status = placer_.PlaceOnCpu(t, tensors[t].data, ScalesOf(t), staged + (lo - chunk.offset), lo,
+                                hi);
     if (!status.ok()) {
       status = status.WithContext(fmt::format("placing tensor '{}'", src.name));
       break;
@@ -192,10 +159,10 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   // above its tensors (measured on the 100k-tensor checkpoint, bench/README.md).
   constexpr uint64_t kPiece = 4ULL << 20;
   Status status;
-  for (uint64_t done = 0; done < chunk.length && status.ok(); done += kPiece) {
-    const uint64_t n = std::min(kPiece, chunk.length - done);
-    status = destinations_.fresh_pages().Write(to + done, source + done, n);
-    io::ReleaseCachedView(source + done, n);
+  for (uint64_t at = 0; at < chunk.length && status.ok(); at += kPiece) {
+    const uint64_t n = std::min(kPiece, chunk.length - at);
+    status = destinations_.fresh_pages().Write(to + at, source + at, n);
+    io::ReleaseCachedView(source + at, n);
   }
   // A file cut inside the chunk's last page reads as zeros through the mapping, without a
   // fault: the bytes count only if the file still holds all of them after the copy.
@@ -227,35 +194,6 @@ void LoadHandle::State::OnCachedDone(uint64_t id, Status status) {
   }
   Pump();
   MaybeFinish();
-}
-
-Status LoadHandle::State::PlaceOnCpu(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi) {
-  const TensorPlan& tp = plan.tensors[t];
-  const TensorInfo& src = checkpoint.tensors()[tp.source];
-  const TensorSlot& slot = tensors[t];
-  if (tp.conversion == Conversion::kNone) {
-    std::byte* to = slot.data + (lo - src.offset);
-    if (Fresh(t)) return destinations_.fresh_pages().Write(to, from, hi - lo);
-    std::memcpy(to, from, hi - lo);
-    return Status::OK();
-  }
-  const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
-  const uint64_t first = (lo - src.offset) / src_elem;
-  // Converts `count` elements starting `at` elements into this piece.
-  auto convert = [&](std::byte* to, uint64_t at, uint64_t count) {
-    const std::byte* in = from + at * src_elem;
-    return tp.conversion == Conversion::kDequantFp8Block
-               ? convert::DequantFp8Block(src.dtype, tp.dtype, in, to, first + at, count,
-                                          Fp8Layout(t))
-               : convert::CastBuffer(src.dtype, tp.dtype, in, to, count);
-  };
-  std::byte* to = slot.data + first * dst_elem;
-  const uint64_t count = (hi - lo) / src_elem;
-  if (!Fresh(t)) return convert(to, 0, count);
-  return destinations_.fresh_pages().WriteConverted(to, count * dst_elem,
-                                [&](std::byte* out, uint64_t offset, uint64_t n) {
-                                  return convert(out, offset / dst_elem, n / dst_elem);
-                                });
 }
 
 void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {

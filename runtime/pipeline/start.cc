@@ -110,18 +110,9 @@ Status LoadHandle::State::OpenReader() {
   // memory less); a read that is not in phase after all goes through the page cache, and
   // ReadStats says so (buffered_bytes).
   if (!plan.routes.align_tensors) ro.bounce_bytes = 0;
-  std::string log;
-  auto reader = reader_factory_ ? reader_factory_(paths, ro, &log) : io::OpenReader(paths, ro, &log);
-  if (!reader.ok()) return reader.status();
-  reader_ = std::move(*reader);
-  {
-    std::lock_guard lock(callbacks_mu);
-    backend_description = reader_->Describe();
-  }
-  const int fd = ::dup(reader_->completion_fd());
-  if (fd < 0) return io::ErrnoStatus(errno, "cannot watch the reader's completions of", paths[0]);
-  completion_fd_ = std::make_unique<asio::posix::stream_descriptor>(loop, fd);
-
+  LOADSTONE_RETURN_IF_ERROR(window_.Open(loop, paths, ro, reader_factory_));
+  std::lock_guard lock(callbacks_mu);
+  backend_description = window_.reader().Describe();
   return Status::OK();
 }
 

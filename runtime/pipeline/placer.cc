@@ -1,0 +1,75 @@
+#include "runtime/pipeline/placer.h"
+
+#include <cstring>
+
+#include "runtime/convert/cast.h"
+
+namespace loadstone::pipeline {
+
+convert::Fp8BlockScales Placer::Fp8Layout(uint32_t t, const std::byte* scales) const {
+  const TensorPlan& tp = plan_.tensors[t];
+  const uint64_t cols = checkpoint_.tensors()[tp.source].shape.at(1);
+  return {scales, cols, tp.block_rows, tp.block_cols, (cols + tp.block_cols - 1) / tp.block_cols,
+          plan_.tensors[tp.scale].dtype};
+}
+
+Status Placer::PlaceShared(const ReadChunk& read, std::byte* buffer, const std::byte* staged) const {
+  if (destinations_.Fresh(read.tensors.front())) {
+    return destinations_.fresh_pages().Write(buffer, staged, read.length);
+  }
+  std::memcpy(buffer, staged, read.length);
+  return Status::OK();
+}
+
+Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
+                          const std::byte* from, uint64_t lo, uint64_t hi) const {
+  const TensorPlan& tp = plan_.tensors[t];
+  const TensorInfo& src = checkpoint_.tensors()[tp.source];
+  const bool fresh = destinations_.Fresh(t);
+  if (tp.conversion == Conversion::kNone) {
+    std::byte* to = data + (lo - src.offset);
+    if (fresh) return destinations_.fresh_pages().Write(to, from, hi - lo);
+    std::memcpy(to, from, hi - lo);
+    return Status::OK();
+  }
+  const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
+  const uint64_t first = (lo - src.offset) / src_elem;
+  // Converts `count` elements starting `at` elements into this piece.
+  auto convert = [&](std::byte* to, uint64_t at, uint64_t count) {
+    const std::byte* in = from + at * src_elem;
+    return tp.conversion == Conversion::kDequantFp8Block
+               ? convert::DequantFp8Block(src.dtype, tp.dtype, in, to, first + at, count,
+                                          Fp8Layout(t, scales))
+               : convert::CastBuffer(src.dtype, tp.dtype, in, to, count);
+  };
+  std::byte* to = data + first * dst_elem;
+  const uint64_t count = (hi - lo) / src_elem;
+  if (!fresh) return convert(to, 0, count);
+  return destinations_.fresh_pages().WriteConverted(
+      to, count * dst_elem, [&](std::byte* out, uint64_t offset, uint64_t n) {
+        return convert(out, offset / dst_elem, n / dst_elem);
+      });
+}
+
+device::PlaceJob Placer::DeviceJob(const ReadChunk& read, uint32_t t, std::byte* data,
+                                   const std::byte* scales, const std::byte* staged) const {
+  const TensorPlan& tp = plan_.tensors[t];
+  const TensorInfo& src = checkpoint_.tensors()[tp.source];
+  const auto [lo, hi] = PieceOf(read, src);
+  const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
+  device::PlaceJob job;
+  job.src = staged + (lo - read.offset);
+  job.bytes = hi - lo;
+  job.from = src.dtype;
+  job.to = tp.dtype;
+  job.count = src_elem ? (hi - lo) / src_elem : 0;
+  job.dst = data + (src_elem ? (lo - src.offset) / src_elem * dst_elem : lo - src.offset);
+  if (tp.conversion == Conversion::kNone) job.from = job.to = DType::kU8, job.count = job.bytes;
+  if (tp.conversion == Conversion::kDequantFp8Block) {
+    job.fp8 = Fp8Layout(t, scales);
+    job.first = (lo - src.offset) / src_elem;
+  }
+  return job;
+}
+
+}  // namespace loadstone::pipeline

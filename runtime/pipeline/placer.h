@@ -1,0 +1,53 @@
+// What a staged chunk's bytes become, for one load: each CPU piece written into its tensor as
+// planned (a copy, a cast, a float8 block dequantization; into fresh pages through FreshPages,
+// Destinations::Fresh), and each device piece described as a device job. It reads the plan, the
+// catalog and the memory it is given, and keeps no state of its own: the workers call Place, the
+// event loop DeviceJob (LoadHandle::State does the posting, the counting and the waiting for
+// float8 scales).
+#ifndef LOADSTONE_RUNTIME_PIPELINE_PLACER_H_
+#define LOADSTONE_RUNTIME_PIPELINE_PLACER_H_
+
+#include <cstdint>
+#include <utility>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/plan.h"
+#include "runtime/convert/fp8_block.h"
+#include "runtime/device/device.h"
+#include "runtime/pipeline/destinations.h"
+
+namespace loadstone::pipeline {
+
+// The file range [lo, hi) of tensor `src` that `read` holds.
+inline std::pair<uint64_t, uint64_t> PieceOf(const ReadChunk& read, const TensorInfo& src) {
+  return {std::max(read.offset, src.offset),
+          std::min(read.offset + read.length, src.offset + src.nbytes)};
+}
+
+class Placer {
+ public:
+  Placer(const Checkpoint& checkpoint, const LoadPlan& plan, const Destinations& destinations)
+      : checkpoint_(checkpoint), plan_(plan), destinations_(destinations) {}
+
+  // Writes the piece [lo, hi) of tensor `t`'s file bytes, at `from`, into its memory `data`,
+  // converted as planned; `scales`: the memory of its float8 scales (kDequantFp8Block).
+  Status PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales, const std::byte* from,
+                    uint64_t lo, uint64_t hi) const;
+  // The whole of a shared-buffer read (ReadChunk::shared_buffer), `staged`, into `buffer`.
+  Status PlaceShared(const ReadChunk& read, std::byte* buffer, const std::byte* staged) const;
+  // The job that puts tensor `t`'s piece of `read` (staged at `staged`) into its device memory
+  // `data`; its callbacks are the caller's to set.
+  device::PlaceJob DeviceJob(const ReadChunk& read, uint32_t t, std::byte* data,
+                             const std::byte* scales, const std::byte* staged) const;
+  // The block layout of dequantized tensor `t`, its scales in place at `scales`.
+  convert::Fp8BlockScales Fp8Layout(uint32_t t, const std::byte* scales) const;
+
+ private:
+  const Checkpoint& checkpoint_;
+  const LoadPlan& plan_;
+  const Destinations& destinations_;
+};
+
+}  // namespace loadstone::pipeline
+
+#endif  // LOADSTONE_RUNTIME_PIPELINE_PLACER_H_
