@@ -2,12 +2,15 @@
 """Interleaved A/B of two loadstone binaries on one model, cold and warm (bench/README.md):
 
   bench/ab.py OLD_BINARY NEW_BINARY MODEL [--rounds 5] [--seed 1] [--modes cold,warm]
-              [-- EXTRA LOAD FLAGS]
+              [--settle SECONDS] [-- EXTRA LOAD FLAGS]
 
 Each round runs both binaries' `load MODEL --json` in a fresh random order, in each mode:
 cold = every file fdatasync'ed and dropped from the page cache (POSIX_FADV_DONTNEED) before the
-run, warm = every file read through the page cache before it. Prints one JSON document: each
-run's GB/s, the medians, and new/old per mode (higher is faster). Only the standard library.
+run, warm = every file read through the page cache before it; then --settle seconds (default 1)
+before the run: on a VM that hands freed memory back to its host, a warm run right after
+another one's 3.6 GiB was freed can take half the speed, whichever binary (bench/README.md).
+Prints one JSON document: each run's GB/s, the medians, and new/old per mode (higher is
+faster). Only the standard library.
 """
 import argparse
 import json
@@ -56,6 +59,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="cold,warm", help="cold, warm or both (comma-separated)")
+    ap.add_argument("--settle", type=float, default=1.0, help="seconds of quiet before each run")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -68,11 +72,11 @@ def main():
             rng.shuffle(order)
             for which in order:
                 (drop if mode == "cold" else warm)(files)
-                time.sleep(1)
+                time.sleep(args.settle)
                 binary = args.old if which == "old" else args.new
                 runs[mode][which].append(run(binary, args.model, args.extra))
     doc = {"old": args.old, "new": args.new, "model": args.model, "rounds": args.rounds,
-           "seed": args.seed, "extra": args.extra, "gbps": runs}
+           "seed": args.seed, "settle": args.settle, "extra": args.extra, "gbps": runs}
     for mode in runs:
         old, new = statistics.median(runs[mode]["old"]), statistics.median(runs[mode]["new"])
         doc[f"{mode}_median_gbps"] = {"old": old, "new": new}

@@ -119,6 +119,22 @@ TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire onc
     CHECK(seen.count(t.name()) == 1);
   }
   CHECK(seen.size() == ckpt.tensors().size());
+  // Small unconverted tensors share their read's buffer, laid out as in the file: within one
+  // read, every tensor's address minus its file offset is the same; unless 64-byte alignment was
+  // asked for, when nothing shares a read's buffer.
+  size_t shared_reads = 0;
+  for (const ReadChunk& r : plan->reads) {
+    if (!r.shared_buffer) continue;
+    ++shared_reads;
+    std::set<intptr_t> bases;
+    for (uint32_t i : r.tensors) {
+      const TensorInfo& src = ckpt.tensors()[plan->tensors[i].source];
+      bases.insert(reinterpret_cast<intptr_t>(load.Tensor(src.name).get().data()) -
+                   static_cast<intptr_t>(src.offset));
+    }
+    CHECK(bases.size() == 1);
+  }
+  CHECK((shared_reads > 0) == !align_tensors);
   const Progress p = load.progress();
   CHECK(p.bytes_read == ckpt.total_bytes());
   CHECK(p.bytes_placed == ckpt.total_bytes());
