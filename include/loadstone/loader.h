@@ -110,11 +110,7 @@ struct ReadStats {
   // Per route taken (indexed by ReadRoute, plan.h): the reads and their bytes. Page-cache
   // copies were no read at all (the workers copied the cached bytes into fresh pages); mapped
   // bytes come in on first touch.
-  struct RouteCount {
-    uint64_t reads = 0;
-    uint64_t bytes = 0;
-  };
-  std::array<RouteCount, kReadRouteCount> routes{};
+  RouteCounts routes{};
   RouteCount taken(ReadRoute route) const { return routes[static_cast<size_t>(route)]; }
 };
 

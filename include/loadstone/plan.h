@@ -47,8 +47,9 @@ struct TensorPlan {
   uint32_t scale = 0;
   uint64_t block_rows = 0;
   uint64_t block_cols = 0;
-  // A CPU tensor of 64 KiB or more written into fresh pages by the workers
-  // (ReadRouteOptions::fill_fresh_pages); never by the reader.
+  // Its memory is fresh pages (ReadRouteOptions::fill_fresh_pages), filled by the workers, never
+  // by the reader: a CPU tensor of 64 KiB or more, or any tensor of a shared buffer of 64 KiB or
+  // more (ReadChunk::shared_buffer).
   bool fresh_pages = false;
 };
 
@@ -65,9 +66,17 @@ enum class ReadRoute : uint8_t {
   kPageCacheCopy,   // taken, never planned: a kFreshPages read found cached, copied by a worker
 };
 inline constexpr size_t kReadRouteCount = 6;
+static_assert(static_cast<size_t>(ReadRoute::kPageCacheCopy) + 1 == kReadRouteCount);
 
 // "in place", "staged", "staged when cold", "fresh pages", "mapped", "page-cache copy".
 std::string_view ReadRouteName(ReadRoute route);
+
+// Reads and their bytes on one route; RouteCounts has one per route, indexed by ReadRoute.
+struct RouteCount {
+  uint64_t reads = 0;
+  uint64_t bytes = 0;
+};
+using RouteCounts = std::array<RouteCount, kReadRouteCount>;
 
 // What decides the routes (LoadPlan::reads[i].route).
 //
@@ -151,7 +160,9 @@ struct PlanOptions : DeviceMapOptions {
   std::function<bool(const TensorInfo&)> include;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
-  // Tensors smaller than this are coalesced with their file neighbours into one staged read.
+  // Tensors smaller than this (and than max_chunk) are coalesced with their file neighbours into
+  // one read: into one shared buffer where they need no conversion (ReadChunk::shared_buffer),
+  // else through staging.
   uint64_t coalesce_below = 1ULL << 20;
   ReadRouteOptions routes;
 };
@@ -178,8 +189,8 @@ struct LoadPlan {
 
   // The device tensor `t` goes to.
   const Device& device_of(uint32_t t) const { return targets[tensors[t].device]; }
-  // Reads and bytes per planned route, indexed by ReadRoute.
-  std::array<std::pair<size_t, uint64_t>, kReadRouteCount> RouteTotals() const;
+  // Reads and bytes per planned route.
+  RouteCounts RouteTotals() const;
   // A human summary: tensors per device and dtype, conversions, reads per route.
   std::string ToString() const;
 };

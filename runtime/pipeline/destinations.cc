@@ -84,7 +84,7 @@ Status Destinations::MapFiles() {
 Result<Destinations::Memory> Destinations::ForSharedRead(const ReadChunk& read) {
   const uint32_t first = read.tensors.front();
   // In phase with the file, as an in-place tensor (below), so that O_DIRECT lands in it.
-  const uint64_t skew = Fresh(first) || !direct_io_ ? 0 : read.offset % kHostAlignment;
+  const uint64_t skew = Fresh(first) ? 0 : InPhaseSkew(read.offset);
   auto block = Fresh(first) ? fresh_->Allocate(read.length, budget_)
                             : AllocateHost(read.length + skew, budget_);
   if (!block.ok()) return block.status();
@@ -113,12 +113,13 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_onl
     // Page-aligned; the workers fill it from staging or the cache.
     if (Fresh(t)) return fresh_->Allocate(tp.nbytes, budget_);
     // Shared 64-byte-aligned blocks.
-    if (tp.nbytes < SmallTensorArena::kLargest && staged_only) return small_tensors_.Allocate(tp.nbytes);
+    if (tp.nbytes < SmallTensorArena::kLargest && staged_only) {
+      return small_tensors_.Allocate(tp.nbytes);
+    }
     // In place: the first byte sits at the file offset's phase within a page, so that O_DIRECT
     // reads fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
-    const bool in_phase =
-        direct_io_ && !plan_.routes.align_tensors && tp.conversion == Conversion::kNone;
-    skew = in_phase ? src.offset % kHostAlignment : 0;
+    const bool in_phase = !plan_.routes.align_tensors && tp.conversion == Conversion::kNone;
+    skew = in_phase ? InPhaseSkew(src.offset) : 0;
     return AllocateHost(tp.nbytes + skew, budget_);
   }();
   if (!buffer.ok()) return failed(buffer.status());

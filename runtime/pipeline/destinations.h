@@ -56,6 +56,10 @@ class Destinations {
   Result<Memory> ForSharedRead(const ReadChunk& read);
 
  private:
+  // How far into its first page memory for bytes at file offset `offset` starts, so that
+  // O_DIRECT reads land in it in one piece: the offset's phase, or 0 without direct I/O.
+  uint64_t InPhaseSkew(uint64_t offset) const { return direct_io_ ? offset % kHostAlignment : 0; }
+
   const Checkpoint& checkpoint_;
   const LoadPlan& plan_;
   const device::DeviceSet& devices_;

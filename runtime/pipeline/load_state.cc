@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/posix_error.h"
+#include "runtime/plan/check_plan.h"
 
 namespace loadstone {
 namespace {
@@ -91,34 +92,10 @@ Progress LoadHandle::State::Snapshot() const {
   return p;
 }
 
-// A plan is used only with the checkpoint it was made for, and only when every index in it
-// points where it should (a plan is a value a program may keep, copy or build).
+// A plan is used only with the checkpoint it was made for, and only when it can be carried out
+// as it is (a plan is a value a program may keep, copy or build): runtime/plan/check_plan.h.
 Status LoadHandle::State::CheckPlan(const Checkpoint& checkpoint, const LoadPlan& plan) {
-  if (plan.checkpoint_fingerprint != checkpoint.fingerprint()) {
-    return Status::InvalidArgument(fmt::format(
-        "this plan was made for another checkpoint (fingerprint {:016x}, the checkpoint's "
-        "{:016x}: other files, sizes or tensors, or a plan not made by Plan()); plan it again "
-        "with Plan() for this checkpoint ({})",
-        plan.checkpoint_fingerprint, checkpoint.fingerprint(),
-        checkpoint.files().empty() ? std::string("no files") : checkpoint.files()[0].path));
-  }
-  const size_t n = checkpoint.tensors().size();
-  for (const TensorPlan& t : plan.tensors) {
-    if (t.source >= n || t.scale >= plan.tensors.size() || t.device >= plan.targets.size()) {
-      return Status::InvalidArgument("the plan names a tensor the checkpoint does not have; plan it again");
-    }
-  }
-  for (const ReadChunk& r : plan.reads) {
-    if (r.file >= checkpoint.files().size() || r.tensors.empty()) {
-      return Status::InvalidArgument("the plan reads a file the checkpoint does not have; plan it again");
-    }
-    for (uint32_t t : r.tensors) {
-      if (t >= plan.tensors.size()) {
-        return Status::InvalidArgument("the plan reads into a tensor it does not have; plan it again");
-      }
-    }
-  }
-  return Status::OK();
+  return planning::CheckPlanFor(checkpoint, plan);
 }
 
 std::string LoadHandle::State::TraceLabel(uint64_t id) const {
@@ -225,14 +202,13 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
 void LoadHandle::State::AdvanceChunk(uint64_t id) {
   const ReadChunk& chunk = plan.reads[id];
   for (uint32_t t : chunk.tensors) {
-    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-    Advance(t, std::min(chunk.offset + chunk.length, src.offset + src.nbytes) -
-                   std::max(chunk.offset, src.offset));
+    const auto [lo, hi] = pipeline::PieceOf(chunk, checkpoint.tensors()[plan.tensors[t].source]);
+    Advance(t, hi - lo);
   }
 }
 
 void LoadHandle::State::CountRoute(uint64_t id) {
-  ReadStats::RouteCount& count = route_counts_[static_cast<size_t>(chunks_[id].route)];
+  RouteCount& count = route_counts_[static_cast<size_t>(chunks_[id].route)];
   ++count.reads;
   count.bytes += plan.reads[id].length;
 }

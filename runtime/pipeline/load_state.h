@@ -146,6 +146,17 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     const TensorPlan& tp = plan.tensors[t];
     return tp.conversion == Conversion::kDequantFp8Block ? tensors[tp.scale].data : nullptr;
   }
+  // Where an unstaged read lands: its (first) tensor's memory at the read's offset in it — the
+  // read's own tensor, or the start of its shared buffer.
+  std::byte* ReadDestination(uint64_t id) const {
+    const ReadChunk& chunk = plan.reads[id];
+    const uint32_t t = chunk.tensors.front();
+    return tensors[t].data + (chunk.offset - checkpoint.tensors()[plan.tensors[t].source].offset);
+  }
+  // The staged bytes of chunk `id` in staging slot `slot` (at the file offset's phase).
+  const std::byte* StagedBytes(uint64_t id, size_t slot) const {
+    return staging_.data(slot) + plan.reads[id].offset % pipeline::kHostAlignment;
+  }
   // Counts a read (or copy, or mapping) of chunk `id` on the route it took.
   void CountRoute(uint64_t id);
   void CopyCached(uint64_t id, const std::byte* source);  // runs on a worker thread
@@ -186,7 +197,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     pipeline::TraceRecorder::Clock::time_point submitted{};  // when tracing
   };
   std::vector<Chunk> chunks_;
-  std::array<ReadStats::RouteCount, kReadRouteCount> route_counts_{};
+  RouteCounts route_counts_{};
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
   size_t conversions_in_flight_ = 0;  // staged pieces and cached copies

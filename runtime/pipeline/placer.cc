@@ -13,7 +13,8 @@ convert::Fp8BlockScales Placer::Fp8Layout(uint32_t t, const std::byte* scales) c
           plan_.tensors[tp.scale].dtype};
 }
 
-Status Placer::PlaceShared(const ReadChunk& read, std::byte* buffer, const std::byte* staged) const {
+Status Placer::PlaceShared(const ReadChunk& read, std::byte* buffer,
+                           const std::byte* staged) const {
   if (destinations_.Fresh(read.tensors.front())) {
     return destinations_.fresh_pages().Write(buffer, staged, read.length);
   }

@@ -43,6 +43,7 @@ void LoadHandle::State::Pump() {
     if (route == ReadRoute::kPageCacheCopy) {
       // Two per worker at most, so that a cancel is not stuck behind a long queue of copies.
       if (cached_copies_ >= 2 * workers_count_) break;
+      chunks_[id].route = route;  // before the worker's trace reads it
       ++cached_copies_;
       ++conversions_in_flight_;
       asio::post(workers,
@@ -54,10 +55,8 @@ void LoadHandle::State::Pump() {
       }
       if (Status st = TakeStagingSlot(id, &request); !st.ok()) return fail(st);
     } else if (route == ReadRoute::kInPlace) {
-      const uint32_t t = chunk.tensors.front();
-      request.dst = tensors[t].data + (chunk.offset - checkpoint.tensors()[plan.tensors[t].source].offset);
+      request.dst = ReadDestination(id);
     }
-    chunks_[id].route = route;
     CountRoute(id);
     if (route != ReadRoute::kInPlace && route != ReadRoute::kStaged) {
       window_.Skip();

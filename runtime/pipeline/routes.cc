@@ -1,11 +1,14 @@
 #include "runtime/pipeline/routes.h"
 
+#include "runtime/plan/schedule.h"
+
 namespace loadstone::pipeline {
 
-ReadRoute RouteAtStart(ReadRoute planned, const ReadRouteOptions& options, const StartFacts& facts) {
+ReadRoute RouteAtStart(ReadRoute planned, const ReadRouteOptions& options,
+                       const StartFacts& facts) {
   ReadRoute route = planned;
   if (route == ReadRoute::kFreshPages && !facts.fresh_pages) {
-    route = options.stage_cold_reads ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace;
+    route = planning::RouteWithoutFreshPages(options);
   }
   if (route == ReadRoute::kStagedWhenCold && !facts.direct_io) route = ReadRoute::kInPlace;
   return route;

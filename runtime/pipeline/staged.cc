@@ -21,7 +21,7 @@ using pipeline::PieceOf;
 void LoadHandle::State::DispatchStaged(uint64_t id) {
   const ReadChunk& chunk = plan.reads[id];
   const size_t slot = static_cast<size_t>(chunks_[id].slot);
-  const std::byte* staged = staging_.data(slot) + chunk.offset % pipeline::kHostAlignment;
+  const std::byte* staged = StagedBytes(id, slot);
   bool cpu_pieces = false;
   for (uint32_t t : chunk.tensors) {
     const int device = DeviceOf(t);
@@ -110,10 +110,11 @@ void LoadHandle::State::OnSlotPrepared(size_t s, Result<std::shared_ptr<std::byt
 void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
-  const std::byte* staged = staging_.data(slot) + chunk.offset % pipeline::kHostAlignment;
+  const std::byte* staged = StagedBytes(id, slot);
   Status status;
   if (chunk.shared_buffer) {  // one copy of the whole chunk into its tensors' shared buffer
-    status = placer_.PlaceShared(chunk, tensors[chunk.tensors.front()].data, staged);
+    status = placer_.PlaceShared(chunk, ReadDestination(id), staged);
+    if (!status.ok()) status = ChunkError(id, status);
   }
   const auto pieces = chunk.shared_buffer ? std::span<const uint32_t>()
                                            : std::span<const uint32_t>(chunk.tensors);
@@ -151,9 +152,7 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
 void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
-  const uint32_t t = chunk.tensors.front();
-  const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-  std::byte* to = tensors[t].data + (chunk.offset - src.offset);
+  std::byte* to = ReadDestination(id);
   // In pieces, each let go of as soon as it is copied: the cached pages a copy maps count in this
   // process's RSS, and a whole 16 MiB read per worker was most of a small-tensor load's peak
   // above its tensors (measured on the 100k-tensor checkpoint, bench/README.md).

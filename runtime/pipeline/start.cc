@@ -76,7 +76,7 @@ void LoadHandle::State::RouteChunks() {
 }
 
 void LoadHandle::State::SizeStaging() {
-  // A staged read lands at its file offset's phase within the slot (see EnsureDestination);
+  // A staged read lands at its file offset's phase within the slot (see TakeStagingSlot);
   // slots are as large as the largest read that may be staged.
   uint64_t largest = 0;
   for (size_t i = 0; i < plan.reads.size(); ++i) {

@@ -86,6 +86,11 @@ void WarnIneffective(const Checkpoint& checkpoint, const PlanOptions& options,
           pattern));
     }
   }
+  if (options.routes.mmap && options.routes.align_tensors) {
+    warnings->push_back(
+        "align_tensors does not apply to mapped tensors (mmap): they sit where the file has them; "
+        "only converted tensors are 64-byte aligned");
+  }
   for (const auto& [name, dtype] : options.special_dtypes) {
     if (checkpoint.Find(name) == nullptr && !options.model) {
       warnings->push_back(fmt::format(

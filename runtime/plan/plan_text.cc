@@ -31,12 +31,12 @@ std::string_view ReadRouteName(ReadRoute route) {
   return "?";
 }
 
-std::array<std::pair<size_t, uint64_t>, kReadRouteCount> LoadPlan::RouteTotals() const {
-  std::array<std::pair<size_t, uint64_t>, kReadRouteCount> out{};
+RouteCounts LoadPlan::RouteTotals() const {
+  RouteCounts out{};
   for (const ReadChunk& r : reads) {
-    auto& [count, bytes] = out[static_cast<size_t>(r.route)];
-    ++count;
-    bytes += r.length;
+    RouteCount& count = out[static_cast<size_t>(r.route)];
+    ++count.reads;
+    count.bytes += r.length;
   }
   return out;
 }
@@ -66,9 +66,9 @@ std::string LoadPlan::ToString() const {
   out += fmt::format("  reads: {}\n", reads.size());
   const auto totals = RouteTotals();
   for (size_t r = 0; r < totals.size(); ++r) {
-    if (totals[r].first == 0) continue;
+    if (totals[r].reads == 0) continue;
     out += fmt::format("    {}: {} reads, {} bytes\n", ReadRouteName(static_cast<ReadRoute>(r)),
-                       totals[r].first, totals[r].second);
+                       totals[r].reads, totals[r].bytes);
   }
   return out;
 }

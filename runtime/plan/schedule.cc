@@ -29,12 +29,16 @@ bool NaturalLess(std::string_view a, std::string_view b) {
   return a.size() < b.size();
 }
 
+// Memory of this size or more is worth a fresh-pages mapping of its own (a tensor, or a shared
+// buffer); smaller: not worth the mapping.
+constexpr uint64_t kFreshPagesMin = 64 << 10;
+
 // The route of a read into CPU memory that needs no conversion (one tensor, or a shared buffer),
 // by the plan's ReadRouteOptions; `fresh`: that memory is fresh pages.
 ReadRoute UnconvertedCpuRoute(bool fresh, const ReadRouteOptions& routes) {
   if (routes.mmap) return ReadRoute::kMapped;
   if (fresh) return ReadRoute::kFreshPages;
-  return routes.stage_cold_reads ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace;
+  return RouteWithoutFreshPages(routes);
 }
 
 ReadRoute RouteOf(const LoadPlan& plan, uint32_t t) {
@@ -48,14 +52,16 @@ ReadRoute RouteOf(const LoadPlan& plan, uint32_t t) {
 // Small tensors (`small`, sorted by file offset) coalesced with their file neighbours: those
 // that can share a buffer (unconverted, CPU, no 64-byte alignment asked) into shared reads,
 // the others into staged reads; a read grows while the next tensor follows it in the same file
-// and the read stays within max_chunk.
+// and the read stays within max_chunk. Only reads made here grow: a large tensor's last piece
+// keeps its own priority (a float8 weight's pieces then never go before its scales).
 void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint32_t>& small,
                    uint64_t max_chunk, LoadPlan* plan,
                    std::vector<std::pair<uint32_t, ReadChunk>>* keyed) {
+  const size_t first_small = keyed->size();
   for (uint32_t i : small) {
     const TensorInfo& src = infos[plan->tensors[i].source];
     const bool share = RouteOf(*plan, i) != ReadRoute::kStaged && !plan->routes.align_tensors;
-    if (!keyed->empty()) {
+    if (keyed->size() > first_small) {
       auto& [key, last] = keyed->back();
       if (last.route == ReadRoute::kStaged && last.shared_buffer == share &&
           last.file == src.file && last.offset + last.length == src.offset &&
@@ -72,10 +78,9 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
   }
   // A shared buffer is one block of CPU memory, fresh pages when it is large enough to be worth
   // a mapping (ChooseFreshPages' rule, for the block), and routed as one unconverted tensor.
-  constexpr uint64_t kFreshMin = 64 << 10;
   for (auto& [key, read] : *keyed) {
     if (!read.shared_buffer) continue;
-    const bool fresh = plan->routes.fill_fresh_pages && read.length >= kFreshMin;
+    const bool fresh = plan->routes.fill_fresh_pages && read.length >= kFreshPagesMin;
     for (uint32_t t : read.tensors) plan->tensors[t].fresh_pages = fresh;
     read.route = UnconvertedCpuRoute(fresh, plan->routes);
   }
@@ -93,12 +98,15 @@ std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos) {
   return order;
 }
 
+ReadRoute RouteWithoutFreshPages(const ReadRouteOptions& routes) {
+  return routes.stage_cold_reads ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace;
+}
+
 void ChooseFreshPages(LoadPlan* plan) {
-  constexpr uint64_t kFreshMin = 64 << 10;  // smaller ones: not worth a mapping of their own
   if (!plan->routes.fill_fresh_pages) return;
   for (uint32_t i = 0; i < plan->tensors.size(); ++i) {
     TensorPlan& tp = plan->tensors[i];
-    tp.fresh_pages = plan->device_of(i) == Device::Cpu() && tp.nbytes >= kFreshMin &&
+    tp.fresh_pages = plan->device_of(i) == Device::Cpu() && tp.nbytes >= kFreshPagesMin &&
                      !(plan->routes.mmap && tp.conversion == Conversion::kNone);
   }
 }
@@ -117,7 +125,9 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
     // A dequantized weight and its scales are never coalesced: the scales' read then comes
     // before every read of the weight, whose conversion waits for them.
     const bool fp8_pair = tp.conversion == Conversion::kDequantFp8Block || is_scale[tp.source];
-    if (src.nbytes < options.coalesce_below && !fp8_pair && route != ReadRoute::kMapped) {
+    // Small: below coalesce_below, and never above max_chunk (no read is longer than that).
+    const uint64_t small_below = std::min(options.coalesce_below, options.max_chunk);
+    if (src.nbytes < small_below && !fp8_pair && route != ReadRoute::kMapped) {
       small.push_back(i);
       continue;
     }

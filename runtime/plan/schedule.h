@@ -19,6 +19,10 @@ std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos);
 // and TensorPlan::device as an index into it.
 void IndexTargets(const std::vector<Device>& device_of, LoadPlan* plan);
 
+// The route of an unconverted CPU read that would go into fresh pages, where there are none
+// (fill_fresh_pages off, or userfaultfd refused at run time: routes.h, RouteAtStart).
+ReadRoute RouteWithoutFreshPages(const ReadRouteOptions& routes);
+
 // TensorPlan::fresh_pages: CPU tensors of 64 KiB and more, unless mapped, when
 // plan->routes.fill_fresh_pages.
 void ChooseFreshPages(LoadPlan* plan);
@@ -27,8 +31,9 @@ void ChooseFreshPages(LoadPlan* plan);
 // tensor and plan->routes (staged for a device or a conversion); small ones coalesced with their
 // file neighbours, into shared buffers where they need no conversion (ReadChunk::shared_buffer,
 // whose tensors' fresh_pages it sets), else into staged reads (mapped ones are not read, so
-// never coalesced); reads in the priority order of their first tensor. `is_scale[i]`: checkpoint tensor i is a float8 weight's
-// scales (never coalesced, so that it is read before its weight).
+// never coalesced); reads in the priority order of their first tensor. `is_scale[i]`:
+// checkpoint tensor i is a float8 weight's scales (never coalesced, so that it is read before
+// its weight).
 void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
                    const PlanOptions& options, LoadPlan* plan);
 

@@ -38,4 +38,14 @@ std::string ShapeString(const std::vector<uint64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
+nlohmann::ordered_json RoutesJson(const RouteCounts& counts) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r].reads == 0) continue;
+    out[std::string(ReadRouteName(static_cast<ReadRoute>(r)))] = {{"reads", counts[r].reads},
+                                                                 {"bytes", counts[r].bytes}};
+  }
+  return out;
+}
+
 }  // namespace loadstone::cli

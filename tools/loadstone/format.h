@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "loadstone/plan.h"
 #include "loadstone/status.h"
 
 namespace loadstone::cli {
@@ -18,6 +21,10 @@ std::string HumanBytes(uint64_t bytes);
 
 // "[4096, 4096]".
 std::string ShapeString(const std::vector<uint64_t>& shape);
+
+// {"in place": {"reads": N, "bytes": B}, ...}: the routes with reads, in ReadRoute order
+// (`plan --json` for the planned routes, `load --json` for those taken).
+nlohmann::ordered_json RoutesJson(const RouteCounts& counts);
 
 }  // namespace loadstone::cli
 

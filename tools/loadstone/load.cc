@@ -1,4 +1,4 @@
-// loadstone load PATH [plan flags] [read flags] [--json] [--trace FILE] [--mmap]
+// loadstone load PATH [plan flags] [read flags] [--json] [--trace FILE]
 #include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -25,7 +25,6 @@ struct LoadArgs {
   PlanFlags flags;
   ReadFlags read;
   bool json = false;
-  bool mmap = false;
   std::string trace;
 };
 
@@ -94,14 +93,7 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
                  {"cache_copied_bytes", rs.taken(ReadRoute::kPageCacheCopy).bytes},
                  {"mapped_bytes", rs.taken(ReadRoute::kMapped).bytes}};
   // The route each read took (the plan's, settled as each read's turn came: routes.h).
-  auto& routes = doc["routes"] = nlohmann::ordered_json::object();
-  for (size_t r = 0; r < kReadRouteCount; ++r) {
-    const ReadStats::RouteCount& c = rs.routes[r];
-    if (c.reads > 0) {
-      routes[std::string(ReadRouteName(static_cast<ReadRoute>(r)))] = {{"reads", c.reads},
-                                                                        {"bytes", c.bytes}};
-    }
-  }
+  doc["routes"] = RoutesJson(rs.routes);
   std::map<std::string, uint64_t> per_device;
   auto& tensors = doc["tensors"] = nlohmann::ordered_json::array();
   for (const loadstone::Tensor& t : load.Tensors()) {
@@ -126,7 +118,6 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
 int RunLoad(const LoadArgs& args) {
   auto in = args.flags.Resolve("cpu");
   if (!in.ok()) return ReportError(in.status());
-  in->options.routes.mmap = args.mmap;
   auto plan = Plan(*in->checkpoint, in->options);
   if (!plan.ok()) return ReportError(plan.status());
   PrintWarnings(in->warnings);
@@ -195,7 +186,6 @@ void AddLoadCommand(CLI::App& app, int* exit_code) {
   args->flags.Register(cmd, /*path_required=*/true);
   args->read.Register(cmd);
   cmd->add_flag("--json", args->json, "Print one JSON document (with CRC-32 per tensor)");
-  cmd->add_flag("--mmap", args->mmap, "Map tensors that need no conversion instead of reading");
   cmd->add_option("--trace", args->trace,
                   "Write a Chrome trace-event JSON of the load (open it in Perfetto)");
   cmd->callback([args, exit_code] { *exit_code = RunLoad(*args); });

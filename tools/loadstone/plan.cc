@@ -34,18 +34,6 @@ std::string StringList(const std::vector<std::string>& items) {
   return out + "]";
 }
 
-// The reads and bytes per planned route of a checkpoint's plan, as JSON.
-std::string RoutesJson(const LoadPlan& plan) {
-  nlohmann::ordered_json routes = nlohmann::ordered_json::object();
-  const auto totals = plan.RouteTotals();
-  for (size_t r = 0; r < totals.size(); ++r) {
-    if (totals[r].first == 0) continue;
-    routes[std::string(ReadRouteName(static_cast<ReadRoute>(r)))] = {{"reads", totals[r].first},
-                                                                     {"bytes", totals[r].second}};
-  }
-  return routes.dump();
-}
-
 // `load_plan` (a checkpoint's plan): sizes are as the load places each tensor, and its routes
 // are shown; null: sized as accelerate sizes.
 void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings, bool explain,
@@ -68,7 +56,7 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
   if (explain) std::cout << ", \"explanation\": " << StringList(plan.explanation);
   if (placed) {
     std::cout << ", \"reads\": " << load_plan->reads.size()
-              << ", \"routes\": " << RoutesJson(*load_plan);
+              << ", \"routes\": " << RoutesJson(load_plan->RouteTotals()).dump();
   }
   std::cout << "}\n";
 }
@@ -117,10 +105,10 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
   std::cout << fmt::format("\nreads: {}\n", load_plan->reads.size());
   const auto totals = load_plan->RouteTotals();
   for (size_t r = 0; r < totals.size(); ++r) {
-    if (totals[r].first == 0) continue;
+    if (totals[r].reads == 0) continue;
     std::cout << fmt::format("  {:<18} {:>8} reads {:>14}\n",
-                             ReadRouteName(static_cast<ReadRoute>(r)), totals[r].first,
-                             HumanBytes(totals[r].second));
+                             ReadRouteName(static_cast<ReadRoute>(r)), totals[r].reads,
+                             HumanBytes(totals[r].bytes));
   }
 }
 

@@ -89,6 +89,7 @@ void PlanFlags::Register(CLI::App* cmd, bool path_required) {
                 "Read cold CPU tensors straight into place instead of through staging");
   cmd->add_flag("--no-fresh-pages", no_fresh_pages,
                 "Write CPU tensors into ordinary (kernel-zeroed) pages, not userfaultfd-filled ones");
+  cmd->add_flag("--mmap", mmap, "Map tensors that need no conversion instead of reading them");
   cmd->add_option("--assume-gpus", assume_gpus,
                   "Plan for a machine with COUNT GPUs of SIZE each (e.g. 2x80GiB) instead of this "
                   "one; `load` then places their tensors on simulated devices (host memory)");
@@ -162,6 +163,7 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   o.explain = explain;
   o.routes.stage_cold_reads = !no_stage_cold;
   o.routes.fill_fresh_pages = !no_fresh_pages;
+  o.routes.mmap = mmap;
   if (!assume_gpus.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus));
     o.platform = SimulatedPlatformWithDevices(machine);  // `load` runs the plan on them

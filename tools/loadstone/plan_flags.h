@@ -45,6 +45,7 @@ struct PlanFlags {
   bool explain = false;
   bool no_stage_cold = false;   // ReadRouteOptions
   bool no_fresh_pages = false;
+  bool mmap = false;
   std::string assume_gpus;  // COUNTxSIZE: plan (and load) on a simulated machine
 
   // `path_required`: load and bench need a checkpoint; plan takes one, a description or both.

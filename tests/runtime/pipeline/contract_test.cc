@@ -182,6 +182,58 @@ TEST_CASE("contract: a plan made for another checkpoint is refused, the Loader g
   for (const Tensor& t : ok.Tensors()) testing::CheckTensorBytes(t);
 }
 
+TEST_CASE("contract: a plan edited by hand into something unloadable is refused, never run") {
+  testing::MixedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan& good = model.plan;
+  // Indices of a large single-tensor read and of a shared-buffer read of the default plan.
+  size_t large = good.reads.size(), shared = good.reads.size();
+  for (size_t i = 0; i < good.reads.size(); ++i) {
+    if (good.reads[i].shared_buffer && good.reads[i].tensors.size() > 1) shared = i;
+    if (good.reads[i].route == ReadRoute::kFreshPages && !good.reads[i].shared_buffer) large = i;
+  }
+  REQUIRE(large < good.reads.size());
+  REQUIRE(shared < good.reads.size());
+  const std::vector<std::pair<std::string, std::function<void(LoadPlan&)>>> forgeries = {
+      {"planned twice", [](LoadPlan& p) { p.tensors[1].source = p.tensors[0].source; }},
+      {"bytes", [](LoadPlan& p) { p.tensors[0].nbytes /= 2; }},
+      {"bytes", [](LoadPlan& p) { p.tensors[0].dtype = DType::kF64; }},
+      {"route that cannot be planned",
+       [&](LoadPlan& p) { p.reads[large].route = ReadRoute::kPageCacheCopy; }},
+      {"route that cannot be planned",
+       [&](LoadPlan& p) { p.reads[large].route = static_cast<ReadRoute>(200); }},
+      {"without ReadRouteOptions::mmap",
+       [&](LoadPlan& p) { p.reads[large].route = ReadRoute::kMapped; }},
+      {"read in place, but it is converted, on a device or read with others",
+       [&](LoadPlan& p) {
+         p.reads[shared].shared_buffer = false;
+         p.reads[shared].route = ReadRoute::kInPlace;
+       }},
+      {"back to back", [&](LoadPlan& p) {
+         p.reads[shared].offset += 1;  // its first tensor no longer starts it
+         p.reads[shared].length -= 1;
+       }},
+      {"not read exactly once", [&](LoadPlan& p) { p.reads.erase(p.reads.begin() + large); }},
+      {"not read exactly once", [&](LoadPlan& p) { p.reads.push_back(p.reads[large]); }},
+      {"outside its file", [&](LoadPlan& p) { p.reads[large].length = 1ULL << 60; }},
+      {"ordinary memory", [&](LoadPlan& p) {
+         for (uint32_t t : p.reads[large].tensors) p.tensors[t].fresh_pages = false;
+       }},
+  };
+  Loader loader;
+  for (const auto& [says, forge] : forgeries) {
+    INFO(says);
+    LoadPlan forged = good;
+    forge(forged);
+    const Status status = loader.Load(ckpt, forged).Done().get();
+    REQUIRE(status.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(status.message()), Catch::Contains(says));
+    CHECK_THAT(std::string(status.message()), Catch::Contains("plan it again"));
+  }
+  LoadHandle ok = loader.Load(ckpt, good);  // and the Loader goes on
+  REQUIRE(ok.Done().get().ok());
+}
+
 TEST_CASE("contract: a progress callback, a tensor filter, a backend line at once") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);

@@ -141,12 +141,12 @@ TEST_CASE("loader: every tensor lands byte-exact, futures and callbacks fire onc
   CHECK(p.tensors_done == p.tensors_total);
   // The files were just written (in the page cache): with fresh pages, the workers copied the
   // large tensors out of the cache themselves, without reads.
-  const ReadStats::RouteCount copied = load.read_stats().taken(ReadRoute::kPageCacheCopy);
+  const RouteCount copied = load.read_stats().taken(ReadRoute::kPageCacheCopy);
   if (filled) CHECK(copied.bytes > 0);
   if (!filled) CHECK(copied.bytes == 0);
   // Every read took a route, and each route's bytes add up to the plan's.
   uint64_t reads = 0, bytes = 0;
-  for (const ReadStats::RouteCount& c : load.read_stats().routes) reads += c.reads, bytes += c.bytes;
+  for (const RouteCount& c : load.read_stats().routes) reads += c.reads, bytes += c.bytes;
   CHECK(reads == plan->reads.size());
   CHECK(bytes == plan->read_bytes);
   // Routes named two ways are settled at each read's turn: none is reported as taken.

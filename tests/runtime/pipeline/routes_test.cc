@@ -62,7 +62,7 @@ TEST_CASE("routes: each read's route follows from its tensor and the route optio
   // The plan's text and route totals say the same.
   const auto totals = plan->RouteTotals();
   size_t reads = 0;
-  for (const auto& [count, bytes] : totals) reads += count;
+  for (const RouteCount& count : totals) reads += count.reads;
   CHECK(reads == plan->reads.size());
   CHECK_THAT(plan->ToString(), Catch::Contains("fresh pages: "));
   CHECK_THAT(Plan(ckpt, cast)->ToString(), Catch::Contains("staged: "));

@@ -1,0 +1,170 @@
+#include "runtime/plan/check_plan.h"
+
+#include <algorithm>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/convert/cast.h"
+#include "runtime/convert/fp8_block.h"
+
+namespace loadstone::planning {
+namespace {
+
+__extension__ using Wide = unsigned __int128;
+
+Status Refused(std::string_view what) {
+  return Status::InvalidArgument(
+      fmt::format("this plan cannot be loaded: {}; plan it again with Plan()", what));
+}
+
+bool IsFloat8(DType d) { return d == DType::kF8E4M3 || d == DType::kF8E5M2; }
+
+// A float8 weight's scales: where they are, their block and how many of them it needs.
+Status CheckFp8(const Checkpoint& checkpoint, const LoadPlan& plan, const TensorPlan& tp) {
+  const TensorInfo& src = checkpoint.tensors()[tp.source];
+  const TensorPlan& scales = plan.tensors[tp.scale];
+  if (!IsFloat8(src.dtype) || src.shape.size() != 2 || tp.block_rows == 0 || tp.block_cols == 0 ||
+      !convert::IsFp8ScaleDType(scales.dtype) || scales.conversion != Conversion::kNone ||
+      scales.device != tp.device) {
+    return Refused(fmt::format("tensor '{}' is dequantized with scales that do not fit it",
+                               src.name));
+  }
+  const Wide needed = static_cast<Wide>((src.shape[0] + tp.block_rows - 1) / tp.block_rows) *
+                      ((src.shape[1] + tp.block_cols - 1) / tp.block_cols) *
+                      (DTypeBits(scales.dtype) / 8);
+  if (needed > scales.nbytes) {
+    return Refused(fmt::format("tensor '{}' needs more scales than '{}' holds", src.name,
+                               checkpoint.tensors()[scales.source].name));
+  }
+  return Status::OK();
+}
+
+// Each planned tensor: its source, target and scales exist, it is planned once, and its size,
+// dtype and conversion agree with the catalog.
+Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
+  const auto& infos = checkpoint.tensors();
+  std::vector<bool> planned(infos.size());
+  for (const TensorPlan& tp : plan.tensors) {
+    if (tp.source >= infos.size() || tp.scale >= plan.tensors.size() ||
+        tp.device >= plan.targets.size()) {
+      return Refused("it names a tensor, device or scales the checkpoint does not have");
+    }
+    const TensorInfo& src = infos[tp.source];
+    if (planned[tp.source]) return Refused(fmt::format("tensor '{}' is planned twice", src.name));
+    planned[tp.source] = true;
+    const bool dtype_fits = tp.conversion == Conversion::kNone ? tp.dtype == src.dtype
+                            : tp.conversion == Conversion::kCast
+                                ? convert::CanCast(src.dtype, tp.dtype)
+                                : tp.conversion == Conversion::kDequantFp8Block;
+    if (!dtype_fits || static_cast<Wide>(tp.nbytes) * 8 !=
+                           static_cast<Wide>(src.numel()) * DTypeBits(tp.dtype)) {
+      return Refused(fmt::format("tensor '{}' is planned as {} bytes of {} by {}, which its {} "
+                                 "bytes of {} cannot become",
+                                 src.name, tp.nbytes, TorchName(tp.dtype),
+                                 ConversionName(tp.conversion), src.nbytes, TorchName(src.dtype)));
+    }
+    if (tp.fresh_pages && plan.targets[tp.device] != Device::Cpu()) {
+      return Refused(fmt::format("tensor '{}' is in fresh pages but not on the CPU", src.name));
+    }
+    if (tp.conversion == Conversion::kDequantFp8Block) {
+      LOADSTONE_RETURN_IF_ERROR(CheckFp8(checkpoint, plan, tp));
+    }
+  }
+  return Status::OK();
+}
+
+// The route of read `r` fits it (see the header).
+Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const ReadChunk& r) {
+  const auto route = static_cast<size_t>(r.route);
+  if (route >= kReadRouteCount || r.route == ReadRoute::kPageCacheCopy) {
+    return Refused("a read has a route that cannot be planned");
+  }
+  const TensorInfo& first = checkpoint.tensors()[plan.tensors[r.tensors.front()].source];
+  auto unconverted_cpu = [&](uint32_t t) {
+    return plan.tensors[t].conversion == Conversion::kNone && plan.device_of(t) == Device::Cpu();
+  };
+  if (r.shared_buffer) {
+    uint64_t at = r.offset;
+    for (uint32_t t : r.tensors) {
+      const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+      if (!unconverted_cpu(t) || src.file != r.file || src.offset != at ||
+          plan.tensors[t].fresh_pages != plan.tensors[r.tensors.front()].fresh_pages) {
+        return Refused(fmt::format("the shared buffer of '{}' is not its tensors' bytes back to "
+                                   "back, unconverted, on the CPU", first.name));
+      }
+      at += src.nbytes;
+    }
+    if (at != r.offset + r.length || r.route == ReadRoute::kMapped) {
+      return Refused(fmt::format("the shared buffer of '{}' does not hold its read", first.name));
+    }
+  } else if (r.route != ReadRoute::kStaged &&
+             (r.tensors.size() != 1 || !unconverted_cpu(r.tensors.front()))) {
+    return Refused(fmt::format("tensor '{}' is read {}, but it is converted, on a device or read "
+                               "with others",
+                               first.name, ReadRouteName(r.route)));
+  }
+  const bool fresh = plan.tensors[r.tensors.front()].fresh_pages;
+  if (r.route == ReadRoute::kMapped && !plan.routes.mmap) {
+    return Refused(fmt::format("tensor '{}' is mapped without ReadRouteOptions::mmap", first.name));
+  }
+  if ((r.route == ReadRoute::kFreshPages) != (fresh && r.route != ReadRoute::kStaged)) {
+    return Refused(fmt::format("tensor '{}' is read {} into {}", first.name,
+                               ReadRouteName(r.route), fresh ? "fresh pages" : "ordinary memory"));
+  }
+  return Status::OK();
+}
+
+// Every planned tensor's bytes are read exactly once, in file order, by reads inside its file.
+Status CheckCoverage(const Checkpoint& checkpoint, const LoadPlan& plan) {
+  std::vector<uint64_t> next(plan.tensors.size());  // per tensor: the offset its next piece starts at
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    next[t] = checkpoint.tensors()[plan.tensors[t].source].offset;
+  }
+  for (const ReadChunk& r : plan.reads) {
+    if (r.file >= checkpoint.files().size() || r.tensors.empty() || r.length == 0 ||
+        r.offset > checkpoint.files()[r.file].bytes ||
+        r.length > checkpoint.files()[r.file].bytes - r.offset) {
+      return Refused("a read is empty or outside its file");
+    }
+    for (uint32_t t : r.tensors) {
+      if (t >= plan.tensors.size()) return Refused("a read is for a tensor the plan does not have");
+    }
+    LOADSTONE_RETURN_IF_ERROR(CheckRoute(checkpoint, plan, r));
+    for (uint32_t t : r.tensors) {
+      const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+      const uint64_t lo = std::max(r.offset, src.offset);
+      const uint64_t hi = std::min(r.offset + r.length, src.offset + src.nbytes);
+      if (src.file != r.file || lo >= hi || lo != next[t]) {
+        return Refused(fmt::format("the bytes of tensor '{}' are not read exactly once, in order",
+                                   src.name));
+      }
+      next[t] = hi;
+    }
+  }
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+    if (next[t] != src.offset + src.nbytes) {
+      return Refused(fmt::format("the bytes of tensor '{}' are not read exactly once, in order",
+                                 src.name));
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status CheckPlanFor(const Checkpoint& checkpoint, const LoadPlan& plan) {
+  if (plan.checkpoint_fingerprint != checkpoint.fingerprint()) {
+    return Status::InvalidArgument(fmt::format(
+        "this plan was made for another checkpoint (fingerprint {:016x}, the checkpoint's "
+        "{:016x}: other files, sizes or tensors, or a plan not made by Plan()); plan it again "
+        "with Plan() for this checkpoint ({})",
+        plan.checkpoint_fingerprint, checkpoint.fingerprint(),
+        checkpoint.files().empty() ? std::string("no files") : checkpoint.files()[0].path));
+  }
+  LOADSTONE_RETURN_IF_ERROR(CheckTensors(checkpoint, plan));
+  return CheckCoverage(checkpoint, plan);
+}
+
+}  // namespace loadstone::planning

@@ -1,0 +1,27 @@
+// Whether a LoadPlan can be carried out on a checkpoint as it is: a plan is a value a program may
+// keep, copy, edit or build by hand, so the Loader checks it before it uses any index, size or
+// route in it — a plan made by Plan() for this checkpoint always passes.
+#ifndef LOADSTONE_RUNTIME_PLAN_CHECK_PLAN_H_
+#define LOADSTONE_RUNTIME_PLAN_CHECK_PLAN_H_
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/plan.h"
+
+namespace loadstone::planning {
+
+// InvalidArgument, saying what is wrong and to plan again, when:
+// - the plan was made for another checkpoint (LoadPlan::checkpoint_fingerprint);
+// - an index points nowhere (a tensor, a file, a target, float8 scales), a tensor is planned
+//   twice, or its size, dtype and conversion do not agree with the catalog;
+// - a read is outside its file, or its tensors' bytes are not read exactly once, in file order
+//   (every planned tensor's bytes covered by its reads, no byte twice: else a load would never
+//   finish);
+// - a route does not fit its read: kPageCacheCopy planned, an unstaged route for a converted,
+//   device or coalesced tensor, kMapped without ReadRouteOptions::mmap, kFreshPages for memory
+//   that is not fresh pages, a fresh-pages tensor read by the reader, a shared buffer that is not
+//   its tensors' bytes back to back.
+Status CheckPlanFor(const Checkpoint& checkpoint, const LoadPlan& plan);
+
+}  // namespace loadstone::planning
+
+#endif  // LOADSTONE_RUNTIME_PLAN_CHECK_PLAN_H_
