@@ -286,7 +286,7 @@ TEST_CASE("cli: plan shows each read's route, the route flags change it, load re
   CHECK(human.out.find("staged when cold") != std::string::npos);
 
   // load: every byte of the plan on a route taken; none left "when cold" or "fresh pages".
-  for (const std::string& flags : {"", "--no-fresh-pages", "--mmap"}) {
+  for (const std::string flags : {"", "--no-fresh-pages", "--mmap"}) {
     INFO(flags);
     const auto load = RunCli("load " + path + " --json " + flags);
     REQUIRE(load.code == 0);
