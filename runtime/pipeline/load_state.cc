@@ -52,7 +52,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       destinations_(checkpoint, plan, devices, options.host_memory_limit, loader_options.direct_io),
       placer_(checkpoint, plan, destinations_),
       window_(plan.reads.size(), static_cast<size_t>(std::max(loader_options.queue_depth, 1)) * 2),
-      plan_error_(CheckPlan(checkpoint, plan)) {
+      plan_error_(planning::CheckPlanFor(checkpoint, plan)) {
   if (plan_error_.ok()) plan_index_.assign(checkpoint.tensors().size(), ~uint32_t{0});
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     tensors[i].future = tensors[i].promise.get_future().share();
@@ -90,12 +90,6 @@ Progress LoadHandle::State::Snapshot() const {
     p.eta_seconds = p.seconds * (p.bytes_total - p.bytes_read) / p.bytes_read;
   }
   return p;
-}
-
-// A plan is used only with the checkpoint it was made for, and only when it can be carried out
-// as it is (a plan is a value a program may keep, copy or build): runtime/plan/check_plan.h.
-Status LoadHandle::State::CheckPlan(const Checkpoint& checkpoint, const LoadPlan& plan) {
-  return planning::CheckPlanFor(checkpoint, plan);
 }
 
 std::string LoadHandle::State::TraceLabel(uint64_t id) const {
@@ -202,6 +196,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
 void LoadHandle::State::AdvanceChunk(uint64_t id) {
   const ReadChunk& chunk = plan.reads[id];
   for (uint32_t t : chunk.tensors) {
+    if (DeviceOf(t) >= 0) continue;  // a device piece: its job's completion counts it
     const auto [lo, hi] = pipeline::PieceOf(chunk, checkpoint.tensors()[plan.tensors[t].source]);
     Advance(t, hi - lo);
   }

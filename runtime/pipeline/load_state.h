@@ -121,6 +121,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // Hands a staged chunk's pieces to the workers and devices.
   void DispatchStaged(uint64_t chunk);
   void ConvertStaged(uint64_t chunk, size_t slot);  // runs on a worker thread
+  // ConvertStaged's pieces of an unshared chunk, staged at `staged`: each CPU tensor's, converted
+  // as planned (Placer::PlaceOnCpu). Runs on a worker thread.
+  Status PlaceCpuPieces(uint64_t chunk, const std::byte* staged);
   void OnStagedDone(uint64_t chunk, size_t slot, Status status);
   void OnDevicePieceDone(uint64_t chunk, size_t slot, uint32_t tensor, uint64_t bytes,
                          Status status);
@@ -162,7 +165,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void CopyCached(uint64_t id, const std::byte* source);  // runs on a worker thread
   void OnCachedDone(uint64_t id, Status status);
   void Advance(uint32_t tensor, uint64_t source_bytes);
-  void AdvanceChunk(uint64_t chunk);  // every tensor of the chunk by its piece of it
+  void AdvanceChunk(uint64_t chunk);  // every CPU tensor of the chunk by its piece of it
   // Tensor `tensor`'s memory (destinations_), once; for a ReadChunk::shared_buffer chunk, the
   // one buffer its tensors point into.
   Status EnsureDestination(uint32_t tensor);
@@ -173,7 +176,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void Fail(Status status);
   void MaybeFinish();
   Status ChunkError(uint64_t chunk, const Status& status) const;
-  static Status CheckPlan(const Checkpoint& checkpoint, const LoadPlan& plan);
   // For the trace: "NAME" or "NAME and 3 more"; the read's file, range, tensors, planned route
   // and the route it took (ReadRouteName) as JSON.
   std::string TraceLabel(uint64_t chunk) const;
@@ -204,7 +206,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   size_t cached_copies_ = 0;
   bool stopping_ = false;
   Status error_;
-  const Status plan_error_;  // CheckPlan()'s verdict, acted on by Start()
+  // planning::CheckPlanFor's verdict (a plan is used only with the checkpoint it was made for,
+  // and only when it can be carried out as it is), acted on by Start().
+  const Status plan_error_;
 };
 
 }  // namespace loadstone

@@ -7,7 +7,6 @@
 #include <asio/post.hpp>
 #include <algorithm>
 #include <cstring>
-#include <span>
 #include <utility>
 
 #include <fmt/format.h>
@@ -107,6 +106,19 @@ void LoadHandle::State::OnSlotPrepared(size_t s, Result<std::shared_ptr<std::byt
   MaybeFinish();
 }
 
+Status LoadHandle::State::PlaceCpuPieces(uint64_t id, const std::byte* staged) {
+  const ReadChunk& chunk = plan.reads[id];
+  for (uint32_t t : chunk.tensors) {
+    if (DeviceOf(t) >= 0) continue;  // a device piece: its device does it
+    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+    const auto [lo, hi] = PieceOf(chunk, src);
+    Status status = placer_.PlaceOnCpu(t, tensors[t].data, ScalesOf(t),
+                                       staged + (lo - chunk.offset), lo, hi);
+    if (!status.ok()) return status.WithContext(fmt::format("placing tensor '{}'", src.name));
+  }
+  return Status::OK();
+}
+
 void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
@@ -115,19 +127,8 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   if (chunk.shared_buffer) {  // one copy of the whole chunk into its tensors' shared buffer
     status = placer_.PlaceShared(chunk, ReadDestination(id), staged);
     if (!status.ok()) status = ChunkError(id, status);
-  }
-  const auto pieces = chunk.shared_buffer ? std::span<const uint32_t>()
-                                           : std::span<const uint32_t>(chunk.tensors);
-  for (uint32_t t : pieces) {  // each tensor's piece, converted as planned
-    if (DeviceOf(t) >= 0) continue;  // a device piece: its device does it
-    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-    const auto [lo, hi] = PieceOf(chunk, src);
-    status = placer_.PlaceOnCpu(t, tensors[t].data, ScalesOf(t), staged + (lo - chunk.offset), lo,
-                                hi);
-    if (!status.ok()) {
-      status = status.WithContext(fmt::format("placing tensor '{}'", src.name));
-      break;
-    }
+  } else {
+    status = PlaceCpuPieces(id, staged);
   }
   if (trace.enabled()) {  // named by what the workers did: a conversion, or a copy
     Conversion did = Conversion::kNone;
@@ -200,13 +201,7 @@ void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
   if (!status.ok()) {
     Fail(std::move(status));
   } else if (!stopping_) {
-    const ReadChunk& chunk = plan.reads[id];
-    for (uint32_t t : chunk.tensors) {
-      if (DeviceOf(t) >= 0) continue;
-      const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-      const auto [lo, hi] = PieceOf(chunk, src);
-      Advance(t, hi - lo);
-    }
+    AdvanceChunk(id);
   }
   ChunkPartDone(id, slot);
 }

@@ -7,6 +7,7 @@
 
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
+#include "runtime/plan/schedule.h"
 
 namespace loadstone::planning {
 namespace {
@@ -81,14 +82,11 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
     return Refused("a read has a route that cannot be planned");
   }
   const TensorInfo& first = checkpoint.tensors()[plan.tensors[r.tensors.front()].source];
-  auto unconverted_cpu = [&](uint32_t t) {
-    return plan.tensors[t].conversion == Conversion::kNone && plan.device_of(t) == Device::Cpu();
-  };
   if (r.shared_buffer) {
     uint64_t at = r.offset;
     for (uint32_t t : r.tensors) {
       const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-      if (!unconverted_cpu(t) || src.file != r.file || src.offset != at ||
+      if (!IsUnconvertedCpu(plan, t) || src.file != r.file || src.offset != at ||
           plan.tensors[t].fresh_pages != plan.tensors[r.tensors.front()].fresh_pages) {
         return Refused(fmt::format("the shared buffer of '{}' is not its tensors' bytes back to "
                                    "back, unconverted, on the CPU", first.name));
@@ -99,7 +97,7 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
       return Refused(fmt::format("the shared buffer of '{}' does not hold its read", first.name));
     }
   } else if (r.route != ReadRoute::kStaged &&
-             (r.tensors.size() != 1 || !unconverted_cpu(r.tensors.front()))) {
+             (r.tensors.size() != 1 || !IsUnconvertedCpu(plan, r.tensors.front()))) {
     return Refused(fmt::format("tensor '{}' is read {}, but it is converted, on a device or read "
                                "with others",
                                first.name, ReadRouteName(r.route)));

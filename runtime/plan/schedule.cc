@@ -42,11 +42,8 @@ ReadRoute UnconvertedCpuRoute(bool fresh, const ReadRouteOptions& routes) {
 }
 
 ReadRoute RouteOf(const LoadPlan& plan, uint32_t t) {
-  const TensorPlan& tp = plan.tensors[t];
-  if (plan.device_of(t) != Device::Cpu() || tp.conversion != Conversion::kNone) {
-    return ReadRoute::kStaged;
-  }
-  return UnconvertedCpuRoute(tp.fresh_pages, plan.routes);
+  if (!IsUnconvertedCpu(plan, t)) return ReadRoute::kStaged;
+  return UnconvertedCpuRoute(plan.tensors[t].fresh_pages, plan.routes);
 }
 
 // Small tensors (`small`, sorted by file offset) coalesced with their file neighbours: those

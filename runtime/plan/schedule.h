@@ -19,6 +19,12 @@ std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos);
 // and TensorPlan::device as an index into it.
 void IndexTargets(const std::vector<Device>& device_of, LoadPlan* plan);
 
+// Tensor `t` lands on the CPU as its bytes are in the file: the tensors whose reads may skip
+// staging (in place, fresh pages, mapped, a shared buffer).
+inline bool IsUnconvertedCpu(const LoadPlan& plan, uint32_t t) {
+  return plan.tensors[t].conversion == Conversion::kNone && plan.device_of(t) == Device::Cpu();
+}
+
 // The route of an unconverted CPU read that would go into fresh pages, where there are none
 // (fill_fresh_pages off, or userfaultfd refused at run time: routes.h, RouteAtStart).
 ReadRoute RouteWithoutFreshPages(const ReadRouteOptions& routes);
