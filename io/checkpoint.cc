@@ -12,6 +12,7 @@
 #include "io/formats/hf_layout.h"
 #include "io/formats/safetensors.h"
 #include "io/formats/sniff.h"
+#include "io/formats/torch_zip.h"
 
 namespace loadstone {
 
@@ -61,6 +62,10 @@ uint64_t FingerprintOf(const Checkpoint::Impl& impl) {
     f.Add(static_cast<uint64_t>(t.file));
     f.Add(t.offset);
     f.Add(t.nbytes);
+    f.Add(t.storage);
+    f.Add(static_cast<uint64_t>(t.strides.size()));
+    for (uint64_t s : t.strides) f.Add(s);
+    f.Add(static_cast<uint64_t>(t.big_endian));
   }
   return f.value();
 }
@@ -76,20 +81,43 @@ Status NameForeignFormat(const io::File& file, Status refused) {
   return Status(refused.code(), fmt::format("{}; {}", refused.message(), what));
 }
 
+void AddTensors(const std::string& path, uint64_t size, std::vector<TensorInfo> tensors,
+                Checkpoint::Impl* impl) {
+  const auto file_index = static_cast<uint32_t>(impl->files.size());
+  impl->files.push_back({path, size});
+  for (TensorInfo& t : tensors) {
+    t.file = file_index;
+    impl->total_bytes += t.nbytes;
+    impl->tensors.push_back(std::move(t));
+  }
+}
+
 Status AddSafetensorsFile(const std::string& path, Checkpoint::Impl* impl) {
   LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(path));
   auto parsed = io::ReadSafetensorsHeader(file);
   if (!parsed.ok()) return NameForeignFormat(file, parsed.status());
   io::SafetensorsHeader header = std::move(*parsed);
-  const auto file_index = static_cast<uint32_t>(impl->files.size());
-  impl->files.push_back({path, file.size()});
   for (auto& [key, value] : header.metadata) impl->metadata.emplace(key, value);
-  for (TensorInfo& t : header.tensors) {
-    t.file = file_index;
-    impl->total_bytes += t.nbytes;
-    impl->tensors.push_back(std::move(t));
-  }
+  AddTensors(path, file.size(), std::move(header.tensors), impl);
   return Status::OK();
+}
+
+Status AddTorchFile(const std::string& path, Checkpoint::Impl* impl) {
+  LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(path));
+  LOADSTONE_ASSIGN_OR_RETURN(io::TorchArchive archive, io::ReadTorchArchive(file));
+  for (const std::string& note : archive.notes) {
+    impl->warnings.push_back(fmt::format("'{}': {}", path, note));
+  }
+  AddTensors(path, file.size(), std::move(archive.tensors), impl);
+  return Status::OK();
+}
+
+Status AddFile(CheckpointFormat format, const std::string& path, Checkpoint::Impl* impl) {
+  switch (format) {
+    case CheckpointFormat::kSafetensors: return AddSafetensorsFile(path, impl);
+    case CheckpointFormat::kPyTorch: return AddTorchFile(path, impl);
+  }
+  return Status::Unsupported(fmt::format("'{}': unknown checkpoint format", path));
 }
 
 // Every mapped tensor is in its shard, every shard tensor is mapped to that shard, no tensor
@@ -130,7 +158,7 @@ Status CheckIndexAgainstShards(const io::ShardIndex& index, const Checkpoint::Im
   return Status::OK();
 }
 
-Status OpenIndex(const std::string& index_path, Checkpoint::Impl* impl) {
+Status OpenIndex(const std::string& index_path, CheckpointFormat format, Checkpoint::Impl* impl) {
   LOADSTONE_ASSIGN_OR_RETURN(io::ShardIndex index, io::ReadShardIndex(index_path));
   const std::filesystem::path dir = std::filesystem::path(index_path).parent_path();
   for (const std::string& shard : index.shards) {
@@ -140,7 +168,7 @@ Status OpenIndex(const std::string& index_path, Checkpoint::Impl* impl) {
       return Status::NotFound(fmt::format("shard '{}' named by index '{}' does not exist",
                                           shard_path, index_path));
     }
-    LOADSTONE_RETURN_IF_ERROR(AddSafetensorsFile(shard_path, impl));
+    LOADSTONE_RETURN_IF_ERROR(AddFile(format, shard_path, impl));
   }
   LOADSTONE_RETURN_IF_ERROR(CheckIndexAgainstShards(index, *impl));
   impl->index_path = index_path;
@@ -152,6 +180,7 @@ Status OpenIndex(const std::string& index_path, Checkpoint::Impl* impl) {
 std::string_view CheckpointFormatName(CheckpointFormat format) {
   switch (format) {
     case CheckpointFormat::kSafetensors: return "safetensors";
+    case CheckpointFormat::kPyTorch: return "pytorch";
   }
   return "unknown";
 }
@@ -168,10 +197,11 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
   LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint resolved,
                              io::ResolveCheckpointPath(path, options));
   auto impl = std::make_shared<Impl>();
-  if (resolved.kind == ResolvedCheckpoint::Kind::kSafetensorsIndex) {
-    LOADSTONE_RETURN_IF_ERROR(OpenIndex(resolved.path, impl.get()));
+  impl->format = resolved.format;
+  if (resolved.kind == ResolvedCheckpoint::Kind::kIndex) {
+    LOADSTONE_RETURN_IF_ERROR(OpenIndex(resolved.path, resolved.format, impl.get()));
   } else {
-    LOADSTONE_RETURN_IF_ERROR(AddSafetensorsFile(resolved.path, impl.get()));
+    LOADSTONE_RETURN_IF_ERROR(AddFile(resolved.format, resolved.path, impl.get()));
   }
   impl->by_name.reserve(impl->tensors.size());
   for (size_t i = 0; i < impl->tensors.size(); ++i) {

@@ -26,9 +26,12 @@
 
 namespace loadstone {
 
-enum class CheckpointFormat { kSafetensors };
+enum class CheckpointFormat {
+  kSafetensors,
+  kPyTorch,  // torch.save zip archives (.bin, .pt, .pth): shared/specs/torch-zip.md
+};
 
-// "safetensors".
+// "safetensors", "pytorch".
 std::string_view CheckpointFormatName(CheckpointFormat format);
 
 struct CheckpointFile {
@@ -42,9 +45,22 @@ struct TensorInfo {
   std::vector<uint64_t> shape;  // empty for a scalar
   uint32_t file = 0;            // index into Checkpoint::files()
   uint64_t offset = 0;          // absolute byte offset of the first data byte in that file
-  uint64_t nbytes = 0;
+  uint64_t nbytes = 0;          // bytes in the file, from `offset`
+  // A PyTorch archive's tensor: the storage entry it views ("archive/data/3"). Tensors of one
+  // storage (views, tied weights) overlap in the file; a load reads those bytes once. Empty for
+  // other formats.
+  std::string storage;
+  // Element strides, set only when the tensor is not C-contiguous in the file (a transposed or
+  // expanded view): [offset, offset + nbytes) then spans its first to its last element, and a
+  // load materialises it contiguously.
+  std::vector<uint64_t> strides;
+  // Its elements are stored big-endian (an archive torch.save wrote on a big-endian machine);
+  // a load swaps their bytes.
+  bool big_endian = false;
 
   uint64_t numel() const;  // 1 for a scalar, 0 when any dimension is 0
+  // Its file bytes are the tensor as loaded before any cast: contiguous and little-endian.
+  bool plain_layout() const { return strides.empty() && !big_endian; }
 };
 
 // What loadstone takes from the model's config.json: only what a load needs. A folder's
@@ -68,12 +84,14 @@ struct OpenOptions {
 
 class Checkpoint {
  public:
-  // Opens `path`: a .safetensors file; an index file (*.index.json); or a folder holding
-  // model.safetensors, model.safetensors.index.json + shards, diffusion_pytorch_model*, with
-  // `options.variant` and `options.subfolder` applied as Hugging Face applies them. Where a
-  // folder holds several candidates the preference is: single file before index, model.* before
-  // diffusion_pytorch_model.*; the choice is reported in resolution(). Two candidates of the
-  // same rank are an InvalidArgument error naming both.
+  // Opens `path`: a .safetensors file; a PyTorch .bin/.pt/.pth archive; an index file
+  // (*.index.json, over safetensors or .bin shards); or a folder holding model.safetensors,
+  // model.safetensors.index.json + shards, pytorch_model.bin, pytorch_model.bin.index.json,
+  // diffusion_pytorch_model*, with `options.variant` and `options.subfolder` applied as Hugging
+  // Face applies them. Where a folder holds several candidates the preference is Hugging Face's:
+  // safetensors before .bin, single file before index; model.* and pytorch_model.* before
+  // diffusion_pytorch_model.*; the choice, and what was passed over, is reported in
+  // resolution(). Two candidates of the same rank are an InvalidArgument error naming both.
   //
   // Errors: NotFound (no such path, no checkpoint in the folder, a shard missing), Corruption
   // (a header or index that breaks the rules; the message names the reference error, file,

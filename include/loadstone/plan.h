@@ -31,9 +31,13 @@ enum class Conversion {
   kCast,  // a float cast (f32/f16/bf16/f64/float8 → f32/f16/bf16), exact as PyTorch
   // A float8 weight times its block scales (specs/quant.md, "FP8 weights"), into `dtype`.
   kDequantFp8Block,
+  // The file bytes gathered into C order and/or byte-swapped, no cast: a strided view or a
+  // big-endian tensor of a PyTorch archive (TensorInfo::strides, big_endian), on the CPU. A cast
+  // of such a tensor is a kCast that does the same first.
+  kRelayout,
 };
 
-// "none", "cast", "fp8-block-dequant".
+// "none", "cast", "fp8-block-dequant", "relayout".
 std::string_view ConversionName(Conversion conversion);
 
 struct TensorPlan {

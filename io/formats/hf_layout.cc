@@ -22,19 +22,31 @@ Result<ResolvedCheckpoint> ResolveFile(const std::string& path, const OpenOption
     return Status::InvalidArgument(fmt::format(
         "'{}' is a file: --variant and --subfolder apply to model folders only", path));
   }
+  const std::string name = fs::path(path).filename().string();
   if (EndsWith(path, ".json")) {
-    return ResolvedCheckpoint{Kind::kSafetensorsIndex, path, "",
-                              fs::path(path).parent_path().string()};
+    // An index names its shards' format: "pytorch_model.bin.index.json", "x.bin.index.fp16.json".
+    const bool bin = name.find(".bin.index") != std::string::npos;
+    return ResolvedCheckpoint{Kind::kIndex,
+                              bin ? CheckpointFormat::kPyTorch : CheckpointFormat::kSafetensors,
+                              path, "", fs::path(path).parent_path().string()};
   }
-  if (EndsWith(path, ".safetensors")) return ResolvedCheckpoint{Kind::kSafetensorsFile, path, "", ""};
-  for (std::string_view ext : {".bin", ".pt", ".pth", ".gguf", ".ckpt"}) {
+  if (EndsWith(path, ".safetensors")) {
+    return ResolvedCheckpoint{Kind::kFile, CheckpointFormat::kSafetensors, path, "", ""};
+  }
+  for (std::string_view ext : {".bin", ".pt", ".pth"}) {
+    if (EndsWith(path, ext)) {
+      return ResolvedCheckpoint{Kind::kFile, CheckpointFormat::kPyTorch, path, "", ""};
+    }
+  }
+  for (std::string_view ext : {".gguf", ".ckpt"}) {
     if (EndsWith(path, ext)) {
       return Status::Unsupported(fmt::format(
           "'{}': {} checkpoints are not supported yet; convert to safetensors", path, ext));
     }
   }
   return Status::Unsupported(fmt::format(
-      "'{}': unknown checkpoint format (expected .safetensors or a *.index.json)", path));
+      "'{}': unknown checkpoint format (expected .safetensors, .bin, .pt, .pth or a "
+      "*.index.json)", path));
 }
 
 std::vector<std::string> FolderListing(const fs::path& dir) {
@@ -52,7 +64,8 @@ std::vector<std::string> FolderListing(const fs::path& dir) {
 }
 
 bool IsWeightsPrefix(std::string_view name) {
-  return name.starts_with("model.") || name.starts_with("diffusion_pytorch_model.");
+  return name.starts_with("model.") || name.starts_with("pytorch_model.") ||
+         name.starts_with("diffusion_pytorch_model.");
 }
 
 // The variants whose weights `dir` holds ("fp16" for model.fp16.safetensors or
@@ -64,17 +77,20 @@ std::vector<std::string> VariantsIn(const fs::path& dir) {
     const std::string name = entry.path().filename().string();
     if (!IsWeightsPrefix(name)) continue;
     std::string_view rest = std::string_view(name).substr(name.find('.') + 1);
-    constexpr std::string_view kFile = ".safetensors", kIndex = "safetensors.index.",
-                               kLegacyIndex = ".safetensors.index.json";
     std::string variant;
-    if (EndsWith(rest, kLegacyIndex)) {  // P.V.safetensors.index.json
-      variant = std::string(rest.substr(0, rest.size() - kLegacyIndex.size()));
-    } else if (EndsWith(rest, kFile)) {  // P.V.safetensors
-      variant = std::string(rest.substr(0, rest.size() - kFile.size()));
-      if (variant.find('-') != std::string::npos) variant.clear();  // a shard: V-00001-of-...
-    } else if (rest.starts_with(kIndex) && EndsWith(rest, ".json") &&
-               rest.size() > kIndex.size() + 5) {  // P.safetensors.index.V.json
-      variant = std::string(rest.substr(kIndex.size(), rest.size() - kIndex.size() - 5));
+    for (std::string_view ext : {"safetensors", "bin"}) {
+      const std::string file = fmt::format(".{}", ext), index = fmt::format("{}.index.", ext),
+                        legacy_index = fmt::format(".{}.index.json", ext);
+      if (EndsWith(rest, legacy_index)) {  // P.V.safetensors.index.json
+        variant = std::string(rest.substr(0, rest.size() - legacy_index.size()));
+      } else if (EndsWith(rest, file)) {  // P.V.safetensors
+        variant = std::string(rest.substr(0, rest.size() - file.size()));
+        if (variant.find('-') != std::string::npos) variant.clear();  // a shard: V-00001-of-...
+      } else if (rest.starts_with(index) && EndsWith(rest, ".json") &&
+                 rest.size() > index.size() + 5) {  // P.safetensors.index.V.json
+        variant = std::string(rest.substr(index.size(), rest.size() - index.size() - 5));
+      }
+      if (!variant.empty()) break;
     }
     if (!variant.empty() && variant.find('.') == std::string::npos &&
         std::find(variants.begin(), variants.end(), variant) == variants.end()) {
@@ -94,7 +110,8 @@ std::vector<std::string> ComponentsIn(const fs::path& dir) {
     std::error_code inner;
     for (const auto& file : fs::directory_iterator(entry.path(), inner)) {
       const std::string name = file.path().filename().string();
-      if (IsWeightsPrefix(name) && (EndsWith(name, ".safetensors") || EndsWith(name, ".json"))) {
+      if (IsWeightsPrefix(name) && (EndsWith(name, ".safetensors") || EndsWith(name, ".bin") ||
+                                    EndsWith(name, ".json"))) {
         components.push_back(entry.path().filename().string());
         break;
       }
@@ -107,13 +124,6 @@ std::vector<std::string> ComponentsIn(const fs::path& dir) {
 // Why `dir` holds no checkpoint, and the fix when one is obvious.
 Status NothingFound(const fs::path& dir, const OpenOptions& options) {
   const std::string& v = options.variant;
-  std::error_code ec;
-  if (fs::exists(dir / "pytorch_model.bin", ec) || fs::exists(dir / "pytorch_model.bin.index.json", ec) ||
-      fs::exists(dir / "diffusion_pytorch_model.bin", ec)) {
-    return Status::Unsupported(fmt::format(
-        "'{}' holds only PyTorch .bin weights, which are not supported yet; convert them to "
-        "safetensors", dir.string()));
-  }
   std::string hint;
   const std::vector<std::string> variants = VariantsIn(dir);
   const std::vector<std::string> components = ComponentsIn(dir);
@@ -131,8 +141,9 @@ Status NothingFound(const fs::path& dir, const OpenOptions& options) {
   }
   const std::vector<std::string> listing = FolderListing(dir);
   return Status::NotFound(fmt::format(
-      "no safetensors checkpoint{} in '{}' (looked for model[.{}].safetensors, "
-      "model.safetensors.index.json, diffusion_pytorch_model*); {}{}",
+      "no checkpoint{} in '{}' (looked for model[.{}].safetensors, "
+      "model.safetensors.index.json, pytorch_model.bin[.index.json], diffusion_pytorch_model*); "
+      "{}{}",
       v.empty() ? "" : fmt::format(" for variant '{}'", v), dir.string(),
       v.empty() ? "VARIANT" : v,
       listing.empty() ? "the folder is empty" : fmt::format("it holds: {}", fmt::join(listing, ", ")),
@@ -173,17 +184,26 @@ Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
   const std::string v = options.variant;
   std::vector<ResolvedCheckpoint> found;  // at most one per prefix: the preferred candidate
   std::vector<std::string> passed_over;
-  for (std::string_view prefix : {"model", "diffusion_pytorch_model"}) {
+  // (safetensors prefix, .bin prefix): Transformers', then diffusers'.
+  const std::pair<std::string_view, std::string_view> families[] = {
+      {"model", "pytorch_model"}, {"diffusion_pytorch_model", "diffusion_pytorch_model"}};
+  for (const auto& [st_prefix, bin_prefix] : families) {
     std::vector<ResolvedCheckpoint> candidates;
-    auto add = [&](Kind kind, const std::string& name) {
-      if (fs::is_regular_file(dir / name, ec)) candidates.push_back({kind, (dir / name).string(), name, ""});
+    auto add = [&](Kind kind, CheckpointFormat format, const std::string& name) {
+      if (fs::is_regular_file(dir / name, ec)) {
+        candidates.push_back({kind, format, (dir / name).string(), name, ""});
+      }
     };
-    add(Kind::kSafetensorsFile, v.empty() ? fmt::format("{}.safetensors", prefix)
-                                          : fmt::format("{}.{}.safetensors", prefix, v));
-    add(Kind::kSafetensorsIndex, v.empty() ? fmt::format("{}.safetensors.index.json", prefix)
-                                           : fmt::format("{}.safetensors.index.{}.json", prefix, v));
-    if (!v.empty()) {
-      add(Kind::kSafetensorsIndex, fmt::format("{}.{}.safetensors.index.json", prefix, v));
+    const std::pair<CheckpointFormat, std::pair<std::string_view, std::string_view>> kinds[] = {
+        {CheckpointFormat::kSafetensors, {st_prefix, "safetensors"}},
+        {CheckpointFormat::kPyTorch, {bin_prefix, "bin"}}};
+    for (const auto& [format, names] : kinds) {
+      const auto& [prefix, ext] = names;
+      add(Kind::kFile, format, v.empty() ? fmt::format("{}.{}", prefix, ext)
+                                         : fmt::format("{}.{}.{}", prefix, v, ext));
+      add(Kind::kIndex, format, v.empty() ? fmt::format("{}.{}.index.json", prefix, ext)
+                                          : fmt::format("{}.{}.index.{}.json", prefix, ext, v));
+      if (!v.empty()) add(Kind::kIndex, format, fmt::format("{}.{}.{}.index.json", prefix, v, ext));
     }
     if (candidates.empty()) continue;
     for (size_t i = 1; i < candidates.size(); ++i) passed_over.push_back(candidates[i].note);

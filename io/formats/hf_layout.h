@@ -11,16 +11,20 @@
 namespace loadstone::io {
 
 struct ResolvedCheckpoint {
-  enum class Kind { kSafetensorsFile, kSafetensorsIndex };
-  Kind kind = Kind::kSafetensorsFile;
-  std::string path;  // the .safetensors file or the index file
+  enum class Kind { kFile, kIndex };
+  Kind kind = Kind::kFile;
+  // The file's format, or the shards' (an index over .bin shards: kPyTorch).
+  CheckpointFormat format = CheckpointFormat::kSafetensors;
+  std::string path;  // the checkpoint file or the index file
   std::string note;  // how it was chosen, for the user
   std::string config_dir;  // where the model's config.json would be; empty for a single file
 };
 
-// Preference in a folder (Hugging Face's order): for the prefixes `model` then
-// `diffusion_pytorch_model`, the single file `P[.V].safetensors` before the index
-// `P.safetensors.index[.V].json` (legacy: `P.V.safetensors.index.json`). Two prefixes both
+// Preference in a folder (Hugging Face's order): for the Transformers names (`model`
+// safetensors, `pytorch_model` .bin) then the diffusers ones (`diffusion_pytorch_model`), the
+// single file `P[.V].safetensors`, the index `P.safetensors.index[.V].json` (legacy:
+// `P.V.safetensors.index.json`), the single `P[.V].bin`, the index `P.bin.index[.V].json`
+// (legacy `P.V.bin.index.json`); what else was there is named in the note. Two families both
 // present, or no candidate, are errors that list what the folder holds and, where it is the
 // obvious fix, say which --subfolder or --variant would find weights. A path that is neither a
 // regular file nor a folder (a FIFO, a device) is refused before anything opens it.

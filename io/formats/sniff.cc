@@ -15,11 +15,11 @@ std::string ForeignFormat(std::span<const std::byte> head) {
   }
   if (starts("PK\x03\x04") || starts("PK\x05\x06")) {
     return "it is a zip archive (as torch.save writes a PyTorch checkpoint), not safetensors; "
-           ".bin checkpoints are not supported yet: convert it to safetensors";
+           "name it .bin (or .pt) and loadstone reads it as one";
   }
   if (head.size() >= 2 && head[0] == std::byte{0x80} && static_cast<int>(head[1]) <= 5) {
-    return "it is a Python pickle (a legacy torch.save checkpoint?), not safetensors; pickles "
-           "are not supported: convert it to safetensors";
+    return "it is a Python pickle (a legacy, pre-1.6 torch.save checkpoint?), not safetensors; "
+           "loadstone does not read those: re-save it with a current PyTorch";
   }
   if (starts("\x89HDF")) return "it is an HDF5 file (a Keras .h5 model?), not safetensors";
   return "";

@@ -2,7 +2,12 @@
 
 #include <cstring>
 
+#include <vector>
+
+#include <fmt/format.h>
+
 #include "runtime/convert/cast.h"
+#include "runtime/convert/relayout.h"
 
 namespace loadstone::pipeline {
 
@@ -26,8 +31,29 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
                           const std::byte* from, uint64_t lo, uint64_t hi) const {
   const TensorPlan& tp = plan_.tensors[t];
   const TensorInfo& src = checkpoint_.tensors()[tp.source];
+  std::vector<std::byte> plain;
+  if (!src.plain_layout()) {
+    // Into C order, little-endian; then on as a piece of a contiguous tensor: [lo, hi) becomes
+    // the element range it holds, as if the file held the tensor contiguous from src.offset.
+    const uint64_t elem = DTypeBits(src.dtype) / 8;
+    const bool whole = lo == src.offset && hi == src.offset + src.nbytes;
+    if ((!src.strides.empty() && !whole) || (lo - src.offset) % elem || (hi - lo) % elem) {
+      return Status::InvalidArgument(fmt::format(
+          "tensor '{}': the plan reads a piece [{}, {}) that is not whole elements of its {} "
+          "layout (a plan not made by Plan()?)", src.name,
+          lo, hi, src.strides.empty() ? "big-endian" : "strided"));
+    }
+    const std::vector<uint64_t> piece_shape = {(hi - lo) / elem};
+    const bool strided = !src.strides.empty();
+    plain.resize(strided ? src.numel() * elem : hi - lo);
+    LOADSTONE_RETURN_IF_ERROR(convert::Relayout(
+        from, hi - lo, strided ? std::span<const uint64_t>(src.shape) : piece_shape,
+        src.strides, elem, src.big_endian, plain.data()));
+    from = plain.data();
+    hi = lo + plain.size();
+  }
   const bool fresh = destinations_.Fresh(t);
-  if (tp.conversion == Conversion::kNone) {
+  if (tp.conversion == Conversion::kNone || tp.conversion == Conversion::kRelayout) {
     std::byte* to = data + (lo - src.offset);
     if (fresh) return destinations_.fresh_pages().Write(to, from, hi - lo);
     std::memcpy(to, from, hi - lo);

@@ -54,9 +54,12 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
     const TensorInfo& src = infos[tp.source];
     if (planned[tp.source]) return Refused(fmt::format("tensor '{}' is planned twice", src.name));
     planned[tp.source] = true;
-    const bool dtype_fits = tp.conversion == Conversion::kNone ? tp.dtype == src.dtype
+    const bool dtype_fits = tp.conversion == Conversion::kNone
+                                ? tp.dtype == src.dtype && src.plain_layout()
                             : tp.conversion == Conversion::kCast
                                 ? convert::CanCast(src.dtype, tp.dtype)
+                            : tp.conversion == Conversion::kRelayout
+                                ? tp.dtype == src.dtype && !src.plain_layout()
                                 : tp.conversion == Conversion::kDequantFp8Block;
     if (!dtype_fits || static_cast<Wide>(tp.nbytes) * 8 !=
                            static_cast<Wide>(src.numel()) * DTypeBits(tp.dtype)) {
@@ -136,6 +139,9 @@ Status CheckCoverage(const Checkpoint& checkpoint, const LoadPlan& plan) {
       if (src.file != r.file || lo >= hi || lo != next[t]) {
         return Refused(fmt::format("the bytes of tensor '{}' are not read exactly once, in order",
                                    src.name));
+      }
+      if (!src.strides.empty() && (lo != src.offset || hi != src.offset + src.nbytes)) {
+        return Refused(fmt::format("strided tensor '{}' is not read in one piece", src.name));
       }
       next[t] = hi;
     }

@@ -48,6 +48,8 @@ Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
   }
   if (target && *target != t.dtype && convert::CanCast(t.dtype, *target)) {
     out = {*target, Conversion::kCast};
+  } else if (!t.plain_layout()) {
+    out.conversion = Conversion::kRelayout;
   }
   return out;
 }
@@ -227,6 +229,26 @@ class TensorPlanner {
           "engine yet; give more memory (--max-memory) or another device map",
           t.name, device->ToString()));
     }
+    if (!t.plain_layout() && *device != Device::Cpu()) {
+      return Status::Unsupported(fmt::format(
+          "tensor '{}' is {} in its file and mapped to {}: loadstone materialises such tensors "
+          "on the CPU only for now; map it to cpu, or rewrite the checkpoint with `loadstone "
+          "convert` (safetensors holds every tensor contiguous, little-endian)",
+          t.name, t.strides.empty() ? "big-endian" : "a strided view", device->ToString()));
+    }
+    if (!t.plain_layout() && targets_[index].conversion == Conversion::kDequantFp8Block) {
+      return Status::Unsupported(fmt::format(
+          "float8 tensor '{}' is {} in its file: loadstone dequantizes contiguous little-endian "
+          "float8 weights only; rewrite the checkpoint with `loadstone convert`",
+          t.name, t.strides.empty() ? "big-endian" : "a strided view"));
+    }
+    if (!t.strides.empty() && t.nbytes > planning::kMaxRelayoutSpan) {
+      return Status::Unsupported(fmt::format(
+          "tensor '{}' is a strided view spanning {} bytes of its storage; loadstone stages a "
+          "strided tensor whole and stages at most {} bytes at once; rewrite the checkpoint with "
+          "`loadstone convert` or save the tensor contiguous (.contiguous())",
+          t.name, t.nbytes, planning::kMaxRelayoutSpan));
+    }
     TensorPlan tp;
     tp.source = index;
     tp.dtype = targets_[index].dtype;
@@ -294,7 +316,7 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   planning::IndexTargets(planner.device_of(), &plan);
   plan.routes = options.routes;
   planning::ChooseFreshPages(&plan);
-  planning::ScheduleReads(infos, is_scale, options, &plan);
+  LOADSTONE_RETURN_IF_ERROR(planning::ScheduleReads(infos, is_scale, options, &plan));
   return plan;
 }
 

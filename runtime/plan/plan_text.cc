@@ -15,6 +15,7 @@ std::string_view ConversionName(Conversion conversion) {
     case Conversion::kNone: return "none";
     case Conversion::kCast: return "cast";
     case Conversion::kDequantFp8Block: return "fp8-block-dequant";
+    case Conversion::kRelayout: return "relayout";
   }
   return "?";
 }
@@ -43,7 +44,7 @@ RouteCounts LoadPlan::RouteTotals() const {
 
 std::string LoadPlan::ToString() const {
   std::map<std::string, std::pair<size_t, uint64_t>> per_target;
-  size_t casts = 0, dequants = 0;
+  size_t casts = 0, dequants = 0, relayouts = 0;
   for (const TensorPlan& t : tensors) {
     auto& entry =
         per_target[fmt::format("{} {}", targets[t.device].ToString(), SafetensorsName(t.dtype))];
@@ -51,10 +52,12 @@ std::string LoadPlan::ToString() const {
     entry.second += t.nbytes;
     casts += t.conversion == Conversion::kCast;
     dequants += t.conversion == Conversion::kDequantFp8Block;
+    relayouts += t.conversion == Conversion::kRelayout;
   }
   std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts",
                                 tensors.size(), read_bytes, placed_bytes, casts);
   if (dequants > 0) out += fmt::format(", {} float8 block dequants", dequants);
+  if (relayouts > 0) out += fmt::format(", {} relayouts (strided or big-endian)", relayouts);
   out += "\n";
   out += fmt::format("  device map: {}\n", devices.device_map.ToJson());
   for (const std::string& w : warnings) out += fmt::format("  warning: {}\n", w);

@@ -6,6 +6,8 @@
 #include <tuple>
 #include <utility>
 
+#include <fmt/format.h>
+
 namespace loadstone::planning {
 namespace {
 
@@ -83,6 +85,72 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
   }
 }
 
+// Planned tensors whose file bytes overlap others' (views of one PyTorch storage, tied weights),
+// as groups of two or more in file order; mapped tensors are not read, so never grouped.
+std::vector<std::vector<uint32_t>> OverlapGroups(const std::vector<TensorInfo>& infos,
+                                                 const LoadPlan& plan) {
+  std::vector<uint32_t> order;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    if (infos[plan.tensors[i].source].nbytes > 0 && RouteOf(plan, i) != ReadRoute::kMapped) {
+      order.push_back(i);
+    }
+  }
+  auto info = [&](uint32_t i) -> const TensorInfo& { return infos[plan.tensors[i].source]; };
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return std::tie(info(a).file, info(a).offset, a) < std::tie(info(b).file, info(b).offset, b);
+  });
+  std::vector<std::vector<uint32_t>> groups;
+  std::vector<uint32_t> group;
+  uint64_t end = 0;
+  for (uint32_t i : order) {
+    const TensorInfo& t = info(i);
+    if (!group.empty() && (t.file != info(group.front()).file || t.offset >= end)) {
+      if (group.size() > 1) groups.push_back(std::move(group));
+      group.clear();
+    }
+    if (group.empty()) end = 0;
+    group.push_back(i);
+    end = std::max(end, t.offset + t.nbytes);
+  }
+  if (group.size() > 1) groups.push_back(std::move(group));
+  return groups;
+}
+
+// The reads of one overlap group: its bytes once, each read listing the tensors it holds part of.
+Status ScheduleGroup(const std::vector<TensorInfo>& infos, const std::vector<uint32_t>& group,
+                     uint64_t max_chunk, const LoadPlan& plan,
+                     std::vector<std::pair<uint32_t, ReadChunk>>* keyed) {
+  auto info = [&](uint32_t i) -> const TensorInfo& { return infos[plan.tensors[i].source]; };
+  const uint64_t lo = info(group.front()).offset;
+  uint64_t hi = lo;
+  bool strided = false;
+  for (uint32_t i : group) {
+    hi = std::max(hi, info(i).offset + info(i).nbytes);
+    strided = strided || !info(i).strides.empty();
+  }
+  if (strided && hi - lo > kMaxRelayoutSpan) {
+    return Status::Unsupported(fmt::format(
+        "tensor '{}' and {} others share {} bytes of their file, among them a strided view: "
+        "loadstone stages such a group whole and stages at most {} bytes at once; rewrite the "
+        "checkpoint with `loadstone convert`",
+        info(group.front()).name, group.size() - 1, hi - lo, kMaxRelayoutSpan));
+  }
+  const uint64_t piece = strided ? hi - lo : max_chunk;
+  for (uint64_t at = lo; at < hi; at += piece) {
+    ReadChunk read{info(group.front()).file, at, std::min(piece, hi - at), {}, ReadRoute::kStaged};
+    uint32_t key = UINT32_MAX;
+    for (uint32_t i : group) {
+      const TensorInfo& t = info(i);
+      if (t.offset < read.offset + read.length && read.offset < t.offset + t.nbytes) {
+        read.tensors.push_back(i);
+        key = std::min(key, i);
+      }
+    }
+    if (!read.tensors.empty()) keyed->push_back({key, std::move(read)});
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos) {
@@ -108,14 +176,22 @@ void ChooseFreshPages(LoadPlan* plan) {
   }
 }
 
-void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
-                   const PlanOptions& options, LoadPlan* out) {
+Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
+                     const PlanOptions& options, LoadPlan* out) {
   LoadPlan& plan = *out;
   std::vector<std::pair<uint32_t, ReadChunk>> keyed;  // (priority, read)
+  std::vector<bool> grouped(plan.tensors.size());
+  for (const std::vector<uint32_t>& group : OverlapGroups(infos, plan)) {
+    const size_t first = keyed.size();
+    LOADSTONE_RETURN_IF_ERROR(ScheduleGroup(infos, group, options.max_chunk, plan, &keyed));
+    for (size_t r = first; r < keyed.size(); ++r) plan.read_bytes += keyed[r].second.length;
+    for (uint32_t i : group) grouped[i] = true;
+  }
   std::vector<uint32_t> small;
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorPlan& tp = plan.tensors[i];
     const TensorInfo& src = infos[tp.source];
+    if (grouped[i]) continue;
     plan.read_bytes += src.nbytes;
     if (src.nbytes == 0) continue;
     const ReadRoute route = RouteOf(plan, i);
@@ -128,9 +204,11 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
       small.push_back(i);
       continue;
     }
-    for (uint64_t done = 0; done < src.nbytes; done += options.max_chunk) {
-      keyed.push_back({i, {src.file, src.offset + done,
-                           std::min(options.max_chunk, src.nbytes - done), {i}, route}});
+    // A strided tensor is gathered from its whole span at once (Plan() bounds that span).
+    const uint64_t piece = src.strides.empty() ? options.max_chunk : src.nbytes;
+    for (uint64_t done = 0; done < src.nbytes; done += piece) {
+      keyed.push_back({i, {src.file, src.offset + done, std::min(piece, src.nbytes - done), {i},
+                           route}});
     }
   }
   std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
@@ -143,6 +221,7 @@ void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   plan.reads.reserve(keyed.size());
   for (auto& [key, read] : keyed) plan.reads.push_back(std::move(read));
+  return Status::OK();
 }
 
 void IndexTargets(const std::vector<Device>& device_of, LoadPlan* plan) {

@@ -11,6 +11,10 @@
 
 namespace loadstone::planning {
 
+// The most bytes a strided tensor (with the tensors that share its bytes) may span: it is staged
+// whole, and staging slots are as large as the largest staged read.
+inline constexpr uint64_t kMaxRelayoutSpan = 256ULL << 20;
+
 // Priority order (indices into `infos`): shard order, then natural name order within a shard
 // ("layers.2" before "layers.10").
 std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos);
@@ -40,8 +44,14 @@ void ChooseFreshPages(LoadPlan* plan);
 // never coalesced); reads in the priority order of their first tensor. `is_scale[i]`:
 // checkpoint tensor i is a float8 weight's scales (never coalesced, so that it is read before
 // its weight).
-void ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
-                   const PlanOptions& options, LoadPlan* plan);
+//
+// Tensors whose bytes overlap in the file (views of one PyTorch storage, tied weights) are read
+// once: their union in pieces of max_chunk, through staging, each piece listing every tensor it
+// holds a part of. A strided tensor (TensorInfo::strides) is read in one piece, whatever
+// max_chunk, with the tensors that overlap it: Unsupported when that is more than
+// kMaxRelayoutSpan bytes.
+Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
+                     const PlanOptions& options, LoadPlan* plan);
 
 }  // namespace loadstone::planning
 

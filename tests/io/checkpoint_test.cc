@@ -175,10 +175,13 @@ TEST_CASE("checkpoint: missing paths and unsupported formats") {
   TempDir dir;
   CHECK(Checkpoint::Open(dir.Path("nope")).status().code() == StatusCode::kNotFound);
   CHECK(Checkpoint::Open(dir.path()).status().code() == StatusCode::kNotFound);
+  // A .bin is read now (tests/runtime/pipeline/torch_bin_test.cc): two bytes are no archive.
   dir.Write("pytorch_model.bin", "PK");
-  CHECK(Checkpoint::Open(dir.path()).status().code() == StatusCode::kUnsupported);
+  CHECK(Checkpoint::Open(dir.path()).status().code() == StatusCode::kCorruption);
   CHECK(Checkpoint::Open(dir.Path("pytorch_model.bin")).status().code() ==
-        StatusCode::kUnsupported);
+        StatusCode::kCorruption);
+  dir.Write("model.ckpt", "x");
+  CHECK(Checkpoint::Open(dir.Path("model.ckpt")).status().code() == StatusCode::kUnsupported);
 }
 
 TEST_CASE("checkpoint: a 100k-tensor header opens in bounded time") {

@@ -101,7 +101,7 @@ int RunInspect(const InspectArgs& args) {
 void AddInspectCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* cmd = app.add_subcommand("inspect", "List the tensors of a checkpoint (headers only)");
-  cmd->add_option("path", args->path, "A .safetensors file, an index file or a model folder")
+  cmd->add_option("path", args->path, "A .safetensors or .bin file, an index file or a model folder")
       ->required();
   cmd->add_flag("--json", args->json, "Print one JSON document on stdout");
   cmd->add_option("--variant", args->open.variant, "Weight variant, e.g. fp16");

@@ -50,7 +50,7 @@ Result<std::optional<DeviceMap>> ExplicitMap(const std::string& value) {
 }  // namespace
 
 void PlanFlags::Register(CLI::App* cmd, bool path_required) {
-  auto* p = cmd->add_option("path", path, "A .safetensors file, an index file or a model folder");
+  auto* p = cmd->add_option("path", path, "A .safetensors or .bin file, an index file or a model folder");
   if (path_required) p->required();
   cmd->add_option("--model-json", model_json,
                   "A model description JSON (specs/model-json.md): the module tree, classes and "
