@@ -1,12 +1,15 @@
 #include "loadstone/checkpoint.h"
 
 #include <array>
+#include <cstdio>
+#include <optional>
 #include <filesystem>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "io/file.h"
+#include "io/formats/gguf.h"
 #include "io/formats/hf_config.h"
 #include "io/formats/hf_index.h"
 #include "io/formats/hf_layout.h"
@@ -66,6 +69,7 @@ uint64_t FingerprintOf(const Checkpoint::Impl& impl) {
     f.Add(static_cast<uint64_t>(t.strides.size()));
     for (uint64_t s : t.strides) f.Add(s);
     f.Add(static_cast<uint64_t>(t.big_endian));
+    f.Add(t.packed ? t.packed->scheme : std::string());
   }
   return f.value();
 }
@@ -112,10 +116,73 @@ Status AddTorchFile(const std::string& path, Checkpoint::Impl* impl) {
   return Status::OK();
 }
 
+// One GGUF file; `split`: its place in a split set ({number, count}), checked against its
+// split.no / split.count keys.
+Status AddGgufFile(const std::string& path, std::optional<std::pair<uint32_t, uint32_t>> split,
+                   Checkpoint::Impl* impl) {
+  LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(path));
+  LOADSTONE_ASSIGN_OR_RETURN(io::GgufFile gguf, io::ReadGgufHeader(file));
+  std::string split_no, split_count;
+  for (const auto& [key, value] : gguf.metadata) {
+    if (key == "split.no") split_no = value;
+    if (key == "split.count") split_count = value;
+  }
+  if (!split && !split_count.empty() && split_count != "0" && split_count != "1") {
+    return Status::InvalidArgument(fmt::format(
+        "'{}' is part {} of a {}-file GGUF split set, but its name is not NAME-0000K-of-0000N.gguf "
+        "as llama.cpp names them; give the split files their llama.cpp names",
+        path, split_no, split_count));
+  }
+  if (split && (split_no != std::to_string(split->first) ||
+                split_count != std::to_string(split->second))) {
+    return Status::Corruption(fmt::format(
+        "'{}' is named as split {} of {} but says split.no = {}, split.count = {}", path,
+        split->first, split->second, split_no.empty() ? "(none)" : split_no,
+        split_count.empty() ? "(none)" : split_count));
+  }
+  for (auto& [key, value] : gguf.metadata) impl->metadata.emplace(key, value);
+  AddTensors(path, file.size(), std::move(gguf.tensors), impl);
+  return Status::OK();
+}
+
+// A GGUF file, or every file of the split set whose member `path` is
+// (PREFIX-00002-of-00003.gguf), in order.
+Status AddGgufSet(const std::string& path, Checkpoint::Impl* impl) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  // "-NNNNN-of-MMMMM.gguf": 20 characters.
+  constexpr size_t kTail = 20;
+  unsigned number = 0, count = 0;
+  if (name.size() <= kTail ||
+      std::sscanf(name.c_str() + name.size() - kTail, "-%5u-of-%5u.gguf", &number, &count) != 2 ||
+      name.compare(name.size() - kTail + 6, 4, "-of-") != 0 || count == 0 || number == 0 ||
+      number > count) {
+    return AddGgufFile(path, std::nullopt, impl);
+  }
+  const std::string stem = path.substr(0, path.size() - kTail);
+  for (unsigned i = 1; i <= count; ++i) {
+    const std::string part = fmt::format("{}-{:05d}-of-{:05d}.gguf", stem, i, count);
+    std::error_code ec;
+    if (!std::filesystem::exists(part, ec)) {
+      return Status::NotFound(fmt::format("split {} of {} of '{}' is missing: '{}'", i, count,
+                                          path, part));
+    }
+    // llama.cpp numbers splits from 0 in split.no.
+    LOADSTONE_RETURN_IF_ERROR(AddGgufFile(part, std::pair{i - 1, count}, impl));
+  }
+  const auto total = impl->metadata.find("split.tensors.count");
+  if (total != impl->metadata.end() && total->second != std::to_string(impl->tensors.size())) {
+    return Status::Corruption(fmt::format(
+        "the split set of '{}' says split.tensors.count = {}, but its {} files hold {} tensors",
+        path, total->second, count, impl->tensors.size()));
+  }
+  return Status::OK();
+}
+
 Status AddFile(CheckpointFormat format, const std::string& path, Checkpoint::Impl* impl) {
   switch (format) {
     case CheckpointFormat::kSafetensors: return AddSafetensorsFile(path, impl);
     case CheckpointFormat::kPyTorch: return AddTorchFile(path, impl);
+    case CheckpointFormat::kGguf: return AddGgufSet(path, impl);
   }
   return Status::Unsupported(fmt::format("'{}': unknown checkpoint format", path));
 }
@@ -181,6 +248,7 @@ std::string_view CheckpointFormatName(CheckpointFormat format) {
   switch (format) {
     case CheckpointFormat::kSafetensors: return "safetensors";
     case CheckpointFormat::kPyTorch: return "pytorch";
+    case CheckpointFormat::kGguf: return "gguf";
   }
   return "unknown";
 }

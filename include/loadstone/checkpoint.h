@@ -29,14 +29,25 @@ namespace loadstone {
 enum class CheckpointFormat {
   kSafetensors,
   kPyTorch,  // torch.save zip archives (.bin, .pt, .pth): shared/specs/torch-zip.md
+  kGguf,     // llama.cpp's GGUF, one file or a split set: shared/specs/gguf.md
 };
 
-// "safetensors", "pytorch".
+// "safetensors", "pytorch", "gguf".
 std::string_view CheckpointFormatName(CheckpointFormat format);
 
 struct CheckpointFile {
   std::string path;    // as opened (absolute if the caller gave an absolute path)
   uint64_t bytes = 0;  // file size when the header was read
+};
+
+// How a block-quantized tensor is stored when it is cataloged packed (a GGUF Q4_K, ...): the
+// TensorInfo is then U8 with the shape of its bytes (the last dimension in bytes: whole blocks),
+// and this says what those bytes are.
+struct PackedLayout {
+  std::string scheme;                  // the producer's name for it: "Q4_0", "Q4_K", ...
+  std::vector<uint64_t> element_shape;  // its shape in elements, PyTorch order
+  uint32_t block_elems = 0;            // elements per block
+  uint32_t block_bytes = 0;            // bytes per block
 };
 
 struct TensorInfo {
@@ -57,6 +68,8 @@ struct TensorInfo {
   // Its elements are stored big-endian (an archive torch.save wrote on a big-endian machine);
   // a load swaps their bytes.
   bool big_endian = false;
+  // Set for a block-quantized tensor cataloged packed (above); it loads as stored.
+  std::optional<PackedLayout> packed;
 
   uint64_t numel() const;  // 1 for a scalar, 0 when any dimension is 0
   // Its file bytes are the tensor as loaded before any cast: contiguous and little-endian.

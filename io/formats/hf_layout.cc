@@ -38,14 +38,17 @@ Result<ResolvedCheckpoint> ResolveFile(const std::string& path, const OpenOption
       return ResolvedCheckpoint{Kind::kFile, CheckpointFormat::kPyTorch, path, "", ""};
     }
   }
-  for (std::string_view ext : {".gguf", ".ckpt"}) {
+  if (EndsWith(path, ".gguf")) {
+    return ResolvedCheckpoint{Kind::kFile, CheckpointFormat::kGguf, path, "", ""};
+  }
+  for (std::string_view ext : {".ckpt"}) {
     if (EndsWith(path, ext)) {
       return Status::Unsupported(fmt::format(
           "'{}': {} checkpoints are not supported yet; convert to safetensors", path, ext));
     }
   }
   return Status::Unsupported(fmt::format(
-      "'{}': unknown checkpoint format (expected .safetensors, .bin, .pt, .pth or a "
+      "'{}': unknown checkpoint format (expected .safetensors, .bin, .pt, .pth, .gguf or a "
       "*.index.json)", path));
 }
 

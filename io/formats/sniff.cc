@@ -10,8 +10,8 @@ std::string ForeignFormat(std::span<const std::byte> head) {
     return head.size() >= magic.size() && std::memcmp(head.data(), magic.data(), magic.size()) == 0;
   };
   if (starts("GGUF")) {
-    return "it is a GGUF file (it starts with \"GGUF\"), not safetensors; GGUF is not supported "
-           "yet";
+    return "it is a GGUF file (it starts with \"GGUF\"), not safetensors; name it .gguf and "
+           "loadstone reads it as one";
   }
   if (starts("PK\x03\x04") || starts("PK\x05\x06")) {
     return "it is a zip archive (as torch.save writes a PyTorch checkpoint), not safetensors; "

@@ -25,12 +25,23 @@ void PrintJson(const Checkpoint& ckpt) {
   for (const CheckpointFile& f : ckpt.files()) files.push_back({{"path", f.path}, {"bytes", f.bytes}});
   auto& tensors = doc["tensors"] = nlohmann::ordered_json::array();
   for (const TensorInfo& t : ckpt.tensors()) {
-    tensors.push_back({{"name", t.name},
-                       {"dtype", SafetensorsName(t.dtype)},
-                       {"shape", t.shape},
-                       {"file", t.file},
-                       {"offset", t.offset},
-                       {"nbytes", t.nbytes}});
+    nlohmann::ordered_json entry = {{"name", t.name},
+                                    {"dtype", SafetensorsName(t.dtype)},
+                                    {"shape", t.shape},
+                                    {"file", t.file},
+                                    {"offset", t.offset},
+                                    {"nbytes", t.nbytes}};
+    // Only where the format has them: a PyTorch tensor's storage and layout, a packed one's blocks.
+    if (!t.storage.empty()) entry["storage"] = t.storage;
+    if (!t.strides.empty()) entry["strides"] = t.strides;
+    if (t.big_endian) entry["big_endian"] = true;
+    if (t.packed) {
+      entry["packed"] = {{"scheme", t.packed->scheme},
+                         {"element_shape", t.packed->element_shape},
+                         {"block_elems", t.packed->block_elems},
+                         {"block_bytes", t.packed->block_bytes}};
+    }
+    tensors.push_back(std::move(entry));
   }
   doc["metadata"] = ckpt.metadata();
   doc["total_bytes"] = ckpt.total_bytes();
@@ -56,10 +67,13 @@ void PrintTable(const Checkpoint& ckpt) {
   std::map<std::string_view, std::pair<size_t, uint64_t>> per_dtype;
   std::vector<std::pair<size_t, uint64_t>> per_file(ckpt.files().size());
   for (const TensorInfo& t : ckpt.tensors()) {
-    std::cout << fmt::format("{:<{}}  {:<8} {:<22} {:>12}  {}\n", t.name, name_width,
-                             SafetensorsName(t.dtype), ShapeString(t.shape),
+    // A packed tensor by its scheme and element shape (its catalog entry is U8 bytes).
+    const std::string_view dtype = t.packed ? std::string_view(t.packed->scheme)
+                                            : SafetensorsName(t.dtype);
+    std::cout << fmt::format("{:<{}}  {:<8} {:<22} {:>12}  {}\n", t.name, name_width, dtype,
+                             ShapeString(t.packed ? t.packed->element_shape : t.shape),
                              HumanBytes(t.nbytes), t.file);
-    auto& d = per_dtype[SafetensorsName(t.dtype)];
+    auto& d = per_dtype[dtype];
     ++d.first;
     d.second += t.nbytes;
     ++per_file[t.file].first;

@@ -1,0 +1,138 @@
+// GGUF files against what the `gguf` package (llama.cpp's Python writer and reader) says of
+// them: the fixtures and their manifest come from tests/fixtures/make_gguf_fixtures.py; no
+// Python is needed here. Valid files list and load with the reader's types, shapes and bytes;
+// each malformed one is refused naming the rule it breaks.
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/loader.h"
+#include "loadstone/plan.h"
+#include "testing/temp_dir.h"
+
+namespace loadstone {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/gguf";
+
+nlohmann::json Manifest() {
+  std::ifstream in(kFixtures / "manifest.json");
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+std::vector<uint64_t> Reversed(std::vector<uint64_t> v) {
+  std::reverse(v.begin(), v.end());
+  return v;
+}
+
+TEST_CASE("gguf: valid files list and load as the gguf package reads them") {
+  const auto manifest = Manifest();
+  REQUIRE(manifest["valid"].size() >= 8);
+  for (const auto& expected : manifest["valid"]) {
+    const std::string path = (kFixtures / expected["path"].get<std::string>()).string();
+    INFO(path);
+    // A split part is checked against its own reader view: open it alone through its set, and
+    // look up its tensors there.
+    auto ckpt = Checkpoint::Open(path);
+    REQUIRE(ckpt.ok());
+    CHECK(ckpt->format() == CheckpointFormat::kGguf);
+    auto plan = Plan(*ckpt);
+    REQUIRE(plan.ok());
+    Loader loader;
+    LoadHandle load = loader.Load(*ckpt, *plan);
+    for (const auto& want : expected["tensors"]) {
+      const std::string name = want["name"];
+      INFO("tensor " << name);
+      const TensorInfo* t = ckpt->Find(name);
+      REQUIRE(t != nullptr);
+      const auto ne = want["ne"].get<std::vector<uint64_t>>();
+      CHECK(t->nbytes == want["n_bytes"].get<uint64_t>());
+      if (t->packed) {
+        CHECK(t->packed->scheme == want["type"].get<std::string>());
+        CHECK(t->packed->element_shape == Reversed(ne));
+        CHECK(t->shape == want["data_shape"].get<std::vector<uint64_t>>());
+        CHECK(t->dtype == DType::kU8);
+      } else {
+        CHECK(SafetensorsName(t->dtype) == want["type"].get<std::string>());
+        CHECK(t->shape == Reversed(ne));
+      }
+      const Tensor& loaded = load.Tensor(name).get();
+      CHECK(loaded.nbytes() == t->nbytes);
+      CHECK(crc32(0, reinterpret_cast<const Bytef*>(loaded.data()),
+                  static_cast<uInt>(loaded.nbytes())) == want["crc32"].get<uint32_t>());
+    }
+    REQUIRE(load.Done().get().ok());
+    CHECK(load.backend().find("io_uring") != std::string::npos);
+    // Scalar metadata as the reader reads it (a split set keeps its first part's values).
+    if (expected["path"].get<std::string>().find("split/") == std::string::npos) {
+      for (const auto& [key, value] : expected["metadata"].items()) {
+        INFO("metadata " << key);
+        const auto it = ckpt->metadata().find(key);
+        REQUIRE(it != ckpt->metadata().end());
+        if (value.is_string()) {
+          CHECK(it->second == value.get<std::string>());
+        } else if (value.is_boolean()) {
+          CHECK(it->second == (value.get<bool>() ? "true" : "false"));
+        } else if (value.is_number_integer()) {
+          CHECK(it->second == value.dump());
+        } else {
+          CHECK(std::strtod(it->second.c_str(), nullptr) == Approx(value.get<double>()));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gguf: a split set opens as one checkpoint from any of its parts") {
+  for (int part = 1; part <= 3; ++part) {
+    const std::string path =
+        (kFixtures / "split" / ("model-0000" + std::to_string(part) + "-of-00003.gguf")).string();
+    auto ckpt = Checkpoint::Open(path);
+    REQUIRE(ckpt.ok());
+    CHECK(ckpt->files().size() == 3);
+    CHECK(ckpt->tensors().size() == 5);
+    CHECK(ckpt->Find("blk.2.w0") != nullptr);
+  }
+  TempDir dir;
+  for (int part : {1, 3}) {
+    const std::string name = "model-0000" + std::to_string(part) + "-of-00003.gguf";
+    fs::copy_file(kFixtures / "split" / name, dir.Path(name));
+  }
+  auto missing = Checkpoint::Open(dir.Path("model-00001-of-00003.gguf"));
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(std::string(missing.status().message()), Catch::Contains("split 2 of 3"));
+  // A part renamed out of its set: its own keys say what it is.
+  fs::copy_file(kFixtures / "split" / "model-00002-of-00003.gguf", dir.Path("loose.gguf"));
+  auto loose = Checkpoint::Open(dir.Path("loose.gguf"));
+  REQUIRE_FALSE(loose.ok());
+  CHECK_THAT(std::string(loose.status().message()), Catch::Contains("part 1 of a 3-file"));
+}
+
+TEST_CASE("gguf: every malformed file is refused, naming the rule it breaks") {
+  const auto manifest = Manifest();
+  REQUIRE(manifest["malformed"].size() >= 30);
+  for (const auto& expected : manifest["malformed"]) {
+    const std::string path = (kFixtures / expected["path"].get<std::string>()).string();
+    INFO(path);
+    auto ckpt = Checkpoint::Open(path);
+    REQUIRE_FALSE(ckpt.ok());
+    CHECK(ckpt.status().code() == StatusCode::kCorruption);
+    CHECK_THAT(std::string(ckpt.status().message()),
+               Catch::Contains(expected["message"].get<std::string>()));
+  }
+}
+
+}  // namespace
+}  // namespace loadstone
