@@ -304,6 +304,39 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
   return Checkpoint(std::move(impl));
 }
 
+Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) const {
+  auto impl = std::make_shared<Impl>();
+  impl->format = impl_->format;
+  impl->files = impl_->files;
+  impl->metadata = impl_->metadata;
+  impl->index_path = impl_->index_path;
+  impl->config = impl_->config;
+  impl->resolution = fmt::format("{} tensors viewed in {}", tensors.size(), impl_->resolution);
+  impl->tensors = std::move(tensors);
+  for (size_t i = 0; i < impl->tensors.size(); ++i) {
+    const TensorInfo& t = impl->tensors[i];
+    if (t.file >= impl->files.size() || t.offset > impl->files[t.file].bytes ||
+        t.nbytes > impl->files[t.file].bytes - t.offset) {
+      return Status::InvalidArgument(fmt::format(
+          "tensor '{}' ({} bytes at {} of file {}) is not inside a file of this checkpoint",
+          t.name, t.nbytes, t.offset, t.file));
+    }
+    __extension__ using Wide = unsigned __int128;
+    Wide bits = DTypeBits(t.dtype);
+    for (uint64_t d : t.shape) bits *= d;
+    if (!t.packed && t.strides.empty() && bits != static_cast<Wide>(t.nbytes) * 8) {
+      return Status::InvalidArgument(fmt::format("tensor '{}': {} bytes for its shape and dtype",
+                                                 t.name, t.nbytes));
+    }
+    if (!impl->by_name.emplace(t.name, i).second) {
+      return Status::InvalidArgument(fmt::format("tensor '{}' is listed twice", t.name));
+    }
+    impl->total_bytes += t.nbytes;
+  }
+  impl->fingerprint = FingerprintOf(*impl);
+  return Checkpoint(std::move(impl));
+}
+
 CheckpointFormat Checkpoint::format() const { return impl_->format; }
 const std::vector<CheckpointFile>& Checkpoint::files() const { return impl_->files; }
 const std::vector<TensorInfo>& Checkpoint::tensors() const { return impl_->tensors; }

@@ -77,7 +77,7 @@ Status WriteData(const TensorToWrite& t, OutFile& out, std::vector<std::byte>& b
   for (uint64_t done = 0; done < total;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, total - done));
     buffer.resize(n);
-    t.fill(done, buffer);
+    LOADSTONE_RETURN_IF_ERROR(t.fill(done, buffer));
     LOADSTONE_RETURN_IF_ERROR(out.Write(buffer));
     done += n;
   }
@@ -92,21 +92,44 @@ uint64_t TensorToWrite::nbytes() const {
   return numel * DTypeBits(dtype) / 8;
 }
 
-Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
-  std::vector<const TensorToWrite*> order;
+std::vector<size_t> LayoutOrder(const std::vector<TensorToWrite>& tensors) {
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (tensors[a].dtype != tensors[b].dtype) return tensors[a].dtype > tensors[b].dtype;
+    return tensors[a].name < tensors[b].name;
+  });
+  return order;
+}
+
+std::vector<std::vector<size_t>> SplitIntoShards(const std::vector<TensorToWrite>& tensors,
+                                                 uint64_t max_shard_size) {
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t shard_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!shards.back().empty() && shard_bytes + tensors[i].nbytes() > max_shard_size) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(i);
+    shard_bytes += tensors[i].nbytes();
+  }
+  return shards;
+}
+
+namespace {
+
+Status WriteFile(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                 const std::map<std::string, std::string>& metadata) {
   std::set<std::string_view> names;
   for (const TensorToWrite& t : tensors) {
     LOADSTONE_RETURN_IF_ERROR(CheckTensor(t));
     if (!names.insert(t.name).second || t.name == "__metadata__") {
       return Status::InvalidArgument(fmt::format("tensor name '{}' used twice or reserved", t.name));
     }
-    order.push_back(&t);
   }
-  std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    if (a->dtype != b->dtype) return a->dtype > b->dtype;
-    return a->name < b->name;
-  });
+  std::vector<const TensorToWrite*> order;
+  for (size_t i : LayoutOrder(tensors)) order.push_back(&tensors[i]);
   // Built as text: a JSON object with 100k keys would cost a quadratic ordered insert.
   std::string text = "{";
   if (!metadata.empty()) text += "\"__metadata__\":" + nlohmann::json(metadata).dump() + ",";
@@ -133,6 +156,19 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
   return out.Close();
 }
 
+void RemoveAll(const std::vector<std::string>& paths) {
+  for (const std::string& p : paths) ::unlink(p.c_str());
+}
+
+}  // namespace
+
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  Status status = WriteFile(path, tensors, metadata);
+  if (!status.ok()) RemoveAll({path});
+  return status;
+}
+
 Result<std::vector<std::string>> WriteShardedSafetensors(const std::string& folder,
                                                          const std::vector<TensorToWrite>& tensors,
                                                          const ShardedWriteOptions& options) {
@@ -140,40 +176,45 @@ Result<std::vector<std::string>> WriteShardedSafetensors(const std::string& fold
   std::filesystem::create_directories(folder, ec);
   if (ec) return ErrnoStatus(ec.value(), "cannot create folder", folder);
 
-  std::vector<std::vector<TensorToWrite>> shards(1);
-  uint64_t shard_bytes = 0, total = 0;
-  for (const TensorToWrite& t : tensors) {
-    if (!shards.back().empty() && shard_bytes + t.nbytes() > options.max_shard_size) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().push_back(t);
-    shard_bytes += t.nbytes();
-    total += t.nbytes();
-  }
+  uint64_t total = 0;
+  for (const TensorToWrite& t : tensors) total += t.nbytes();
+  const std::string v = options.variant.empty() ? "" : "." + options.variant;
   std::vector<std::string> written;
+  auto fail = [&](Status status) {
+    RemoveAll(written);
+    return status;
+  };
   const std::filesystem::path dir(folder);
+  const std::vector<std::vector<size_t>> split = SplitIntoShards(tensors, options.max_shard_size);
+  std::vector<std::vector<TensorToWrite>> shards;
+  for (const auto& indices : split) {
+    shards.emplace_back();
+    for (size_t i : indices) shards.back().push_back(tensors[i]);
+  }
   if (shards.size() == 1) {
-    written.push_back((dir / (options.prefix + ".safetensors")).string());
-    LOADSTONE_RETURN_IF_ERROR(WriteSafetensors(written.back(), shards[0], options.metadata));
+    written.push_back((dir / fmt::format("{}{}.safetensors", options.prefix, v)).string());
+    Status status = WriteSafetensors(written.back(), shards[0], options.metadata);
+    if (!status.ok()) return fail(status);
     return written;
   }
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string name =
-        fmt::format("{}-{:05d}-of-{:05d}.safetensors", options.prefix, i + 1, shards.size());
+    const std::string name = fmt::format("{}{}-{:05d}-of-{:05d}.safetensors", options.prefix, v,
+                                         i + 1, shards.size());
     written.push_back((dir / name).string());
-    LOADSTONE_RETURN_IF_ERROR(WriteSafetensors(written.back(), shards[i], options.metadata));
+    Status status = WriteSafetensors(written.back(), shards[i], options.metadata);
+    if (!status.ok()) return fail(status);
     for (const TensorToWrite& t : shards[i]) weight_map[t.name] = name;
   }
   nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
                                   {"weight_map", weight_map}};
-  written.push_back((dir / (options.prefix + ".safetensors.index.json")).string());
+  written.push_back((dir / fmt::format("{}.safetensors.index{}.json", options.prefix, v)).string());
   OutFile out;
-  LOADSTONE_RETURN_IF_ERROR(out.Open(written.back()));
   const std::string text = index.dump(2) + "\n";
-  LOADSTONE_RETURN_IF_ERROR(out.Write(std::as_bytes(std::span<const char>(text))));
-  LOADSTONE_RETURN_IF_ERROR(out.Close());
+  Status status = out.Open(written.back());
+  if (status.ok()) status = out.Write(std::as_bytes(std::span<const char>(text)));
+  if (status.ok()) status = out.Close();
+  if (!status.ok()) return fail(status);
   return written;
 }
 

@@ -111,6 +111,14 @@ class Checkpoint {
   // tensor and offset), IOError, Unsupported (a format not handled yet).
   static Result<Checkpoint> Open(const std::string& path, const OpenOptions& options = {});
 
+  // A catalog over the same files that lists `tensors` instead: views of byte ranges of those
+  // files, e.g. a large tensor cut into pieces so that each loads on its own (`loadstone
+  // convert` bounds its memory so; a tensor-parallel rank can load its rows). Each must name a
+  // file of this checkpoint (TensorInfo::file), lie inside it, have a unique name and, unless
+  // packed or strided, as many bytes as its shape and dtype need. Errors: InvalidArgument
+  // naming the first tensor that breaks a rule.
+  Result<Checkpoint> WithTensors(std::vector<TensorInfo> tensors) const;
+
   CheckpointFormat format() const;
   const std::vector<CheckpointFile>& files() const;
   // Every tensor of every file, in file order, then offset order within a file.

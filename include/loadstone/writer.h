@@ -24,9 +24,9 @@ struct TensorToWrite {
   std::vector<uint64_t> shape;
   // The bytes: either `data` (exactly the tensor's size), or `fill`, called with consecutive
   // chunks (offset within the tensor, buffer to fill) so that large tensors need not be held in
-  // memory at once.
+  // memory at once. A fill that fails stops the write with its error (the file is removed).
   std::span<const std::byte> data;
-  std::function<void(uint64_t offset, std::span<std::byte> chunk)> fill;
+  std::function<Status(uint64_t offset, std::span<std::byte> chunk)> fill;
 
   uint64_t nbytes() const;  // from dtype and shape
 };
@@ -36,16 +36,28 @@ struct TensorToWrite {
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata = {});
 
+// The order WriteSafetensors lays `tensors` out in, as indices: dtype descending (in the
+// reference's dtype order), then name.
+std::vector<size_t> LayoutOrder(const std::vector<TensorToWrite>& tensors);
+
+// How WriteShardedSafetensors splits `tensors` (indices, in the given order) into shards, as
+// Hugging Face does: a tensor that would push a non-empty shard past `max_shard_size` bytes
+// starts the next shard (so a tensor larger than that has a shard of its own).
+std::vector<std::vector<size_t>> SplitIntoShards(const std::vector<TensorToWrite>& tensors,
+                                                 uint64_t max_shard_size);
+
 struct ShardedWriteOptions {
   std::string prefix = "model";  // model-00001-of-00002.safetensors, model.safetensors.index.json
+  // Hugging Face's `variant=`: "fp16" names model.fp16.safetensors, or shards
+  // model.fp16-00001-of-00002.safetensors with the index model.safetensors.index.fp16.json.
+  std::string variant;
   uint64_t max_shard_size = 5'000'000'000;  // bytes of tensor data per shard (HF's rule)
   std::map<std::string, std::string> metadata;  // each shard's __metadata__
 };
 
-// Writes shards and the index into `folder` (created if missing), splitting in the given tensor
-// order as Hugging Face does: a tensor that would push a non-empty shard past max_shard_size
-// starts the next shard. One shard only → `prefix.safetensors`, no index. Returns the paths
-// written (shards, then the index).
+// Writes shards and the index into `folder` (created if missing), split by SplitIntoShards.
+// One shard only → `prefix[.variant].safetensors`, no index. Returns the paths written (shards,
+// then the index). A failed write removes what it wrote.
 Result<std::vector<std::string>> WriteShardedSafetensors(const std::string& folder,
                                                          const std::vector<TensorToWrite>& tensors,
                                                          const ShardedWriteOptions& options = {});

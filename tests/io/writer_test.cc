@@ -101,6 +101,7 @@ TEST_CASE("writer: a fill callback streams large tensors") {
   TensorToWrite t{"big", DType::kU8, {20u << 20}, {}, {}};
   t.fill = [](uint64_t offset, std::span<std::byte> chunk) {
     for (size_t i = 0; i < chunk.size(); ++i) chunk[i] = static_cast<std::byte>((offset + i) % 251);
+    return Status::OK();
   };
   REQUIRE(WriteSafetensors(dir.Path("big.safetensors"), {t}).ok());
   auto ckpt = Checkpoint::Open(dir.Path("big.safetensors"));

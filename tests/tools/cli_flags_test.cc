@@ -324,6 +324,39 @@ TEST_CASE("cli: a full disk, an unwritable trace, a FIFO are errors, not exit 0 
   CHECK(pipe.err.find("is a FIFO (named pipe): a checkpoint is a file or a folder") != std::string::npos);
 }
 
+TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, leaving nothing",
+          "[tools][cli]") {
+  Model m;
+  TempDir dir;
+  const auto bad_dtype = RunCli("convert " + m.path + " " + dir.Path("o.safetensors") + " --dtype int4");
+  CHECK(OneErrorLine(bad_dtype));
+  CHECK(bad_dtype.err.find("--dtype int4: unknown dtype") != std::string::npos);
+  const auto not_cast = RunCli("convert " + m.path + " " + dir.Path("o.safetensors") + " --dtype int8");
+  CHECK(OneErrorLine(not_cast));
+  CHECK(not_cast.err.find("--dtype int8") != std::string::npos);
+  const auto shard = RunCli("convert " + m.path + " " + dir.Path("o") + " --max-shard-size lots");
+  CHECK(OneErrorLine(shard));
+  CHECK(shard.err.find("--max-shard-size") != std::string::npos);
+  const auto variant = RunCli("convert " + m.path + " " + dir.Path("o.safetensors") + " --variant fp16");
+  CHECK(OneErrorLine(variant));
+  CHECK(variant.err.find("--variant names the files of a folder output") != std::string::npos);
+  const auto missing = RunCli("convert " + m.path);
+  CHECK(missing.code != 0);
+  CHECK(missing.err.find("out is required") != std::string::npos);
+  // A full disk: the write fails, says so, and the file is not left behind half-written.
+  const std::string full = dir.Path("full.safetensors");
+  REQUIRE(::symlink("/dev/full", full.c_str()) == 0);
+  const auto no_space = RunCli("convert " + m.path + " " + full);
+  CHECK(OneErrorLine(no_space));
+  CHECK(no_space.err.find("No space left on device") != std::string::npos);
+  CHECK(no_space.out.empty());
+  const std::string gguf = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gguf/quantized.gguf";
+  const auto packed = RunCli("convert " + gguf + " " + dir.Path("q.safetensors"));
+  CHECK(OneErrorLine(packed));
+  CHECK(packed.err.find("tensor 'q8_0' is Q8_0, block-quantized") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.Path("q.safetensors")));
+}
+
 TEST_CASE("cli: messages that say what a file or folder is and what to pass", "[tools][cli]") {
   TempDir dir;
   std::filesystem::create_directories(dir.Path("empty"));

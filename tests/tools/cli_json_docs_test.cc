@@ -177,6 +177,25 @@ TEST_CASE("cli json: inspect, plan and load print what docs/cli.md documents", "
   CheckAgainstDocs("load", {load.out, mapped.out});
 }
 
+TEST_CASE("cli json: inspect of .bin and GGUF files, and convert, print what docs/cli.md documents",
+          "[tools][docs]") {
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/";
+  const auto bin = RunCli("inspect " + fixtures + "torch/views.bin --json");
+  const auto big_endian = RunCli("inspect " + fixtures + "torch/big_endian.bin --json");
+  const auto gguf = RunCli("inspect " + fixtures + "gguf/quantized.gguf --json");
+  REQUIRE(bin.code == 0);
+  REQUIRE(big_endian.code == 0);
+  REQUIRE(gguf.code == 0);
+  CheckAgainstDocs("inspect", {bin.out, big_endian.out, gguf.out});
+  TempDir dir;
+  const auto file = RunCli("convert " + fixtures + "torch/plain.bin " + dir.Path("a.safetensors") + " --json");
+  const auto folder = RunCli("convert " + fixtures + "torch/sharded " + dir.Path("b") +
+                             " --dtype bf16 --max-shard-size 100 --json");
+  REQUIRE(file.code == 0);
+  REQUIRE(folder.code == 0);
+  CheckAgainstDocs("convert", {file.out, folder.out});
+}
+
 TEST_CASE("cli json: bench prints what docs/cli.md documents", "[tools][docs]") {
   Model m;
   const auto bench = RunCli("bench " + m.path + " --repeat 1 --settle 0 --json");

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <regex>
 
 #include <catch2/catch.hpp>
@@ -177,6 +178,47 @@ TEST_CASE("terminal: Ctrl-C cancels the load, says what was done, writes the tra
   bool failed = false;
   for (const auto& e : doc["traceEvents"]) failed = failed || e["name"] == "failed";
   CHECK(failed);
+}
+
+TEST_CASE("terminal: convert draws a bar that fits and ends at 100%, then lists its files",
+          "[tools][terminal]") {
+  Models m;
+  for (int columns : {80, 40}) {
+    INFO(columns);
+    const std::string out = m.dir.Path("out" + std::to_string(columns));
+    const auto run = RunInPty({"convert", m.llama, out, "--dtype", "f32", "--max-shard-size",
+                               "10MiB"}, columns);
+    INFO(run.screen);
+    REQUIRE_FALSE(run.timed_out);
+    CHECK(run.code == 0);
+    CheckBars(run.screen, columns);
+    CHECK(Line(run.screen, "converted 8 tensors (32.00 MiB) from safetensors in ").find(
+              "into 5 file(s):") != std::string::npos);
+    CHECK(std::filesystem::exists(out + "/model.safetensors.index.json"));
+    CHECK(run.screen.find("\nconverted") != std::string::npos);  // the bar's line was ended
+  }
+}
+
+TEST_CASE("terminal: Ctrl-C stops convert, says so, removes the partial output, exits 130",
+          "[tools][terminal]") {
+  TempDir dir;
+  const std::string model = SparseCheckpoint(dir);
+  const std::string out = dir.Path("converted.safetensors");
+  bool pressed = false;
+  const auto run = RunInPty({"convert", model, out, "--dtype", "f32", "--backend", "pread"}, 80,
+                            [&](const std::string& screen, int fd) {
+                              if (!pressed && screen.find('%') != std::string::npos) {
+                                pressed = true;
+                                REQUIRE(::write(fd, "\x03", 1) == 1);
+                              }
+                            });
+  INFO(run.screen);
+  REQUIRE(pressed);
+  REQUIRE_FALSE(run.timed_out);
+  CHECK(run.code == 130);
+  CHECK(Line(run.screen, "cancelled (Ctrl-C) after ").find("the partial output was removed") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ void AddPlanCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
 void AddLoadCommand(CLI::App& app, int* exit_code);
 void AddBenchCommand(CLI::App& app, int* exit_code);
+void AddConvertCommand(CLI::App& app, int* exit_code);
 
 }  // namespace loadstone::cli
 

@@ -88,7 +88,10 @@ Result<std::string> EnsureDemoModel(const std::string& folder, const DemoModelSh
   std::vector<TensorToWrite> tensors;
   for (size_t i = 0; i < specs.size(); ++i) {
     TensorToWrite t{specs[i].name, DType::kBF16, specs[i].shape, {}, {}};
-    t.fill = [seed = i + 1](uint64_t offset, std::span<std::byte> chunk) { Fill(seed, offset, chunk); };
+    t.fill = [seed = i + 1](uint64_t offset, std::span<std::byte> chunk) {
+      Fill(seed, offset, chunk);
+      return Status::OK();
+    };
     tensors.push_back(std::move(t));
   }
   // Write into a sibling folder, then rename: an interrupted run never leaves a half model.

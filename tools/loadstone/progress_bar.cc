@@ -80,12 +80,13 @@ InterruptToCancel::~InterruptToCancel() { ::sigaction(SIGINT, &g_previous, nullp
 
 bool InterruptToCancel::interrupted() const { return g_interrupted.load(); }
 
+void DrawProgress(const Progress& progress) {
+  std::cerr << "\r" << RenderProgress(progress, TerminalColumns()) << "\x1b[K" << std::flush;
+}
+
 WaitResult WaitWithProgress(LoadHandle& load, bool show, const InterruptToCancel* interrupt) {
   WaitResult result;
-  auto draw = [&] {
-    std::cerr << "\r" << RenderProgress(load.progress(), TerminalColumns()) << "\x1b[K"
-              << std::flush;
-  };
+  auto draw = [&] { DrawProgress(load.progress()); };
   auto done = load.Done();
   while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
     if (interrupt && interrupt->interrupted() && !result.interrupted) {

@@ -14,6 +14,9 @@ namespace loadstone::cli {
 // ETA, then the rate, then the byte counts, then the bar are left out.
 std::string RenderProgress(const Progress& progress, int columns);
 
+// Redraws the progress line on stderr: RenderProgress at the terminal's width, over the last one.
+void DrawProgress(const Progress& progress);
+
 // The width of the terminal on stderr (TIOCGWINSZ), else $COLUMNS, else 80.
 int TerminalColumns();
 

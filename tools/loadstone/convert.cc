@@ -1,0 +1,373 @@
+// loadstone convert IN OUT [--dtype D] [--max-shard-size 5GB] [--variant V] [--from-variant V]
+//                          [--subfolder S] [read flags] [--json]
+//
+// Any checkpoint loadstone reads (safetensors, PyTorch .bin, unquantized GGUF) to one
+// safetensors file (OUT ends in .safetensors) or a Hugging Face folder: shards split as Hugging
+// Face splits them, their index, the input's config.json. Streamed: the tensors are loaded by
+// the ordinary pipeline in batches of at most kBatchBytes (a large tensor in flat pieces, each
+// a view of its file: Checkpoint::WithTensors), written as the writer asks for them, and let go;
+// memory stays near the staging pool plus two batches, whatever the model's size.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/loader.h"
+#include "loadstone/plan.h"
+#include "loadstone/writer.h"
+#include "tools/loadstone/commands.h"
+#include "tools/loadstone/format.h"
+#include "tools/loadstone/parse.h"
+#include "tools/loadstone/plan_flags.h"
+#include "tools/loadstone/progress_bar.h"
+
+namespace loadstone::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Bytes (as written) loaded at once; tensors larger than kPieceBytes are loaded in pieces.
+constexpr uint64_t kBatchBytes = 32ULL << 20;
+constexpr uint64_t kPieceBytes = 16ULL << 20;
+constexpr const char* kDefaultStaging = "64MiB";
+
+struct ConvertArgs {
+  std::string in, out;
+  OpenOptions open;
+  std::string dtype;
+  std::string max_shard_size = "5GB";
+  std::string variant;
+  ReadFlags read;
+  bool json = false;
+};
+
+// One load unit: `count` elements of output tensor `tensor` from element `first`, as a view of
+// the source file (`view`), or the whole tensor with its own layout.
+struct Unit {
+  size_t tensor = 0;
+  uint64_t first = 0;         // first element
+  uint64_t out_bytes = 0;     // bytes it has once converted
+  TensorInfo view;
+};
+
+struct Batch {
+  std::vector<size_t> units;  // indices into Feeder::units_
+  std::optional<Checkpoint> catalog;
+  std::optional<LoadPlan> plan;
+  LoadHandle load;
+};
+
+// Feeds the writer's fill callbacks: loads the batch holding the bytes asked for (and starts
+// the next one, so that reading overlaps writing), copies them out.
+class Feeder {
+ public:
+  Feeder(const Checkpoint& ckpt, std::optional<DType> dtype, const LoaderOptions& loader_options,
+         const InterruptToCancel& interrupt)
+      : ckpt_(ckpt),
+        dtype_(dtype),
+        loader_(loader_options),
+        interrupt_(interrupt),
+        first_unit_(ckpt.tensors().size(), SIZE_MAX) {}
+
+  // Lays out the units of output tensor `tensor` (source `src`, `out_bytes` once converted) in
+  // the order the writer will ask for them.
+  void AddTensor(size_t tensor, const TensorInfo& src, uint64_t out_bytes) {
+    if (out_bytes == 0) return;
+    first_unit_[tensor] = units_.size();
+    const uint64_t numel = src.numel();
+    const uint64_t in_elem = DTypeBits(src.dtype) / 8, out_elem = out_bytes / numel;
+    if (out_bytes <= kPieceBytes || !src.strides.empty()) {  // strided: whole (the plan bounds it)
+      units_.push_back({tensor, 0, out_bytes, src});
+    } else {  // flat pieces of a contiguous tensor: casts are elementwise
+      const uint64_t per = kPieceBytes / std::max(in_elem, out_elem);
+      for (uint64_t first = 0; first < numel; first += per) {
+        const uint64_t count = std::min(per, numel - first);
+        TensorInfo view = src;
+        view.shape = {count};
+        view.offset = src.offset + first * in_elem;
+        view.nbytes = count * in_elem;
+        units_.push_back({tensor, first, count * out_elem, std::move(view)});
+      }
+    }
+  }
+
+  // Groups the units into batches of at most kBatchBytes each (a larger unit alone).
+  void Seal() {
+    uint64_t bytes = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (batches_.empty() || bytes + units_[u].out_bytes > kBatchBytes) {
+        batches_.emplace_back();
+        bytes = 0;
+      }
+      batches_.back().units.push_back(u);
+      units_[u].view.name = std::to_string(u);
+      batch_of_.push_back(batches_.size() - 1);
+      bytes += units_[u].out_bytes;
+    }
+  }
+
+  // Bytes [offset, offset + chunk.size()) of output tensor `tensor`.
+  Status Fill(size_t tensor, uint64_t offset, std::span<std::byte> chunk) {
+    if (interrupt_.interrupted()) return Status::Cancelled("cancelled (Ctrl-C)");
+    size_t u = first_unit_.at(tensor);
+    uint64_t unit_start = 0;  // byte of the tensor where unit u starts
+    while (unit_start + units_[u].out_bytes <= offset) unit_start += units_[u++].out_bytes;
+    uint64_t done = 0;
+    while (done < chunk.size()) {
+      LOADSTONE_ASSIGN_OR_RETURN(const Tensor* t, Loaded(u));
+      const uint64_t from = offset + done - unit_start;
+      const uint64_t n = std::min<uint64_t>(chunk.size() - done, t->nbytes() - from);
+      std::memcpy(chunk.data() + done, t->data() + from, n);
+      done += n;
+      written_ += n;
+      if (done < chunk.size()) unit_start += units_[u++].out_bytes;
+    }
+    return Status::OK();
+  }
+
+  uint64_t written() const { return written_; }
+  size_t batches() const { return batches_.size(); }
+
+ private:
+  Status Start(size_t b) {
+    Batch& batch = batches_[b];
+    if (batch.plan) return Status::OK();
+    std::vector<TensorInfo> views;
+    for (size_t u : batch.units) views.push_back(units_[u].view);
+    LOADSTONE_ASSIGN_OR_RETURN(Checkpoint catalog, ckpt_.WithTensors(std::move(views)));
+    batch.catalog = std::move(catalog);
+    PlanOptions options;
+    options.dtype = dtype_;
+    LOADSTONE_ASSIGN_OR_RETURN(LoadPlan plan, Plan(*batch.catalog, options));
+    batch.plan = std::move(plan);
+    batch.load = loader_.Load(*batch.catalog, *batch.plan);
+    return Status::OK();
+  }
+
+  // The loaded tensor of unit `u`: its batch started (and the next one) and waited for; the
+  // batches before it let go.
+  Result<const Tensor*> Loaded(size_t u) {
+    const size_t b = batch_of_[u];
+    if (b != current_) {
+      for (size_t old = 0; old < b; ++old) batches_[old] = Batch{};  // their memory goes now
+      LOADSTONE_RETURN_IF_ERROR(Start(b));
+      if (Status s = batches_[b].load.Done().get(); !s.ok()) return s;
+      if (b + 1 < batches_.size()) LOADSTONE_RETURN_IF_ERROR(Start(b + 1));
+      current_ = b;
+    }
+    const std::string name = std::to_string(u);
+    return &batches_[b].load.Tensor(name).get();
+  }
+
+  const Checkpoint& ckpt_;
+  std::optional<DType> dtype_;
+  Loader loader_;
+  const InterruptToCancel& interrupt_;
+  std::vector<size_t> first_unit_;  // per output tensor: its first unit
+  std::vector<Unit> units_;
+  std::vector<size_t> batch_of_;    // per unit
+  std::deque<Batch> batches_;
+  size_t current_ = SIZE_MAX;
+  uint64_t written_ = 0;
+};
+
+uint64_t PeakRssBytes() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
+}
+
+// The file name prefix Hugging Face would use: diffusers' for a diffusers checkpoint.
+std::string PrefixFor(const Checkpoint& ckpt) {
+  const std::string name = fs::path(ckpt.files().front().path).filename().string();
+  return name.starts_with("diffusion_pytorch_model") ? "diffusion_pytorch_model" : "model";
+}
+
+int RunConvert(const ConvertArgs& args) {
+  auto ckpt = Checkpoint::Open(args.in, args.open);
+  if (!ckpt.ok()) return ReportError(ckpt.status());
+  PrintWarnings(ckpt->warnings());
+  for (const TensorInfo& t : ckpt->tensors()) {
+    if (t.packed) {
+      return ReportError(Status::Unsupported(fmt::format(
+          "tensor '{}' is {}, block-quantized: convert writes plain tensors, and loadstone does "
+          "not dequantize {} yet; convert a checkpoint with float tensors",
+          t.name, t.packed->scheme, t.packed->scheme)));
+    }
+  }
+  PlanOptions options;
+  if (!args.dtype.empty()) {
+    auto dtype = ParseCastTarget(args.dtype, "--dtype");
+    if (!dtype.ok()) return ReportError(dtype.status());
+    options.dtype = *dtype;
+  }
+  auto max_shard = ParseSizeFlag(args.max_shard_size, "--max-shard-size");
+  if (!max_shard.ok()) return ReportError(max_shard.status());
+  // The whole plan, only to learn each tensor's dtype once converted (and to refuse what the
+  // pipeline would refuse before anything is written).
+  auto whole = Plan(*ckpt, options);
+  if (!whole.ok()) return ReportError(whole.status());
+  std::vector<DType> out_dtype(ckpt->tensors().size());
+  for (const TensorPlan& tp : whole->tensors) out_dtype[tp.source] = tp.dtype;
+
+  ReadFlags read = args.read;
+  if (read.staging.empty()) read.staging = kDefaultStaging;
+  auto loader_options = read.ToLoaderOptions(nullptr);
+  if (!loader_options.ok()) return ReportError(loader_options.status());
+
+  InterruptToCancel interrupt;
+  Feeder feeder(*ckpt, options.dtype, *loader_options, interrupt);
+  std::vector<TensorToWrite> outputs;
+  uint64_t total = 0;
+  for (size_t i = 0; i < ckpt->tensors().size(); ++i) {
+    const TensorInfo& t = ckpt->tensors()[i];
+    TensorToWrite w{t.name, out_dtype[i], t.shape, {}, {}};
+    w.fill = [&feeder, i](uint64_t offset, std::span<std::byte> chunk) {
+      return feeder.Fill(i, offset, chunk);
+    };
+    total += w.nbytes();
+    outputs.push_back(std::move(w));
+  }
+  const bool one_file = args.out.ends_with(".safetensors");
+  // The order the writer asks for bytes in: shard by shard, each in its layout order.
+  std::vector<std::vector<size_t>> shards =
+      one_file ? std::vector<std::vector<size_t>>{{}} : SplitIntoShards(outputs, *max_shard);
+  if (one_file) {
+    for (size_t i = 0; i < outputs.size(); ++i) shards[0].push_back(i);
+  }
+  for (const auto& shard : shards) {
+    std::vector<TensorToWrite> in_shard;
+    for (size_t i : shard) in_shard.push_back(outputs[i]);
+    for (size_t k : LayoutOrder(in_shard)) {
+      const size_t i = shard[k];
+      feeder.AddTensor(i, ckpt->tensors()[i], outputs[i].nbytes());
+    }
+  }
+  feeder.Seal();
+
+  // The live line: bytes written over bytes to write.
+  const bool show = !args.json && ::isatty(STDERR_FILENO);
+  const auto start = std::chrono::steady_clock::now();
+  auto last_draw = start;
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  auto draw = [&](bool force) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!show || (!force && now - last_draw < std::chrono::milliseconds(100))) return;
+    last_draw = now;
+    Progress p;
+    p.bytes_to_place = total;
+    p.bytes_placed = feeder.written();
+    p.bytes_total = total;
+    p.bytes_read = feeder.written();
+    p.seconds = seconds();
+    p.read_gbps = p.seconds > 0 ? p.bytes_placed / p.seconds / 1e9 : 0;
+    p.eta_seconds = p.bytes_placed > 0 ? p.seconds * (total - p.bytes_placed) / p.bytes_placed : 0;
+    DrawProgress(p);
+  };
+  for (TensorToWrite& w : outputs) {
+    w.fill = [&feeder, &draw, fill = std::move(w.fill)](uint64_t offset, std::span<std::byte> chunk) {
+      Status s = fill(offset, chunk);
+      draw(false);
+      return s;
+    };
+  }
+
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  Result<std::vector<std::string>> written = std::vector<std::string>{};
+  if (one_file) {
+    if (!args.variant.empty()) {
+      return ReportError(Status::InvalidArgument(
+          "--variant names the files of a folder output; OUT is a .safetensors file"));
+    }
+    const fs::path parent = fs::path(args.out).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    Status s = WriteSafetensors(args.out, outputs, metadata);
+    if (s.ok()) {
+      written = std::vector<std::string>{args.out};
+    } else {
+      written = s;
+    }
+  } else {
+    ShardedWriteOptions shard_options;
+    shard_options.prefix = PrefixFor(*ckpt);
+    shard_options.variant = args.variant;
+    shard_options.max_shard_size = *max_shard;
+    shard_options.metadata = metadata;
+    written = WriteShardedSafetensors(args.out, outputs, shard_options);
+    if (written.ok() && !ckpt->config().path.empty()) {  // the model's config travels with it
+      std::error_code ec;
+      fs::copy_file(ckpt->config().path, fs::path(args.out) / "config.json",
+                    fs::copy_options::overwrite_existing, ec);
+      if (!ec) written->push_back((fs::path(args.out) / "config.json").string());
+    }
+  }
+  draw(true);
+  if (show) std::cerr << "\n";
+  if (!written.ok()) {
+    if (interrupt.interrupted()) {
+      std::cerr << fmt::format("cancelled (Ctrl-C) after {:.3f} s: {} of {} written; the partial "
+                               "output was removed\n",
+                               seconds(), HumanBytes(feeder.written()), HumanBytes(total));
+      return 130;
+    }
+    return ReportError(written.status());
+  }
+  const double took = seconds();
+  if (args.json) {
+    nlohmann::ordered_json doc;
+    doc["input"] = {{"path", args.in}, {"format", CheckpointFormatName(ckpt->format())},
+                    {"resolution", ckpt->resolution()}};
+    doc["files"] = *written;
+    doc["tensors"] = outputs.size();
+    doc["bytes"] = total;
+    doc["dtype"] = options.dtype ? nlohmann::ordered_json(TorchName(*options.dtype)) : nullptr;
+    doc["seconds"] = took;
+    doc["batches"] = feeder.batches();
+    doc["peak_rss_bytes"] = PeakRssBytes();
+    std::cout << doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("converted {} tensors ({}) from {} in {:.3f} s into {} file(s):\n",
+                           outputs.size(), HumanBytes(total), CheckpointFormatName(ckpt->format()),
+                           took, written->size());
+  for (const std::string& path : *written) std::cout << "  " << path << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void AddConvertCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<ConvertArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "convert", "Rewrite a checkpoint (safetensors, .bin, GGUF) as safetensors, streamed");
+  cmd->add_option("in", args->in, "A .safetensors, .bin or .gguf file, an index file or a folder")
+      ->required();
+  cmd->add_option("out", args->out,
+                  "OUT.safetensors (one file) or a folder (Hugging Face shards and index)")
+      ->required();
+  cmd->add_option("--dtype", args->dtype,
+                  "Cast floating-point tensors to f32, f16 or bf16 (others are kept as stored)");
+  cmd->add_option("--max-shard-size", args->max_shard_size,
+                  "Largest shard of a folder output (default 5GB; GB = 10^9, GiB = 2^30)");
+  cmd->add_option("--variant", args->variant,
+                  "Name the output files for this variant (model.fp16.safetensors, ...)");
+  cmd->add_option("--from-variant", args->open.variant, "Read the input's weights of this variant");
+  cmd->add_option("--subfolder", args->open.subfolder, "Folder inside the input model, e.g. unet");
+  args->read.Register(cmd);
+  cmd->add_flag("--json", args->json, "Print one JSON document: the files written, sizes, peak RSS");
+  cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
+}
+
+}  // namespace loadstone::cli
