@@ -231,6 +231,8 @@ class Machine {
   std::vector<TensorRecord> tensors_;
   PickledStateDict out_;
   std::unordered_map<std::string, uint32_t> storage_by_key_;
+  // Per dict: its str keys → the index of the key in its items.
+  std::unordered_map<Id, std::unordered_map<std::string, size_t>> str_keys_;
   bool stopped_ = false;
 };
 
@@ -318,22 +320,17 @@ Status Machine::SetItems(Id dict, const std::vector<Id>& kv) {
   if (kv.size() % 2) return Corrupt("SETITEMS with an odd number of items");
   for (size_t k = 0; k < kv.size(); k += 2) {
     const Value& key = values_[kv[k]];
-    // A repeated str key replaces the earlier value, as in Python.
-    bool replaced = false;
+    // A repeated str key replaces the earlier value, as in Python (found through the dict's
+    // index: a state dict has 100k keys, a linear search would be quadratic).
     if (key.kind == Kind::kStr) {
-      for (size_t j = 0; j < d.items.size(); j += 2) {
-        const Value& old = values_[d.items[j]];
-        if (old.kind == Kind::kStr && old.s == key.s) {
-          values_[dict].items[j + 1] = kv[k + 1];
-          replaced = true;
-          break;
-        }
+      auto [it, inserted] = str_keys_[dict].emplace(key.s, d.items.size());
+      if (!inserted) {
+        values_[dict].items[it->second + 1] = kv[k + 1];
+        continue;
       }
     }
-    if (!replaced) {
-      values_[dict].items.push_back(kv[k]);
-      values_[dict].items.push_back(kv[k + 1]);
-    }
+    values_[dict].items.push_back(kv[k]);
+    values_[dict].items.push_back(kv[k + 1]);
   }
   return Status::OK();
 }

@@ -89,12 +89,14 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
     uint64_t at = r.offset;
     for (uint32_t t : r.tensors) {
       const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-      if (!IsUnconvertedCpu(plan, t) || src.file != r.file || src.offset != at ||
+      if (!IsUnconvertedCpu(plan, t) || src.file != r.file || src.offset < at ||
+          src.offset - at > kCoalesceGap ||
           plan.tensors[t].fresh_pages != plan.tensors[r.tensors.front()].fresh_pages) {
-        return Refused(fmt::format("the shared buffer of '{}' is not its tensors' bytes back to "
-                                   "back, unconverted, on the CPU", first.name));
+        return Refused(fmt::format("the shared buffer of '{}' is not its tensors' bytes in file "
+                                   "order (gaps of at most {} bytes), unconverted, on the CPU",
+                                   first.name, kCoalesceGap));
       }
-      at += src.nbytes;
+      at = src.offset + src.nbytes;
     }
     if (at != r.offset + r.length || r.route == ReadRoute::kMapped) {
       return Refused(fmt::format("the shared buffer of '{}' does not hold its read", first.name));

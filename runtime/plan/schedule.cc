@@ -50,9 +50,11 @@ ReadRoute RouteOf(const LoadPlan& plan, uint32_t t) {
 
 // Small tensors (`small`, sorted by file offset) coalesced with their file neighbours: those
 // that can share a buffer (unconverted, CPU, no 64-byte alignment asked) into shared reads,
-// the others into staged reads; a read grows while the next tensor follows it in the same file
-// and the read stays within max_chunk. Only reads made here grow: a large tensor's last piece
-// keeps its own priority (a float8 weight's pieces then never go before its scales).
+// the others into staged reads; a read grows while the next tensor follows it in the same file,
+// at most kCoalesceGap bytes after its end (the gap is read too: a PyTorch archive puts a zip
+// header between storages), and the read stays within max_chunk. Only reads made here grow: a
+// large tensor's last piece keeps its own priority (a float8 weight's pieces then never go
+// before its scales).
 void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint32_t>& small,
                    uint64_t max_chunk, LoadPlan* plan,
                    std::vector<std::pair<uint32_t, ReadChunk>>* keyed) {
@@ -62,10 +64,12 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
     const bool share = RouteOf(*plan, i) != ReadRoute::kStaged && !plan->routes.align_tensors;
     if (keyed->size() > first_small) {
       auto& [key, last] = keyed->back();
+      const uint64_t end = last.offset + last.length;
       if (last.route == ReadRoute::kStaged && last.shared_buffer == share &&
-          last.file == src.file && last.offset + last.length == src.offset &&
-          last.length + src.nbytes <= max_chunk) {
-        last.length += src.nbytes;
+          last.file == src.file && src.offset >= end && src.offset - end <= kCoalesceGap &&
+          src.offset + src.nbytes - last.offset <= max_chunk) {
+        plan->read_bytes += src.offset - end;
+        last.length = src.offset + src.nbytes - last.offset;
         last.tensors.push_back(i);
         key = std::min(key, i);
         continue;
@@ -77,8 +81,16 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
   }
   // A shared buffer is one block of CPU memory, fresh pages when it is large enough to be worth
   // a mapping (ChooseFreshPages' rule, for the block), and routed as one unconverted tensor.
+  // One whose gaps hold more bytes than its tensors (tiny storages between zip headers) would
+  // keep that waste alive with them: its tensors are copied out of staging instead.
   for (auto& [key, read] : *keyed) {
     if (!read.shared_buffer) continue;
+    uint64_t payload = 0;
+    for (uint32_t t : read.tensors) payload += infos[plan->tensors[t].source].nbytes;
+    if (read.length > 2 * payload) {
+      read.shared_buffer = false;
+      continue;
+    }
     const bool fresh = plan->routes.fill_fresh_pages && read.length >= kFreshPagesMin;
     for (uint32_t t : read.tensors) plan->tensors[t].fresh_pages = fresh;
     read.route = UnconvertedCpuRoute(fresh, plan->routes);

@@ -15,6 +15,10 @@ namespace loadstone::planning {
 // whole, and staging slots are as large as the largest staged read.
 inline constexpr uint64_t kMaxRelayoutSpan = 256ULL << 20;
 
+// Small tensors this far apart in their file or closer are read together, the gap with them
+// (LoadPlan::read_bytes counts it): what lies between two storages of a PyTorch archive.
+inline constexpr uint64_t kCoalesceGap = 4096;
+
 // Priority order (indices into `infos`): shard order, then natural name order within a shard
 // ("layers.2" before "layers.10").
 std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos);

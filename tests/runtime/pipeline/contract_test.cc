@@ -209,7 +209,7 @@ TEST_CASE("contract: a plan edited by hand into something unloadable is refused,
          p.reads[shared].shared_buffer = false;
          p.reads[shared].route = ReadRoute::kInPlace;
        }},
-      {"back to back", [&](LoadPlan& p) {
+      {"in file order", [&](LoadPlan& p) {
          p.reads[shared].offset += 1;  // its first tensor no longer starts it
          p.reads[shared].length -= 1;
        }},
