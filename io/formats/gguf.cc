@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "io/formats/utf8.h"
+
 namespace loadstone::io {
 namespace {
 
@@ -91,12 +93,17 @@ class Cursor {
     pos_ += n;
     return Status::OK();
   }
-  Result<std::string> String(std::string_view what) {
+  // A string of at most `max` bytes (else refused before anything is allocated for it).
+  Result<std::string> String(std::string_view what, uint64_t max = kMaxString) {
     const uint64_t at = pos_;
     LOADSTONE_ASSIGN_OR_RETURN(uint64_t n, Get<uint64_t>());
-    if (n > kMaxString || n > left()) {
+    if (n > max) {
       return Fail(fmt::format("{} of {} bytes: more than {}", what, n,
-                              n > kMaxString ? "1 GiB" : "the file holds"), at);
+                              max == kMaxString ? std::string("1 GiB")
+                                                : fmt::format("the {} allowed", max)), at);
+    }
+    if (n > left()) {
+      return Fail(fmt::format("{} of {} bytes: more than the file holds", what, n), at);
     }
     std::string s(n, '\0');
     LOADSTONE_RETURN_IF_ERROR(Bytes(s.data(), n));
@@ -268,15 +275,16 @@ Result<GgufFile> ReadGgufHeader(const File& file) {
     uint64_t bytes;
   };
   std::vector<Info> infos;
-  infos.reserve(static_cast<size_t>(n_tensors));
+  // Reserved up to a bound only: the count is the file's word.
+  infos.reserve(std::min<size_t>(static_cast<size_t>(n_tensors), 1 << 16));
   std::unordered_set<std::string> names;
-  out.tensors.reserve(static_cast<size_t>(n_tensors));
+  out.tensors.reserve(std::min<size_t>(static_cast<size_t>(n_tensors), 1 << 16));
   for (int64_t i = 0; i < n_tensors; ++i) {
     const uint64_t at = c.pos();
-    LOADSTONE_ASSIGN_OR_RETURN(std::string name, c.String("a tensor name"));
-    if (name.size() >= kMaxName) {
-      return c.Fail(fmt::format("tensor name '{}…' is {} bytes, ggml allows at most {}",
-                                name.substr(0, 32), name.size(), kMaxName - 1), at);
+    // ggml's names are shorter than GGML_MAX_NAME (64): refused before the name is read.
+    LOADSTONE_ASSIGN_OR_RETURN(std::string name, c.String("a tensor name", kMaxName - 1));
+    if (FindInvalidUtf8(name) != std::string::npos) {
+      return c.Fail(fmt::format("tensor name '{}' is not UTF-8", name), at);
     }
     if (!names.insert(name).second) return c.Fail(fmt::format("tensor '{}' appears twice", name), at);
     LOADSTONE_ASSIGN_OR_RETURN(uint32_t n_dims, c.Get<uint32_t>());

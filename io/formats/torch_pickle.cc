@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "io/formats/utf8.h"
+
 namespace loadstone::io {
 namespace {
 
@@ -105,6 +107,7 @@ std::optional<GlobalInfo> LookUpGlobal(std::string_view module, std::string_view
 
 enum class Kind : uint8_t {
   kNone, kBool, kInt, kFloat, kStr, kBytes, kTuple, kList, kDict, kSet, kGlobal, kStorage, kTensor,
+  kDevice,  // a torch.device: never equal to a str key
 };
 
 std::string_view KindName(Kind kind) {
@@ -122,11 +125,15 @@ std::string_view KindName(Kind kind) {
     case Kind::kGlobal: return "a global";
     case Kind::kStorage: return "a storage";
     case Kind::kTensor: return "a tensor";
+    case Kind::kDevice: return "a torch.device";
   }
   return "a value";
 }
 
 using Id = uint32_t;
+
+// Tensor ranks above this are refused (PyTorch's own limit is 64 in practice: TensorIterator).
+constexpr size_t kMaxRank = 64;
 
 struct Value {
   Kind kind = Kind::kNone;
@@ -147,7 +154,21 @@ struct TensorRecord {
 
 class Machine {
  public:
-  Machine(std::string_view bytes, std::string_view where) : in_(bytes), where_(where) {}
+  Machine(std::string_view bytes, std::string_view where)
+      : in_(bytes),
+        where_(where),
+        // What a hostile stream may make the parser build or copy, in values and in items or
+        // bytes: a multiple of its size (a torch.save state dict makes ~0.12 values per byte).
+        max_values_(1'000'000 + bytes.size() / 4),
+        budget_(4'000'000 + 4 * static_cast<uint64_t>(bytes.size())) {
+    // Immutable values are shared, as Python shares them.
+    none_ = New(Value{Kind::kNone});
+    Value t{Kind::kBool}, f{Kind::kBool};
+    t.i = 1;
+    true_ = New(std::move(t));
+    false_ = New(std::move(f));
+    empty_tuple_ = New(Value{Kind::kTuple});
+  }
 
   Result<PickledStateDict> Run();
 
@@ -185,10 +206,24 @@ class Machine {
     return out;
   }
 
-  // The value arena and the machine's stack.
+  // The value arena and the machine's stack. Push* refuse once the stream has built more than
+  // its budget allows (Status in `limit_`, returned by Step).
   Id New(Value v) {
+    Charge(v.items.size() + v.s.size());
+    if (values_.size() >= max_values_ && limit_.ok()) {
+      limit_ = Refuse(fmt::format("a pickle of {} bytes that builds more than {} values",
+                                  in_.size(), max_values_));
+    }
     values_.push_back(std::move(v));
     return static_cast<Id>(values_.size() - 1);
+  }
+  // Items copied or bytes hashed: bounded by a multiple of the stream's size.
+  void Charge(uint64_t n) {
+    spent_ += n;
+    if (spent_ > budget_ && limit_.ok()) {
+      limit_ = Refuse(fmt::format("a pickle of {} bytes that copies more than {} items or bytes",
+                                  in_.size(), budget_));
+    }
   }
   Id NewKind(Kind kind) { return New(Value{kind}); }
   Result<Id> Pop() {
@@ -209,6 +244,7 @@ class Machine {
     marks_.pop_back();
     std::vector<Id> items(stack_.begin() + static_cast<std::ptrdiff_t>(at), stack_.end());
     stack_.resize(at);
+    Charge(items.size());
     return items;
   }
 
@@ -234,6 +270,11 @@ class Machine {
   // Per dict: its str keys → the index of the key in its items.
   std::unordered_map<Id, std::unordered_map<std::string, size_t>> str_keys_;
   bool stopped_ = false;
+  const uint64_t max_values_;
+  const uint64_t budget_;
+  uint64_t spent_ = 0;
+  Status limit_;
+  Id none_ = 0, true_ = 0, false_ = 0, empty_tuple_ = 0;
 };
 
 Status Machine::PushGlobal(std::string_view module_as_pickled, std::string_view name) {
@@ -271,6 +312,9 @@ Result<uint64_t> Machine::NonNegative(Id id, std::string_view what) const {
 Result<std::vector<uint64_t>> Machine::Dims(Id id, std::string_view what) const {
   const Value& v = values_[id];
   if (v.kind != Kind::kTuple) return Corrupt(fmt::format("{} is {}, not a tuple", what, KindName(v.kind)));
+  if (v.items.size() > kMaxRank) {
+    return Refuse(fmt::format("{} of {} dimensions (more than {})", what, v.items.size(), kMaxRank));
+  }
   std::vector<uint64_t> dims;
   dims.reserve(v.items.size());
   for (Id item : v.items) {
@@ -323,6 +367,7 @@ Status Machine::SetItems(Id dict, const std::vector<Id>& kv) {
     // A repeated str key replaces the earlier value, as in Python (found through the dict's
     // index: a state dict has 100k keys, a linear search would be quadratic).
     if (key.kind == Kind::kStr) {
+      Charge(key.s.size());
       auto [it, inserted] = str_keys_[dict].emplace(key.s, d.items.size());
       if (!inserted) {
         values_[dict].items[it->second + 1] = kv[k + 1];
@@ -341,6 +386,7 @@ Status Machine::Call(Id callable, Id args_id) {
   const Value& args = values_[args_id];
   if (args.kind != Kind::kTuple) return Corrupt("call arguments that are not a tuple");
   const std::vector<Id> a = args.items;  // copied: New() below may move values_
+  Charge(a.size());
   const std::string name = fn.s;
   const GlobalInfo g = fn.global;  // fn may move when a value is added
   auto want = [&](size_t lo, size_t hi) -> Status {
@@ -423,7 +469,7 @@ Status Machine::Call(Id callable, Id args_id) {
     }
     case Global::kDevice: {
       LOADSTONE_RETURN_IF_ERROR(want(1, 2));
-      Value v{Kind::kStr};
+      Value v{Kind::kDevice};
       if (values_[a[0]].kind == Kind::kStr) v.s = values_[a[0]].s;
       stack_.push_back(New(std::move(v)));
       return Status::OK();
@@ -484,14 +530,9 @@ Status Machine::Step(uint8_t op) {
     }
     case '.': stopped_ = true; return Status::OK();  // STOP
     case '(': marks_.push_back(stack_.size()); return Status::OK();  // MARK
-    case 'N': stack_.push_back(NewKind(Kind::kNone)); return Status::OK();
-    case 0x88:
-    case 0x89: {  // NEWTRUE, NEWFALSE
-      Value v{Kind::kBool};
-      v.i = op == 0x88;
-      stack_.push_back(New(std::move(v)));
-      return Status::OK();
-    }
+    case 'N': stack_.push_back(none_); return Status::OK();
+    case 0x88: stack_.push_back(true_); return Status::OK();   // NEWTRUE
+    case 0x89: stack_.push_back(false_); return Status::OK();  // NEWFALSE
     case 'J':
     case 'K':
     case 'M': {  // BININT (i32), BININT1 (u8), BININT2 (u16)
@@ -527,12 +568,15 @@ Status Machine::Step(uint8_t op) {
       if (op == 0x8c) out_.protocol4_opcodes = true;
       LOADSTONE_ASSIGN_OR_RETURN(uint64_t n, Uint(op == 'X' ? 4 : 1));
       LOADSTONE_ASSIGN_OR_RETURN(std::string_view s, Take(n));
+      if (const size_t bad = FindInvalidUtf8(s); bad != std::string_view::npos) {
+        return Corrupt(fmt::format("a string that is not UTF-8 (its byte {})", bad));
+      }
       Value v{Kind::kStr};
       v.s = s;
       stack_.push_back(New(std::move(v)));
       return Status::OK();
     }
-    case ')': stack_.push_back(NewKind(Kind::kTuple)); return Status::OK();
+    case ')': stack_.push_back(empty_tuple_); return Status::OK();
     case ']': stack_.push_back(NewKind(Kind::kList)); return Status::OK();
     case '}': stack_.push_back(NewKind(Kind::kDict)); return Status::OK();
     case 0x8f: stack_.push_back(NewKind(Kind::kSet)); return Status::OK();  // EMPTY_SET
@@ -712,6 +756,7 @@ Result<PickledStateDict> Machine::Run() {
     op_at_ = pos_;
     const auto op = static_cast<uint8_t>(in_[pos_++]);
     LOADSTONE_RETURN_IF_ERROR(Step(op));
+    if (!limit_.ok()) return limit_;
   }
   if (!marks_.empty()) return Corrupt("STOP with an open MARK");
   if (stack_.size() != 1) return Corrupt(fmt::format("STOP with {} values on the stack", stack_.size()));

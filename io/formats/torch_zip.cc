@@ -151,6 +151,10 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
     }
     storage_entry[s] = entry;
   }
+  // What the tensors would take once loaded, against what the file holds: views may repeat a
+  // storage (tied weights: twice), not a thousand times over.
+  const u128 loaded_limit = static_cast<u128>(file.size()) * 16 + (1ULL << 30);
+  u128 loaded = 0;
 
   out.tensors.reserve(dict.tensors.size());
   for (PickledTensor& pt : dict.tensors) {
@@ -166,8 +170,8 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
     u128 numel = 1, last = pt.offset;  // the element index of its last element
     for (size_t d = 0; d < pt.size.size(); ++d) {
       numel *= pt.size[d];
-      if (numel > kMaxBytes) {
-        return Bad(file, fmt::format("tensor '{}' has more elements than fit 64 bits", pt.name));
+      if (numel * es > static_cast<u128>(INT64_MAX)) {
+        return Bad(file, fmt::format("tensor '{}' takes more bytes than fit 63 bits", pt.name));
       }
       if (pt.size[d] > 0) last += static_cast<u128>(pt.size[d] - 1) * pt.stride[d];
       if (last > kMaxBytes) {
@@ -180,17 +184,29 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
     t.shape = std::move(pt.size);
     t.storage = entry.name;
     t.big_endian = out.big_endian && es > 1;
+    // Against the storage's own size (its numel), which its entry holds (checked above).
+    const u128 storage_bytes =
+        st.untyped ? static_cast<u128>(st.numel) : static_cast<u128>(st.numel) * (DTypeBits(st.dtype) / 8);
     const u128 begin = static_cast<u128>(pt.offset) * es;
     const u128 end = numel == 0 ? begin : (last + 1) * es;
-    if (numel > 0 && end > entry.size) {
+    if (numel > 0 && end > storage_bytes) {
       return Bad(file, fmt::format(
           "tensor '{}' (offset {}, size [{}], stride [{}]) reaches byte {} of storage '{}', "
           "which holds {} bytes", t.name, pt.offset, fmt::join(t.shape, ", "),
-          fmt::join(pt.stride, ", "), static_cast<uint64_t>(end), st.key, entry.size));
+          fmt::join(pt.stride, ", "), static_cast<uint64_t>(end), st.key,
+          static_cast<uint64_t>(storage_bytes)));
     }
-    if (numel == 0 && begin > entry.size) {
+    if (numel == 0 && begin > storage_bytes) {
       return Bad(file, fmt::format("tensor '{}' starts at byte {} of storage '{}', which holds {}",
-                                   t.name, static_cast<uint64_t>(begin), st.key, entry.size));
+                                   t.name, static_cast<uint64_t>(begin), st.key,
+                                   static_cast<uint64_t>(storage_bytes)));
+    }
+    loaded += numel * es;
+    if (loaded > loaded_limit) {
+      return Status::Unsupported(fmt::format(
+          "'{}': its tensors would take more than {} bytes once loaded from a file of {} (views "
+          "that repeat storages many times over); loadstone refuses such files",
+          file.path(), static_cast<uint64_t>(loaded_limit), file.size()));
     }
     t.offset = entry.data_offset + static_cast<uint64_t>(begin);
     t.nbytes = static_cast<uint64_t>(end - begin);

@@ -14,8 +14,8 @@
 
 namespace loadstone::io {
 
-// data.pkl larger than this is refused before it is read (a 100k-tensor state dict takes ~10 MB).
-inline constexpr uint64_t kTorchMaxPickle = 1ULL << 30;
+// data.pkl larger than this is refused before it is read (a 100k-tensor state dict takes 10 MB).
+inline constexpr uint64_t kTorchMaxPickle = 64ULL << 20;
 
 struct TorchArchive {
   // Sorted by file offset (ties by name); TensorInfo::file is 0. Tensors that view one storage

@@ -104,10 +104,20 @@ Result<Directory> FindDirectory(const File& file) {
       if (rec_at > rec_pos) return Bad(file, loc_at, "the ZIP64 end record lies past its locator");
       std::array<std::byte, kZip64EndSize> rec{};
       LOADSTONE_RETURN_IF_ERROR(file.ReadExact(rec_pos, rec));
+      uint64_t found_at = rec_pos;
       if (U32(rec.data()) != kZip64EndSig) {
-        return Bad(file, rec_pos, "the ZIP64 locator points at no ZIP64 end record");
+        // A record with extensible data ends later than 56 bytes from its start: it is where the
+        // locator says (no bytes before the archive then).
+        found_at = rec_at;
+        LOADSTONE_RETURN_IF_ERROR(file.ReadExact(rec_at, rec));
+        if (U32(rec.data()) != kZip64EndSig) {
+          return Bad(file, rec_pos, "the ZIP64 locator points at no ZIP64 end record");
+        }
       }
-      dir = Directory{U64(rec.data() + 32), U64(rec.data() + 40), U64(rec.data() + 48), rec_pos};
+      if (U32(rec.data() + 16) != 0 || U32(rec.data() + 20) != 0) {
+        return Bad(file, found_at, "a multi-disk ZIP64 archive");
+      }
+      dir = Directory{U64(rec.data() + 32), U64(rec.data() + 40), U64(rec.data() + 48), found_at};
     } else if (needs64) {
       return Bad(file, dir.end, "ZIP64 sizes without a ZIP64 locator");
     }
@@ -172,16 +182,22 @@ Result<ZipArchive> ReadZipArchive(const File& file) {
       return Bad(file, at, fmt::format("entry '{}' has its local header at {}, outside the archive",
                                        e.name, local));
     }
-    std::array<std::byte, kLocalSize> lh{};
+    std::vector<std::byte> lh(kLocalSize + name_len);
+    if (dir.offset - local < lh.size()) {
+      return Bad(file, base + local, fmt::format("entry '{}' has no room for its local header",
+                                                 e.name));
+    }
     LOADSTONE_RETURN_IF_ERROR(file.ReadExact(base + local, lh));
     if (U32(lh.data()) != kLocalSig) {
       return Bad(file, base + local, fmt::format("entry '{}' has no local header", e.name));
     }
     const uint64_t local_name = U16(lh.data() + 26), local_extra = U16(lh.data() + 28);
-    if (local_name != name_len) {
+    if (local_name != name_len ||
+        std::memcmp(lh.data() + kLocalSize, e.name.data(), name_len) != 0) {
       return Bad(file, base + local,
                  fmt::format("entry '{}': its local header names another entry", e.name));
     }
+    e.local_offset = base + local;
     e.data_offset = base + local + kLocalSize + local_name + local_extra;
     if (e.data_offset > dir_at || dir_at - e.data_offset < e.stored_size) {
       return Bad(file, base + local,
@@ -193,6 +209,18 @@ Result<ZipArchive> ReadZipArchive(const File& file) {
                                        e.size, e.stored_size));
     }
     archive.entries.push_back(std::move(e));
+  }
+  // No two entries share bytes (one storage's entry cannot alias another's, or data.pkl).
+  std::vector<const ZipEntry*> by_offset;
+  for (const ZipEntry& e : archive.entries) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const ZipEntry* a, const ZipEntry* b) { return a->local_offset < b->local_offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const ZipEntry& prev = *by_offset[i - 1];
+    if (by_offset[i]->local_offset < prev.data_offset + prev.stored_size) {
+      return Bad(file, by_offset[i]->local_offset,
+                 fmt::format("entries '{}' and '{}' overlap", prev.name, by_offset[i]->name));
+    }
   }
   archive.by_name.reserve(archive.entries.size());
   for (size_t i = 0; i < archive.entries.size(); ++i) {

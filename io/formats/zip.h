@@ -21,9 +21,16 @@ struct ZipEntry {
   uint64_t size = 0;          // uncompressed bytes
   uint64_t stored_size = 0;   // bytes in the file (compressed size)
   uint64_t data_offset = 0;   // absolute offset of the entry's first byte in the file
+  uint64_t local_offset = 0;  // absolute offset of its local header
 };
 
 struct ZipArchive {
+  ZipArchive() = default;
+  ZipArchive(ZipArchive&&) = default;  // by_name's views stay valid: the entries do not move
+  ZipArchive& operator=(ZipArchive&&) = default;
+  ZipArchive(const ZipArchive&) = delete;  // a copy's by_name would view the original's names
+  ZipArchive& operator=(const ZipArchive&) = delete;
+
   std::vector<ZipEntry> entries;  // in central-directory order
   std::unordered_map<std::string_view, size_t> by_name;  // views into entries[i].name
 
@@ -32,9 +39,10 @@ struct ZipArchive {
 
 // Reads the central directory of `file` (the end record within the last 64 KiB + 22 bytes, its
 // ZIP64 locator and record where present) and every entry's local header, and checks that each
-// entry's bytes lie inside the file, before any entry that precedes the central directory.
-// Errors: Corruption naming the record and its byte offset (no end record, counts or sizes that
-// do not fit the file, a local header that disagrees with its name, a duplicate name).
+// entry's bytes lie inside the file, before the central directory, and apart from every other
+// entry's. Errors: Corruption naming the record and its byte offset (no end record, counts or
+// sizes that do not fit the file, a local header that disagrees with its name, entries that
+// overlap, a duplicate name).
 Result<ZipArchive> ReadZipArchive(const File& file);
 
 // True when the first bytes are a zip local-file header ("PK\3\4").

@@ -42,9 +42,20 @@ Status Relayout(const std::byte* src, uint64_t src_bytes, std::span<const uint64
   uint64_t last = 0;
   for (size_t d = 0; d < shape.size(); ++d) last += (shape[d] - 1) * strides[d];
   if ((last + 1) * elem_bytes > src_bytes) return Status::InvalidArgument("relayout past its source");
+  // Dimensions of size 1 move nothing: left out, so that the odometer's steps are real ones.
+  std::vector<uint64_t> dims, steps;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    dims.push_back(shape[d]);
+    steps.push_back(strides[d]);
+  }
+  if (dims.empty()) {  // one element
+    CopyElement(src, elem_bytes, swap, dst);
+    return Status::OK();
+  }
   // An odometer over the indices, the innermost dimension as a strided run.
-  const size_t rank = shape.size();
-  const uint64_t inner = shape[rank - 1], inner_stride = strides[rank - 1] * elem_bytes;
+  const size_t rank = dims.size();
+  const uint64_t inner = dims[rank - 1], inner_stride = steps[rank - 1] * elem_bytes;
   std::vector<uint64_t> index(rank, 0);
   uint64_t base = 0;  // element offset of index[0..rank-2], inner 0
   std::byte* out = dst;
@@ -54,9 +65,9 @@ Status Relayout(const std::byte* src, uint64_t src_bytes, std::span<const uint64
       CopyElement(in, elem_bytes, swap, out);
     }
     for (size_t d = rank - 1; d-- > 0;) {  // next index of the outer dimensions
-      base += strides[d];
-      if (++index[d] < shape[d]) break;
-      base -= strides[d] * shape[d];
+      base += steps[d];
+      if (++index[d] < dims[d]) break;
+      base -= steps[d] * dims[d];
       index[d] = 0;
     }
   }

@@ -242,12 +242,13 @@ class TensorPlanner {
           "float8 weights only; rewrite the checkpoint with `loadstone convert`",
           t.name, t.strides.empty() ? "big-endian" : "a strided view"));
     }
-    if (!t.strides.empty() && t.nbytes > planning::kMaxRelayoutSpan) {
+    const uint64_t materialised = t.numel() * (DTypeBits(t.dtype) / 8);
+    if (!t.strides.empty() && std::max(t.nbytes, materialised) > planning::kMaxRelayoutSpan) {
       return Status::Unsupported(fmt::format(
-          "tensor '{}' is a strided view spanning {} bytes of its storage; loadstone stages a "
-          "strided tensor whole and stages at most {} bytes at once; rewrite the checkpoint with "
-          "`loadstone convert` or save the tensor contiguous (.contiguous())",
-          t.name, t.nbytes, planning::kMaxRelayoutSpan));
+          "tensor '{}' is a strided view spanning {} bytes of its storage that becomes {} bytes "
+          "contiguous; loadstone gathers a strided tensor whole, at most {} bytes; save the "
+          "tensor contiguous (.contiguous()) and load that",
+          t.name, t.nbytes, materialised, planning::kMaxRelayoutSpan));
     }
     TensorPlan tp;
     tp.source = index;

@@ -135,19 +135,23 @@ Status ScheduleGroup(const std::vector<TensorInfo>& infos, const std::vector<uin
   auto info = [&](uint32_t i) -> const TensorInfo& { return infos[plan.tensors[i].source]; };
   const uint64_t lo = info(group.front()).offset;
   uint64_t hi = lo;
-  bool strided = false;
+  // Read whole: a group with a strided view (gathered from one piece), or one whose members do
+  // not start on a whole element from the group's start (pieces of max_chunk, a multiple of
+  // every element size, would then cut an element).
+  bool whole = false;
   for (uint32_t i : group) {
     hi = std::max(hi, info(i).offset + info(i).nbytes);
-    strided = strided || !info(i).strides.empty();
+    const uint64_t elem = std::max(1, DTypeBits(info(i).dtype) / 8);
+    whole = whole || !info(i).strides.empty() || (info(i).offset - lo) % elem != 0;
   }
-  if (strided && hi - lo > kMaxRelayoutSpan) {
+  if (whole && hi - lo > kMaxRelayoutSpan) {
     return Status::Unsupported(fmt::format(
-        "tensor '{}' and {} others share {} bytes of their file, among them a strided view: "
-        "loadstone stages such a group whole and stages at most {} bytes at once; rewrite the "
-        "checkpoint with `loadstone convert`",
+        "tensor '{}' and {} others share {} bytes of their file, among them a strided view or "
+        "views that do not start on a whole element: loadstone reads such a group in one piece "
+        "and at most {} bytes at once; save the tensors contiguous and load that",
         info(group.front()).name, group.size() - 1, hi - lo, kMaxRelayoutSpan));
   }
-  const uint64_t piece = strided ? hi - lo : max_chunk;
+  const uint64_t piece = whole ? hi - lo : max_chunk;
   for (uint64_t at = lo; at < hi; at += piece) {
     ReadChunk read{info(group.front()).file, at, std::min(piece, hi - at), {}, ReadRoute::kStaged};
     uint32_t key = UINT32_MAX;
