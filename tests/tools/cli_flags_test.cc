@@ -340,6 +340,12 @@ TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, l
   const auto variant = RunCli("convert " + m.path + " " + dir.Path("o.safetensors") + " --variant fp16");
   CHECK(OneErrorLine(variant));
   CHECK(variant.err.find("--variant names the files of a folder output") != std::string::npos);
+  // The model's float8 weight has scales: --dtype would dequantize it, which convert refuses
+  // rather than writing unscaled values; without --dtype it is copied as stored.
+  const auto fp8 = RunCli("convert " + m.path + " " + dir.Path("f.safetensors") + " --dtype bf16");
+  CHECK(OneErrorLine(fp8));
+  CHECK(fp8.err.find("is a scaled float8 weight") != std::string::npos);
+  CHECK(RunCli("convert " + m.path + " " + dir.Path("f.safetensors")).code == 0);
   const auto missing = RunCli("convert " + m.path);
   CHECK(missing.code != 0);
   CHECK(missing.err.find("out is required") != std::string::npos);
