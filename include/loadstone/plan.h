@@ -32,8 +32,9 @@ enum class Conversion {
   // A float8 weight times its block scales (specs/quant.md, "FP8 weights"), into `dtype`.
   kDequantFp8Block,
   // The file bytes gathered into C order and/or byte-swapped, no cast: a strided view or a
-  // big-endian tensor of a PyTorch archive (TensorInfo::strides, big_endian), on the CPU. A cast
-  // of such a tensor is a kCast that does the same first.
+  // big-endian tensor of a PyTorch archive (TensorInfo::strides, big_endian), by a CPU worker
+  // (for a GPU target, before the device copies the result). A cast of such a tensor is a kCast
+  // that does the same first.
   kRelayout,
 };
 

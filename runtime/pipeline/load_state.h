@@ -120,6 +120,13 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void OnReadDone(uint64_t chunk, Status status);
   // Hands a staged chunk's pieces to the workers and devices.
   void DispatchStaged(uint64_t chunk);
+  // Submits tensor `t`'s device piece of staged chunk `chunk` (`file_bytes` of its file), counted
+  // as one part of the chunk by the caller; `keep` holds the bytes the job copies from when they
+  // are not the staging slot's (a relayout's output).
+  void SubmitDevicePiece(uint64_t chunk, size_t slot, uint32_t t, device::PlaceJob job,
+                         uint64_t file_bytes, std::shared_ptr<std::vector<std::byte>> keep);
+  // A strided or big-endian tensor's device piece: relayout on a worker, then SubmitDevicePiece.
+  void RelayoutForDevice(uint64_t chunk, size_t slot, uint32_t t);
   void ConvertStaged(uint64_t chunk, size_t slot);  // runs on a worker thread
   // ConvertStaged's pieces of an unshared chunk, staged at `staged`: each CPU tensor's, converted
   // as planned (Placer::PlaceOnCpu). Runs on a worker thread.

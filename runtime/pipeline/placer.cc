@@ -27,28 +27,31 @@ Status Placer::PlaceShared(const ReadChunk& read, std::byte* buffer,
   return Status::OK();
 }
 
+Status Placer::Relayout(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi,
+                        std::vector<std::byte>* plain) const {
+  const TensorInfo& src = checkpoint_.tensors()[plan_.tensors[t].source];
+  const uint64_t elem = DTypeBits(src.dtype) / 8;
+  const bool whole = lo == src.offset && hi == src.offset + src.nbytes;
+  if ((!src.strides.empty() && !whole) || (lo - src.offset) % elem || (hi - lo) % elem) {
+    return Status::InvalidArgument(fmt::format(
+        "tensor '{}': the plan reads a piece [{}, {}) that is not whole elements of its {} "
+        "layout (a plan not made by Plan()?)", src.name,
+        lo, hi, src.strides.empty() ? "big-endian" : "strided"));
+  }
+  const std::vector<uint64_t> piece_shape = {(hi - lo) / elem};
+  const bool strided = !src.strides.empty();
+  plain->resize(strided ? src.numel() * elem : hi - lo);
+  return convert::Relayout(from, hi - lo, strided ? std::span<const uint64_t>(src.shape) : piece_shape,
+                           src.strides, elem, src.big_endian, plain->data());
+}
+
 Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
                           const std::byte* from, uint64_t lo, uint64_t hi) const {
   const TensorPlan& tp = plan_.tensors[t];
   const TensorInfo& src = checkpoint_.tensors()[tp.source];
   std::vector<std::byte> plain;
-  if (!src.plain_layout()) {
-    // Into C order, little-endian; then on as a piece of a contiguous tensor: [lo, hi) becomes
-    // the element range it holds, as if the file held the tensor contiguous from src.offset.
-    const uint64_t elem = DTypeBits(src.dtype) / 8;
-    const bool whole = lo == src.offset && hi == src.offset + src.nbytes;
-    if ((!src.strides.empty() && !whole) || (lo - src.offset) % elem || (hi - lo) % elem) {
-      return Status::InvalidArgument(fmt::format(
-          "tensor '{}': the plan reads a piece [{}, {}) that is not whole elements of its {} "
-          "layout (a plan not made by Plan()?)", src.name,
-          lo, hi, src.strides.empty() ? "big-endian" : "strided"));
-    }
-    const std::vector<uint64_t> piece_shape = {(hi - lo) / elem};
-    const bool strided = !src.strides.empty();
-    plain.resize(strided ? src.numel() * elem : hi - lo);
-    LOADSTONE_RETURN_IF_ERROR(convert::Relayout(
-        from, hi - lo, strided ? std::span<const uint64_t>(src.shape) : piece_shape,
-        src.strides, elem, src.big_endian, plain.data()));
+  if (!src.plain_layout()) {  // then on as the piece of a contiguous tensor it became
+    LOADSTONE_RETURN_IF_ERROR(Relayout(t, from, lo, hi, &plain));
     from = plain.data();
     hi = lo + plain.size();
   }
@@ -80,18 +83,25 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
 
 device::PlaceJob Placer::DeviceJob(const ReadChunk& read, uint32_t t, std::byte* data,
                                    const std::byte* scales, const std::byte* staged) const {
+  const auto [lo, hi] = PieceOf(read, checkpoint_.tensors()[plan_.tensors[t].source]);
+  return DeviceJobFrom(t, data, scales, staged + (lo - read.offset), lo, hi);
+}
+
+device::PlaceJob Placer::DeviceJobFrom(uint32_t t, std::byte* data, const std::byte* scales,
+                                       const std::byte* from, uint64_t lo, uint64_t hi) const {
   const TensorPlan& tp = plan_.tensors[t];
   const TensorInfo& src = checkpoint_.tensors()[tp.source];
-  const auto [lo, hi] = PieceOf(read, src);
   const uint64_t src_elem = DTypeBits(src.dtype) / 8, dst_elem = DTypeBits(tp.dtype) / 8;
   device::PlaceJob job;
-  job.src = staged + (lo - read.offset);
+  job.src = from;
   job.bytes = hi - lo;
   job.from = src.dtype;
   job.to = tp.dtype;
   job.count = src_elem ? (hi - lo) / src_elem : 0;
   job.dst = data + (src_elem ? (lo - src.offset) / src_elem * dst_elem : lo - src.offset);
-  if (tp.conversion == Conversion::kNone) job.from = job.to = DType::kU8, job.count = job.bytes;
+  if (tp.conversion == Conversion::kNone || tp.conversion == Conversion::kRelayout) {
+    job.from = job.to = DType::kU8, job.count = job.bytes;
+  }
   if (tp.conversion == Conversion::kDequantFp8Block) {
     job.fp8 = Fp8Layout(t, scales);
     job.first = (lo - src.offset) / src_elem;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "loadstone/checkpoint.h"
 #include "loadstone/plan.h"
@@ -36,9 +37,18 @@ class Placer {
   // The whole of a shared-buffer read (ReadChunk::shared_buffer), `staged`, into `buffer`.
   Status PlaceShared(const ReadChunk& read, std::byte* buffer, const std::byte* staged) const;
   // The job that puts tensor `t`'s piece of `read` (staged at `staged`) into its device memory
-  // `data`; its callbacks are the caller's to set.
+  // `data`; its callbacks are the caller's to set. REQUIRES: `t`'s file layout is plain.
   device::PlaceJob DeviceJob(const ReadChunk& read, uint32_t t, std::byte* data,
                              const std::byte* scales, const std::byte* staged) const;
+  // The same for the piece [lo, hi) of a contiguous little-endian tensor at `from`: what
+  // Relayout made of a strided or big-endian one (lo: where the piece's file bytes start, hi:
+  // lo plus the bytes Relayout made).
+  device::PlaceJob DeviceJobFrom(uint32_t t, std::byte* data, const std::byte* scales,
+                                 const std::byte* from, uint64_t lo, uint64_t hi) const;
+  // The file bytes [lo, hi) of tensor `t` (a strided one whole, a big-endian one in whole
+  // elements) at `from`, in C order and little-endian, into `plain`.
+  Status Relayout(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi,
+                  std::vector<std::byte>* plain) const;
   // The block layout of dequantized tensor `t`, its scales in place at `scales`.
   convert::Fp8BlockScales Fp8Layout(uint32_t t, const std::byte* scales) const;
 

@@ -28,11 +28,51 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
       cpu_pieces = true;
       continue;
     }
-    const TensorPlan& tp = plan.tensors[t];
-    const auto [lo, hi] = PieceOf(chunk, checkpoint.tensors()[tp.source]);
-    device::PlaceJob job = placer_.DeviceJob(chunk, t, tensors[t].data, ScalesOf(t), staged);
+    ++chunks_[id].parts_left;
+    ++conversions_in_flight_;
+    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+    if (!src.plain_layout()) {
+      asio::post(workers, [self = shared_from_this(), id, slot, t] {
+        self->RelayoutForDevice(id, slot, t);
+      });
+      continue;
+    }
+    const auto [lo, hi] = PieceOf(chunk, src);
+    SubmitDevicePiece(id, slot, t,
+                      placer_.DeviceJob(chunk, t, tensors[t].data, ScalesOf(t), staged), hi - lo,
+                      nullptr);
+  }
+  if (cpu_pieces) {
+    ++chunks_[id].parts_left;
+    ++conversions_in_flight_;
+    asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
+  }
+}
+
+void LoadHandle::State::RelayoutForDevice(uint64_t id, size_t slot, uint32_t t) {
+  const ReadChunk& chunk = plan.reads[id];
+  const auto [lo, hi] = PieceOf(chunk, checkpoint.tensors()[plan.tensors[t].source]);
+  auto plain = std::make_shared<std::vector<std::byte>>();
+  Status status =
+      placer_.Relayout(t, StagedBytes(id, slot) + (lo - chunk.offset), lo, hi, plain.get());
+  asio::post(loop, [self = shared_from_this(), id, slot, t, lo = lo, hi = hi,
+                    plain = std::move(plain), status = std::move(status)]() mutable {
+    if (!status.ok() || self->stopping_) {
+      self->OnDevicePieceDone(id, slot, t, hi - lo, std::move(status));
+      return;
+    }
+    device::PlaceJob job = self->placer_.DeviceJobFrom(t, self->tensors[t].data, self->ScalesOf(t),
+                                                       plain->data(), lo, lo + plain->size());
+    self->SubmitDevicePiece(id, slot, t, std::move(job), hi - lo, std::move(plain));
+  });
+}
+
+void LoadHandle::State::SubmitDevicePiece(uint64_t id, size_t slot, uint32_t t,
+                                          device::PlaceJob job, uint64_t file_bytes,
+                                          std::shared_ptr<std::vector<std::byte>> keep) {
+  {
     if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
-      job.timed = [self = shared_from_this(), t, bytes = hi - lo](const device::JobTiming& at) {
+      job.timed = [self = shared_from_this(), t, bytes = job.bytes](const device::JobTiming& at) {
         const TensorPlan& p = self->plan.tensors[t];
         const std::string track = self->plan.device_of(t).ToString();
         const std::string args = fmt::format(
@@ -47,19 +87,13 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
         }
       };
     }
-    job.done = [self = shared_from_this(), id, slot, t, bytes = hi - lo](Status s) {
-      asio::post(self->loop, [self, id, slot, t, bytes, s = std::move(s)]() mutable {
+    job.done = [self = shared_from_this(), id, slot, t, bytes = file_bytes,
+                keep = std::move(keep)](Status s) {
+      asio::post(self->loop, [self, id, slot, t, bytes, keep, s = std::move(s)]() mutable {
         self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
       });
     };
-    ++chunks_[id].parts_left;
-    ++conversions_in_flight_;
-    devices[device]->Submit(std::move(job));
-  }
-  if (cpu_pieces) {
-    ++chunks_[id].parts_left;
-    ++conversions_in_flight_;
-    asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
+    devices[DeviceOf(t)]->Submit(std::move(job));
   }
 }
 

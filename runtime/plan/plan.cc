@@ -229,13 +229,6 @@ class TensorPlanner {
           "engine yet; give more memory (--max-memory) or another device map",
           t.name, device->ToString()));
     }
-    if (!t.plain_layout() && *device != Device::Cpu()) {
-      return Status::Unsupported(fmt::format(
-          "tensor '{}' is {} in its file and mapped to {}: loadstone materialises such tensors "
-          "on the CPU only for now; map it to cpu, or rewrite the checkpoint with `loadstone "
-          "convert` (safetensors holds every tensor contiguous, little-endian)",
-          t.name, t.strides.empty() ? "big-endian" : "a strided view", device->ToString()));
-    }
     if (!t.plain_layout() && targets_[index].conversion == Conversion::kDequantFp8Block) {
       return Status::Unsupported(fmt::format(
           "float8 tensor '{}' is {} in its file: loadstone dequantizes contiguous little-endian "
