@@ -765,10 +765,6 @@ Result<PickledStateDict> Machine::Run() {
 
 }  // namespace
 
-uint64_t PickledStorage::bytes() const {
-  return untyped ? numel : numel * static_cast<uint64_t>(DTypeBits(dtype) / 8);
-}
-
 Result<PickledStateDict> ParseTorchPickle(std::string_view pickle, std::string_view where) {
   Machine machine(pickle, where);
   return machine.Run();

@@ -22,7 +22,6 @@ struct PickledStorage {
   bool untyped = false;   // torch.UntypedStorage: `numel` counts bytes
   uint64_t numel = 0;     // as pickled: elements of a typed storage, bytes of an untyped one
   std::string location;   // "cpu", "cuda:0", ...
-  uint64_t bytes() const;
 };
 
 struct PickledTensor {

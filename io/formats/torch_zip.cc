@@ -127,6 +127,7 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
 
   // Each storage: its entry, stored, and long enough.
   std::vector<const ZipEntry*> storage_entry(dict.storages.size());
+  std::vector<uint64_t> storage_bytes(dict.storages.size());  // each storage's own size
   for (size_t s = 0; s < dict.storages.size(); ++s) {
     const PickledStorage& st = dict.storages[s];
     if (!IsPlainKey(st.key)) {
@@ -150,6 +151,7 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
                                    entry->size, entry->name));
     }
     storage_entry[s] = entry;
+    storage_bytes[s] = static_cast<uint64_t>(bytes);  // at most the entry's size
   }
   // What the tensors would take once loaded, against what the file holds: views may repeat a
   // storage (tied weights: twice), not a thousand times over.
@@ -185,21 +187,20 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
     t.storage = entry.name;
     t.big_endian = out.big_endian && es > 1;
     // Against the storage's own size (its numel), which its entry holds (checked above).
-    const u128 storage_bytes =
-        st.untyped ? static_cast<u128>(st.numel) : static_cast<u128>(st.numel) * (DTypeBits(st.dtype) / 8);
+    const uint64_t held = storage_bytes[pt.storage];
     const u128 begin = static_cast<u128>(pt.offset) * es;
     const u128 end = numel == 0 ? begin : (last + 1) * es;
-    if (numel > 0 && end > storage_bytes) {
+    if (numel > 0 && end > held) {
       return Bad(file, fmt::format(
           "tensor '{}' (offset {}, size [{}], stride [{}]) reaches byte {} of storage '{}', "
           "which holds {} bytes", t.name, pt.offset, fmt::join(t.shape, ", "),
           fmt::join(pt.stride, ", "), static_cast<uint64_t>(end), st.key,
-          static_cast<uint64_t>(storage_bytes)));
+          held));
     }
-    if (numel == 0 && begin > storage_bytes) {
+    if (numel == 0 && begin > held) {
       return Bad(file, fmt::format("tensor '{}' starts at byte {} of storage '{}', which holds {}",
                                    t.name, static_cast<uint64_t>(begin), st.key,
-                                   static_cast<uint64_t>(storage_bytes)));
+                                   held));
     }
     loaded += numel * es;
     if (loaded > loaded_limit) {

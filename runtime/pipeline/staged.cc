@@ -70,31 +70,29 @@ void LoadHandle::State::RelayoutForDevice(uint64_t id, size_t slot, uint32_t t) 
 void LoadHandle::State::SubmitDevicePiece(uint64_t id, size_t slot, uint32_t t,
                                           device::PlaceJob job, uint64_t file_bytes,
                                           std::shared_ptr<std::vector<std::byte>> keep) {
-  {
-    if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
-      job.timed = [self = shared_from_this(), t, bytes = job.bytes](const device::JobTiming& at) {
-        const TensorPlan& p = self->plan.tensors[t];
-        const std::string track = self->plan.device_of(t).ToString();
-        const std::string args = fmt::format(
-            R"({{"tensor":{}}})", nlohmann::json(self->checkpoint.tensors()[p.source].name).dump());
-        self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", track + " copy",
-                                at.copy_begin, at.copy_end, args);
-        if (at.kernel_end > at.kernel_begin) {
-          self->trace.SpanOnTrack(fmt::format("{} {}", ConversionName(p.conversion),
-                                              TorchName(p.dtype)),
-                                  "device", track + " compute", at.kernel_begin, at.kernel_end,
-                                  args);
-        }
-      };
-    }
-    job.done = [self = shared_from_this(), id, slot, t, bytes = file_bytes,
-                keep = std::move(keep)](Status s) {
-      asio::post(self->loop, [self, id, slot, t, bytes, keep, s = std::move(s)]() mutable {
-        self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
-      });
+  if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
+    job.timed = [self = shared_from_this(), t, bytes = job.bytes](const device::JobTiming& at) {
+      const TensorPlan& p = self->plan.tensors[t];
+      const std::string track = self->plan.device_of(t).ToString();
+      const std::string args = fmt::format(
+          R"({{"tensor":{}}})", nlohmann::json(self->checkpoint.tensors()[p.source].name).dump());
+      self->trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", track + " copy",
+                              at.copy_begin, at.copy_end, args);
+      if (at.kernel_end > at.kernel_begin) {
+        self->trace.SpanOnTrack(fmt::format("{} {}", ConversionName(p.conversion),
+                                            TorchName(p.dtype)),
+                                "device", track + " compute", at.kernel_begin, at.kernel_end,
+                                args);
+      }
     };
-    devices[DeviceOf(t)]->Submit(std::move(job));
   }
+  job.done = [self = shared_from_this(), id, slot, t, bytes = file_bytes,
+              keep = std::move(keep)](Status s) {
+    asio::post(self->loop, [self, id, slot, t, bytes, keep, s = std::move(s)]() mutable {
+      self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
+    });
+  };
+  devices[DeviceOf(t)]->Submit(std::move(job));
 }
 
 void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t tensor,

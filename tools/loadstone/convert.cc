@@ -237,33 +237,7 @@ int RunConvert(const ConvertArgs& args) {
   InterruptToCancel interrupt;
   Feeder feeder(*ckpt, options.dtype, *loader_options, interrupt);
   std::vector<TensorToWrite> outputs;
-  uint64_t total = 0;
-  for (size_t i = 0; i < ckpt->tensors().size(); ++i) {
-    const TensorInfo& t = ckpt->tensors()[i];
-    TensorToWrite w{t.name, out_dtype[i], t.shape, {}, {}};
-    w.fill = [&feeder, i](uint64_t offset, std::span<std::byte> chunk) {
-      return feeder.Fill(i, offset, chunk);
-    };
-    total += w.nbytes();
-    outputs.push_back(std::move(w));
-  }
-  const bool one_file = args.out.ends_with(".safetensors");
-  // The order the writer asks for bytes in: shard by shard, each in its layout order.
-  std::vector<std::vector<size_t>> shards =
-      one_file ? std::vector<std::vector<size_t>>{{}} : SplitIntoShards(outputs, *max_shard);
-  if (one_file) {
-    for (size_t i = 0; i < outputs.size(); ++i) shards[0].push_back(i);
-  }
-  for (const auto& shard : shards) {
-    std::vector<TensorToWrite> in_shard;
-    for (size_t i : shard) in_shard.push_back(outputs[i]);
-    for (size_t k : LayoutOrder(in_shard)) {
-      const size_t i = shard[k];
-      feeder.AddTensor(i, ckpt->tensors()[i], outputs[i].nbytes());
-    }
-  }
-  feeder.Seal();
-
+  uint64_t total = 0;  // complete before the first fill
   // The live line: bytes written over bytes to write.
   const bool show = !args.json && ::isatty(STDERR_FILENO);
   const auto start = std::chrono::steady_clock::now();
@@ -285,13 +259,33 @@ int RunConvert(const ConvertArgs& args) {
     p.eta_seconds = p.bytes_placed > 0 ? p.seconds * (total - p.bytes_placed) / p.bytes_placed : 0;
     DrawProgress(p);
   };
-  for (TensorToWrite& w : outputs) {
-    w.fill = [&feeder, &draw, fill = std::move(w.fill)](uint64_t offset, std::span<std::byte> chunk) {
-      Status s = fill(offset, chunk);
+  for (size_t i = 0; i < ckpt->tensors().size(); ++i) {
+    const TensorInfo& t = ckpt->tensors()[i];
+    TensorToWrite w{t.name, out_dtype[i], t.shape, {}, {}};
+    w.fill = [&feeder, &draw, i](uint64_t offset, std::span<std::byte> chunk) {
+      Status s = feeder.Fill(i, offset, chunk);
       draw(false);
       return s;
     };
+    total += w.nbytes();
+    outputs.push_back(std::move(w));
   }
+  const bool one_file = args.out.ends_with(".safetensors");
+  // The order the writer asks for bytes in: shard by shard, each in its layout order.
+  std::vector<std::vector<size_t>> shards =
+      one_file ? std::vector<std::vector<size_t>>{{}} : SplitIntoShards(outputs, *max_shard);
+  if (one_file) {
+    for (size_t i = 0; i < outputs.size(); ++i) shards[0].push_back(i);
+  }
+  for (const auto& shard : shards) {
+    std::vector<TensorToWrite> in_shard;
+    for (size_t i : shard) in_shard.push_back(outputs[i]);
+    for (size_t k : LayoutOrder(in_shard)) {
+      const size_t i = shard[k];
+      feeder.AddTensor(i, ckpt->tensors()[i], outputs[i].nbytes());
+    }
+  }
+  feeder.Seal();
 
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   Result<std::vector<std::string>> written = std::vector<std::string>{};
