@@ -6,7 +6,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(LOADSTONE_PARTS loadstone_io loadstone_convert loadstone_device loadstone_planner loadstone_plan
-  loadstone_pipeline)
+  loadstone_pipeline loadstone_offload)
 if(LOADSTONE_HAVE_CUDA)
   list(APPEND LOADSTONE_PARTS loadstone_cuda)
 endif()

@@ -1,5 +1,6 @@
 #include "loadstone/checkpoint.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <optional>
@@ -7,12 +8,14 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "io/file.h"
 #include "io/formats/gguf.h"
 #include "io/formats/hf_config.h"
 #include "io/formats/hf_index.h"
 #include "io/formats/hf_layout.h"
+#include "io/formats/offload_folder.h"
 #include "io/formats/safetensors.h"
 #include "io/formats/sniff.h"
 #include "io/formats/torch_zip.h"
@@ -183,6 +186,7 @@ Status AddFile(CheckpointFormat format, const std::string& path, Checkpoint::Imp
     case CheckpointFormat::kSafetensors: return AddSafetensorsFile(path, impl);
     case CheckpointFormat::kPyTorch: return AddTorchFile(path, impl);
     case CheckpointFormat::kGguf: return AddGgufSet(path, impl);
+    case CheckpointFormat::kOffloadFolder: break;  // OpenOffloadFolder
   }
   return Status::Unsupported(fmt::format("'{}': unknown checkpoint format", path));
 }
@@ -242,6 +246,75 @@ Status OpenIndex(const std::string& index_path, CheckpointFormat format, Checkpo
   return Status::OK();
 }
 
+// An offload folder's entries: each NAME.dat a file of its own (at least as long as its
+// tensor), each safetensors reference the tensor of that file's header, renamed to its entry.
+Status OpenOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
+  LOADSTONE_ASSIGN_OR_RETURN(const std::vector<io::OffloadIndexEntry> entries,
+                             io::ReadOffloadIndex(folder));
+  std::unordered_map<std::string, std::pair<uint32_t, std::vector<TensorInfo>>> headers;
+  for (const io::OffloadIndexEntry& e : entries) {
+    if (!e.safetensors_file.empty()) {
+      auto it = headers.find(e.safetensors_file);
+      if (it == headers.end()) {
+        LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(e.safetensors_file));
+        auto parsed = io::ReadSafetensorsHeader(file);
+        if (!parsed.ok()) return NameForeignFormat(file, parsed.status());
+        const auto index = static_cast<uint32_t>(impl->files.size());
+        impl->files.push_back({e.safetensors_file, file.size()});
+        it = headers.emplace(e.safetensors_file, std::pair{index, std::move(parsed->tensors)}).first;
+      }
+      const auto& [file_index, tensors] = it->second;
+      auto t = std::find_if(tensors.begin(), tensors.end(),
+                            [&](const TensorInfo& x) { return x.name == e.weight_name; });
+      if (t == tensors.end()) {
+        return Status::Corruption(fmt::format(
+            "offload folder '{}': entry '{}' names tensor '{}' of '{}', which that file does not "
+            "hold",
+            folder, e.name, e.weight_name, e.safetensors_file));
+      }
+      TensorInfo info = *t;
+      info.name = e.name;
+      info.file = file_index;
+      if (e.dtype && *e.dtype != info.dtype) {
+        impl->warnings.push_back(fmt::format(
+            "offload entry '{}' is {} in '{}' and accelerate casts it to {} when it reads it; "
+            "loadstone catalogs it as stored (give a dtype to cast it)",
+            e.name, TorchName(info.dtype), e.safetensors_file, TorchName(*e.dtype)));
+      }
+      impl->total_bytes += info.nbytes;
+      impl->tensors.push_back(std::move(info));
+      continue;
+    }
+    const std::string path = io::OffloadDataPath(folder, e.name);
+    __extension__ using Wide = unsigned __int128;
+    Wide bits = DTypeBits(*e.dtype);
+    for (uint64_t d : e.shape) bits *= d;
+    if (bits % 8 != 0 || bits > (static_cast<Wide>(1) << 62)) {
+      return Status::Corruption(fmt::format(
+          "offload folder '{}': entry '{}' has shape and dtype {} whose size is not a whole "
+          "number of bytes below 2^59",
+          folder, e.name, TorchName(*e.dtype)));
+    }
+    const auto nbytes = static_cast<uint64_t>(bits / 8);
+    LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(path));
+    // A scalar is stored as one element, like a 1-element vector (accelerate's memmap).
+    if (file.size() < nbytes) {
+      return Status::Corruption(fmt::format(
+          "offload file '{}' holds {} bytes but index entry '{}' ({} {}) needs {}; the folder "
+          "is incomplete: offload again",
+          path, file.size(), e.name, TorchName(*e.dtype), fmt::join(e.shape, "x"), nbytes));
+    }
+    TensorInfo info;
+    info.name = e.name;
+    info.dtype = *e.dtype;
+    info.shape = e.shape;
+    info.offset = 0;
+    info.nbytes = nbytes;
+    AddTensors(path, file.size(), {std::move(info)}, impl);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 std::string_view CheckpointFormatName(CheckpointFormat format) {
@@ -249,6 +322,7 @@ std::string_view CheckpointFormatName(CheckpointFormat format) {
     case CheckpointFormat::kSafetensors: return "safetensors";
     case CheckpointFormat::kPyTorch: return "pytorch";
     case CheckpointFormat::kGguf: return "gguf";
+    case CheckpointFormat::kOffloadFolder: return "offload-folder";
   }
   return "unknown";
 }
@@ -262,11 +336,22 @@ uint64_t TensorInfo::numel() const {
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
 Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
-  LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint resolved,
-                             io::ResolveCheckpointPath(path, options));
+  Result<ResolvedCheckpoint> found = io::ResolveCheckpointPath(path, options);
+  std::error_code probe;
+  if (!found.ok() && found.status().code() == StatusCode::kNotFound && options.subfolder.empty() &&
+      std::filesystem::is_regular_file(std::filesystem::path(path) / "index.json", probe)) {
+    ResolvedCheckpoint offload;
+    offload.format = CheckpointFormat::kOffloadFolder;
+    offload.path = path;
+    offload.note = "offload folder: index.json";
+    found = std::move(offload);
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint resolved, std::move(found));
   auto impl = std::make_shared<Impl>();
   impl->format = resolved.format;
-  if (resolved.kind == ResolvedCheckpoint::Kind::kIndex) {
+  if (resolved.format == CheckpointFormat::kOffloadFolder) {
+    LOADSTONE_RETURN_IF_ERROR(OpenOffloadFolder(resolved.path, impl.get()));
+  } else if (resolved.kind == ResolvedCheckpoint::Kind::kIndex) {
     LOADSTONE_RETURN_IF_ERROR(OpenIndex(resolved.path, resolved.format, impl.get()));
   } else {
     LOADSTONE_RETURN_IF_ERROR(AddFile(resolved.format, resolved.path, impl.get()));

@@ -12,45 +12,18 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "io/out_file.h"
 #include "io/posix_error.h"
 
 namespace loadstone {
 using io::ErrnoStatus;
+using io::OutFile;
 }
 
 namespace loadstone {
 namespace {
 
 constexpr size_t kChunk = 8 << 20;
-
-class OutFile {
- public:
-  ~OutFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Status Open(const std::string& path) {
-    path_ = path;
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    return fd_ < 0 ? ErrnoStatus(errno, "cannot create", path) : Status::OK();
-  }
-  Status Write(std::span<const std::byte> bytes) {
-    while (!bytes.empty()) {
-      ssize_t n = ::write(fd_, bytes.data(), bytes.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return ErrnoStatus(errno, "cannot write", path_);
-      bytes = bytes.subspan(static_cast<size_t>(n));
-    }
-    return Status::OK();
-  }
-  Status Close() {
-    int fd = std::exchange(fd_, -1);
-    return ::close(fd) != 0 ? ErrnoStatus(errno, "cannot close", path_) : Status::OK();
-  }
-
- private:
-  int fd_ = -1;
-  std::string path_;
-};
 
 Status CheckTensor(const TensorToWrite& t) {
   uint64_t numel = 1;

@@ -30,9 +30,12 @@ enum class CheckpointFormat {
   kSafetensors,
   kPyTorch,  // torch.save zip archives (.bin, .pt, .pth): shared/specs/torch-zip.md
   kGguf,     // llama.cpp's GGUF, one file or a split set: shared/specs/gguf.md
+  // accelerate's offload folder (index.json + NAME.dat, or references into safetensors files):
+  // what a disk offload wrote (offload.h), opened to read those tensors back.
+  kOffloadFolder,
 };
 
-// "safetensors", "pytorch", "gguf".
+// "safetensors", "pytorch", "gguf", "offload-folder".
 std::string_view CheckpointFormatName(CheckpointFormat format);
 
 struct CheckpointFile {
@@ -98,7 +101,9 @@ struct OpenOptions {
 class Checkpoint {
  public:
   // Opens `path`: a .safetensors file; a PyTorch .bin/.pt/.pth archive; an index file
-  // (*.index.json, over safetensors or .bin shards); or a folder holding model.safetensors,
+  // (*.index.json, over safetensors or .bin shards); an offload folder (a folder whose only
+  // checkpoint is accelerate's index.json: its NAME.dat files and the safetensors tensors it
+  // references, in index order); or a folder holding model.safetensors,
   // model.safetensors.index.json + shards, pytorch_model.bin, pytorch_model.bin.index.json,
   // diffusion_pytorch_model*, with `options.variant` and `options.subfolder` applied as Hugging
   // Face applies them. Where a folder holds several candidates the preference is Hugging Face's:

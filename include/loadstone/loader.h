@@ -215,7 +215,8 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // Starts loading; returns at once. Errors (a file that cannot be opened, no memory, a plan
+  // Starts loading; returns at once. Tensors the plan offloads to disk (LoadPlan::offloaded)
+  // are not part of the load: WriteOffload and OffloadStore (offload.h) handle them. Errors (a file that cannot be opened, no memory, a plan
   // made for another checkpoint: LoadPlan::checkpoint_fingerprint) arrive through the handle's
   // futures, never as exceptions.
   LoadHandle Load(const Checkpoint& checkpoint, const LoadPlan& plan,

@@ -58,6 +58,20 @@ struct TensorPlan {
   bool fresh_pages = false;
 };
 
+// A tensor the device map sends to "disk" (LoadPlan::offloaded). Loader::Load does not load it:
+// WriteOffload (offload.h) writes it into the offload folder in accelerate's format, unless it is
+// read in place, and an OffloadedTensor materialises it on any device when it is needed.
+struct OffloadPlan {
+  size_t source = 0;          // index into Checkpoint::tensors()
+  DType dtype = DType::kF32;  // the dtype it has once materialised
+  Conversion conversion = Conversion::kNone;
+  uint64_t nbytes = 0;        // bytes once materialised
+  // A safetensors tensor stored contiguous and little-endian: it is read where it is when it is
+  // needed (cast then, if `conversion` says so) and nothing is written, as accelerate references
+  // safetensors weights (index entries with safetensors_file / weight_name).
+  bool in_place = false;
+};
+
 // How a read's bytes reach their tensors. The plan gives each read one; the Loader carries it
 // out, and where a fact known only when the read's turn comes decides between two routes, the
 // planned route names both (runtime/pipeline/routes.h holds that rule, and the trace and
@@ -163,6 +177,11 @@ struct PlanOptions : DeviceMapOptions {
   // tensor goes where it would in a full load. The scales of a float8 weight that is included
   // are included with it.
   std::function<bool(const TensorInfo&)> include;
+  // Where tensors mapped to "disk" that cannot be read in place (OffloadPlan::in_place) are
+  // written (WriteOffload). Empty: such a tensor is an error with diffusers' message ("The
+  // current `device_map` had weights offloaded to the disk. Please provide an `offload_folder`
+  // for them. ...").
+  std::string offload_folder;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
   // Tensors smaller than this (and than max_chunk) are coalesced with their file neighbours into
@@ -175,6 +194,9 @@ struct PlanOptions : DeviceMapOptions {
 struct LoadPlan {
   std::vector<TensorPlan> tensors;  // priority order: shard order, then natural name order
   std::vector<ReadChunk> reads;     // the read schedule, in priority order
+  // Tensors mapped to "disk", in priority order: not read by Loader::Load (see OffloadPlan).
+  std::vector<OffloadPlan> offloaded;
+  std::string offload_folder;       // PlanOptions::offload_folder
   // The devices tensors go to, in Device order (GPUs by ordinal, then cpu);
   // TensorPlan::device indexes it.
   std::vector<Device> targets;
@@ -190,7 +212,8 @@ struct LoadPlan {
   // Checkpoint::fingerprint() of the checkpoint planned; Loader::Load refuses another.
   uint64_t checkpoint_fingerprint = 0;
   uint64_t read_bytes = 0;          // bytes read from storage
-  uint64_t placed_bytes = 0;        // bytes once loaded (after conversion)
+  uint64_t placed_bytes = 0;        // bytes once loaded (after conversion), offloaded ones not
+  uint64_t offloaded_bytes = 0;     // bytes of the offloaded tensors once materialised
 
   // The device tensor `t` goes to.
   const Device& device_of(uint32_t t) const { return targets[tensors[t].device]; }
@@ -206,7 +229,8 @@ bool IsCastTarget(DType dtype);
 // Plans a load of `checkpoint`. Errors: InvalidArgument (a dtype that is not a cast target, an
 // unknown device, a tensor no map entry covers, a special dtype that cannot be cast to, float8
 // scales that fit no rule of `fp8_block`, a no-split class name on a tree without classes),
-// Unsupported (disk offload, before its issue; a float8 weight and its scales on two devices).
+// Unsupported (mps; a float8 weight and its scales on two devices, or dequantized to disk), and
+// the diffusers error above for a disk tensor that needs an offload folder when none is given.
 Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options = {});
 
 }  // namespace loadstone

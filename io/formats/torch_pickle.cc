@@ -30,6 +30,9 @@ enum class Global : uint8_t {
   kDevice,            // torch.device(str[, index])
   kSet,               // builtins.set(list)
   kCodecsEncode,      // _codecs.encode(str, "latin1"): protocol 2's byte strings
+  // torch.jit._pickle.restore_type_tag(value, "Dict[str, Tensor]"): LibTorch's pickle_save
+  // tags its containers so; the value itself is what it builds.
+  kRestoreTypeTag,
 };
 
 struct GlobalInfo {
@@ -102,6 +105,9 @@ std::optional<GlobalInfo> LookUpGlobal(std::string_view module, std::string_view
   }
   if (module == "builtins" && name == "set") return GlobalInfo{Global::kSet};
   if (module == "_codecs" && name == "encode") return GlobalInfo{Global::kCodecsEncode};
+  if (module == "torch.jit._pickle" && name == "restore_type_tag") {
+    return GlobalInfo{Global::kRestoreTypeTag};
+  }
   return std::nullopt;
 }
 
@@ -457,6 +463,13 @@ Status Machine::Call(Id callable, Id args_id) {
       stack_.push_back(a[0]);
       return Status::OK();
     }
+    case Global::kRestoreTypeTag:
+      LOADSTONE_RETURN_IF_ERROR(want(2, 2));
+      if (values_[a[1]].kind != Kind::kStr) {
+        return Corrupt(fmt::format("{} with a type that is {}", name, KindName(values_[a[1]].kind)));
+      }
+      stack_.push_back(a[0]);
+      return Status::OK();
     case Global::kSize: {
       LOADSTONE_RETURN_IF_ERROR(want(0, 1));
       Value v{Kind::kTuple};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -143,6 +144,15 @@ void CountUsage(const LoadPlan& plan, const std::vector<Device>& device_of,
     }
     it->bytes += t.nbytes;
   }
+  if (!plan.offloaded.empty()) {
+    auto it = std::find_if(usage->begin(), usage->end(),
+                           [](const DeviceUsage& u) { return u.device == Device::Disk(); });
+    if (it == usage->end()) {
+      usage->push_back({Device::Disk(), 0, std::nullopt});
+      it = usage->end() - 1;
+    }
+    it->bytes = plan.offloaded_bytes;
+  }
   std::sort(usage->begin(), usage->end(),
             [](const DeviceUsage& a, const DeviceUsage& b) { return a.device < b.device; });
 }
@@ -185,7 +195,9 @@ class TensorPlanner {
                 const std::vector<Target>& targets,
                 const std::map<size_t, planning::Fp8Pair>& fp8_pairs,
                 const std::vector<bool>& is_scale, LoadPlan* plan)
-      : infos_(checkpoint.tensors()), options_(options), targets_(targets),
+      : infos_(checkpoint.tensors()), format_(checkpoint.format()),
+        file_of_([&checkpoint](const TensorInfo& t) { return checkpoint.files()[t.file].path; }),
+        options_(options), targets_(targets),
         fp8_pairs_(fp8_pairs), is_scale_(is_scale), plan_(*plan) {
     for (const BufferPlacement& b : plan_.devices.buffers) {
       if (b.device) buffer_device_.emplace(b.name, *b.device);
@@ -223,12 +235,13 @@ class TensorPlanner {
       return Status::InvalidArgument(
           fmt::format("the device map gives no device for tensor '{}'", t.name));
     }
-    if (device->type == Device::Type::kDisk || device->type == Device::Type::kMps) {
+    if (device->type == Device::Type::kMps) {
       return Status::Unsupported(fmt::format(
-          "tensor '{}' is mapped to {}: disk offload and mps are not supported by the streaming "
-          "engine yet; give more memory (--max-memory) or another device map",
-          t.name, device->ToString()));
+          "tensor '{}' is mapped to mps: loadstone places tensors on CUDA GPUs, the CPU and disk; "
+          "give another device map",
+          t.name));
     }
+    if (device->type == Device::Type::kDisk) return Offload(index);
     if (!t.plain_layout() && targets_[index].conversion == Conversion::kDequantFp8Block) {
       return Status::Unsupported(fmt::format(
           "float8 tensor '{}' is {} in its file: loadstone dequantizes contiguous little-endian "
@@ -254,11 +267,46 @@ class TensorPlanner {
     return static_cast<uint32_t>(plan_.tensors.size() - 1);
   }
 
+  // A tensor mapped to disk: planned apart (LoadPlan::offloaded), read in place when it is a
+  // plain safetensors tensor, else written to the offload folder, which must then be given.
+  Result<uint32_t> Offload(size_t index) {
+    const TensorInfo& t = infos_[index];
+    OffloadPlan op;
+    op.source = index;
+    op.dtype = targets_[index].dtype;
+    op.conversion = targets_[index].conversion;
+    op.nbytes = t.numel() * DTypeBits(op.dtype) / 8;
+    op.in_place = format_ == CheckpointFormat::kSafetensors && t.plain_layout() && !t.packed;
+    if (op.conversion == Conversion::kDequantFp8Block) {
+      return Status::Unsupported(fmt::format(
+          "float8 tensor '{}' is mapped to disk with a target dtype: loadstone offloads float8 "
+          "weights as stored only; map it to a device, or load without a dtype",
+          t.name));
+    }
+    if (!op.in_place && options_.offload_folder.empty()) {
+      DeviceMap disk;
+      (void)disk.Add("", Device::Disk());
+      Status needs = CheckDiskOffload(disk, "", false);
+      return Status(needs.code(), fmt::format("{} (tensor '{}' of '{}' is mapped to disk and is "
+                                              "not a safetensors tensor that can be read in place)",
+                                              needs.message(), t.name, file_of_(t)));
+    }
+    plan_.offloaded_bytes += op.nbytes;
+    plan_.offloaded.push_back(op);
+    return kOffloaded;
+  }
+
   // A weight with scales: the scales first, as stored; a dequantized weight points at them.
   Status AddFp8Pair(size_t index, const planning::Fp8Pair& pair) {
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, Add(pair.scale));
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, Add(index));
     if (targets_[index].conversion == Conversion::kNone) return Status::OK();
+    if (s == kOffloaded || w == kOffloaded) {
+      return Status::Unsupported(fmt::format(
+          "float8 tensor '{}' and its scales '{}' are split between disk and a device; map them "
+          "together",
+          infos_[index].name, infos_[pair.scale].name));
+    }
     TensorPlan& weight = plan_.tensors[w];
     if (device_of_[w] != device_of_[s]) {
       return Status::Unsupported(fmt::format(
@@ -272,7 +320,11 @@ class TensorPlanner {
     return Status::OK();
   }
 
+  static constexpr uint32_t kOffloaded = UINT32_MAX;  // Add's answer for a tensor sent to disk
+
   const std::vector<TensorInfo>& infos_;
+  const CheckpointFormat format_;
+  const std::function<std::string(const TensorInfo&)> file_of_;
   const PlanOptions& options_;
   const std::vector<Target>& targets_;
   const std::map<size_t, planning::Fp8Pair>& fp8_pairs_;
@@ -306,6 +358,7 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   WarnIneffective(checkpoint, options, &plan.warnings);
   TensorPlanner planner(checkpoint, options, targets, fp8_pairs, is_scale, &plan);
   LOADSTONE_RETURN_IF_ERROR(planner.AddAll(planning::PriorityOrder(infos)));
+  plan.offload_folder = options.offload_folder;
   CountUsage(plan, planner.device_of(), &plan.devices.usage);
   planning::IndexTargets(planner.device_of(), &plan);
   plan.routes = options.routes;

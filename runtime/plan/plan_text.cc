@@ -64,6 +64,14 @@ std::string LoadPlan::ToString() const {
   for (const auto& [target, count_bytes] : per_target) {
     out += fmt::format("  {}: {} tensors, {} bytes\n", target, count_bytes.first, count_bytes.second);
   }
+  if (!offloaded.empty()) {
+    size_t in_place = 0;
+    for (const OffloadPlan& o : offloaded) in_place += o.in_place;
+    out += fmt::format("  disk: {} tensors, {} bytes ({} read in place from their safetensors "
+                       "file, {} written to {})\n",
+                       offloaded.size(), offloaded_bytes, in_place, offloaded.size() - in_place,
+                       offload_folder.empty() ? "no folder" : offload_folder);
+  }
   // A route that names two ("staged when cold", "fresh pages") is settled as each read's turn
   // comes; the trace and ReadStats::routes say which each took.
   out += fmt::format("  reads: {}\n", reads.size());

@@ -166,15 +166,24 @@ TEST_CASE("cli json: inspect, plan and load print what docs/cli.md documents", "
       "max_memory": {"0": 500, "cpu": 10000}})");
   const auto plan = RunCli("plan " + m.path + " --device-map sequential --max-memory 0=200KiB,cpu=1GiB --json");
   const auto described = RunCli("plan --model-json " + description + " --json --explain");
+  // A .bin that goes partly to disk (tests/fixtures/offload/): the disk fields.
+  const std::string offload_bin =
+      std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/offload/model/pytorch_model.bin";
+  const auto disk_plan = RunCli("plan " + offload_bin + " --device-map auto --max-memory cpu=25000 "
+                                "--offload-folder " + dir.Path("offload") + " --json");
   REQUIRE(plan.code == 0);
   REQUIRE(described.code == 0);
-  CheckAgainstDocs("plan", {plan.out, described.out});
+  REQUIRE(disk_plan.code == 0);
+  CheckAgainstDocs("plan", {plan.out, described.out, disk_plan.out});
 
   const auto load = RunCli("load " + m.path + " --dtype bf16 --json");
   const auto mapped = RunCli("load " + m.path + " --mmap --json");
+  const auto disk_load = RunCli("load " + offload_bin + " --device-map auto --max-memory cpu=25000 "
+                                "--offload-folder " + dir.Path("offload") + " --json");
   REQUIRE(load.code == 0);
   REQUIRE(mapped.code == 0);
-  CheckAgainstDocs("load", {load.out, mapped.out});
+  REQUIRE(disk_load.code == 0);
+  CheckAgainstDocs("load", {load.out, mapped.out, disk_load.out});
 }
 
 TEST_CASE("cli json: inspect of .bin and GGUF files, and convert, print what docs/cli.md documents",

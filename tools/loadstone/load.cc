@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "loadstone/offload.h"
 #include "tools/loadstone/commands.h"
 #include "tools/loadstone/format.h"
 #include "tools/loadstone/plan_flags.h"
@@ -70,8 +71,34 @@ std::string HowBytesCame(const Progress& p, const ReadStats& rs) {
   return out + fmt::format("{} read at {:.2f} GB/s", HumanBytes(p.bytes_read), gbps);
 }
 
+// The offloaded tensors: where each is (NAME.dat or in place) and its CRC-32 there.
+Result<nlohmann::ordered_json> OffloadedJson(const Checkpoint& checkpoint, const LoadPlan& plan,
+                                             Loader& loader) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  if (plan.offloaded.empty()) return out;
+  // Each offloaded tensor materialised on the CPU once, for its CRC: what a reload gives.
+  auto store = OffloadStore::Open(std::shared_ptr<Loader>(&loader, [](Loader*) {}), checkpoint, plan);
+  if (!store.ok()) return store.status();
+  for (const OffloadPlan& o : plan.offloaded) {
+    const TensorInfo& t = checkpoint.tensors()[o.source];
+    LOADSTONE_ASSIGN_OR_RETURN(const std::string where, (*store)->Where(t.name));
+    auto handle = (*store)->Fetch({t.name}, Device::Cpu());
+    if (!handle.ok()) return handle.status();
+    LOADSTONE_RETURN_IF_ERROR(handle->Done().get());
+    LOADSTONE_ASSIGN_OR_RETURN(const uint32_t crc, Crc32(handle->Tensor(t.name).get()));
+    out.push_back({{"name", t.name},
+                   {"dtype", SafetensorsName(o.dtype)},
+                   {"shape", t.shape},
+                   {"device", "disk"},
+                   {"in_place", o.in_place},
+                   {"where", where},
+                   {"crc32", crc}});
+  }
+  return out;
+}
+
 int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& platform,
-              double first_ms) {
+              double first_ms, const nlohmann::ordered_json& offloaded) {
   const Progress progress = load.progress();
   const ReadStats rs = load.read_stats();
   const double seconds = progress.seconds;
@@ -110,6 +137,9 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
   for (const auto& [device, bytes] : per_device) {
     devices[device] = {{"bytes", bytes}, {"gbps", seconds > 0 ? bytes / seconds / 1e9 : 0}};
   }
+  if (!plan.offloaded.empty()) devices["disk"] = {{"bytes", plan.offloaded_bytes}};
+  doc["offload_folder"] = plan.offload_folder;
+  doc["offloaded"] = offloaded;
   doc["warnings"] = plan.warnings;
   std::cout << doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   return 0;
@@ -160,17 +190,30 @@ int RunLoad(const LoadArgs& args) {
     return 130;
   }
   if (!wait.status.ok()) return ReportError(wait.status);
+  // The disk tensors: written to the offload folder (those not read in place).
+  auto written = WriteOffload(loader, *in->checkpoint, *plan);
+  if (!written.ok()) return ReportError(written.status());
 
   const double first_ms = first_tensor_ns.load() / 1e6;
   if (args.json) {
+    auto offloaded = OffloadedJson(*in->checkpoint, *plan, loader);
+    if (!offloaded.ok()) return ReportError(offloaded.status());
     return PrintJson(load, *plan,
-                     in->options.platform ? *in->options.platform : *Platform::Default(), first_ms);
+                     in->options.platform ? *in->options.platform : *Platform::Default(), first_ms,
+                     *offloaded);
   }
   std::cout << fmt::format(
       "loaded {} tensors in {:.3f} s: {}; {} placed; first tensor after {:.1f} ms\n"
       "backend: {}\n",
       progress.tensors_total, progress.seconds, HowBytesCame(progress, load.read_stats()),
       HumanBytes(plan->placed_bytes), first_ms, load.backend());
+  if (!plan->offloaded.empty()) {
+    std::cout << fmt::format("disk: {} tensors, {}: {} read in place from their safetensors file, "
+                             "{} written to {}\n",
+                             plan->offloaded.size(), HumanBytes(plan->offloaded_bytes),
+                             written->in_place, written->written,
+                             written->index_path.empty() ? "(no folder)" : written->index_path);
+  }
   if (in->options.platform && in->options.platform->simulated()) {
     std::cout << "devices: " << in->options.platform->description()
               << " (host memory behind the device interface)\n";

@@ -37,7 +37,7 @@ std::string StringList(const std::vector<std::string>& items) {
 // `load_plan` (a checkpoint's plan): sizes are as the load places each tensor, and its routes
 // are shown; null: sized as accelerate sizes.
 void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings, bool explain,
-               const LoadPlan* load_plan) {
+               const LoadPlan* load_plan, const std::vector<std::string>& checkpoint_names) {
   const bool placed = load_plan != nullptr;
   std::string bytes = "{";
   std::string budgets = "{";
@@ -55,6 +55,17 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
             << ", \"sizes\": " << (placed ? "\"placed\"" : "\"accelerate\"");
   if (explain) std::cout << ", \"explanation\": " << StringList(plan.explanation);
   if (placed) {
+    // What goes to disk: each tensor, read in place from its safetensors file or written to
+    // the offload folder.
+    nlohmann::ordered_json disk = nlohmann::ordered_json::array();
+    for (const OffloadPlan& o : load_plan->offloaded) {
+      disk.push_back({{"name", checkpoint_names[o.source]},
+                      {"dtype", SafetensorsName(o.dtype)},
+                      {"bytes", o.nbytes},
+                      {"in_place", o.in_place}});
+    }
+    std::cout << ", \"offload_folder\": " << Quote(load_plan->offload_folder)
+              << ", \"disk\": " << disk.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::cout << ", \"reads\": " << load_plan->reads.size()
               << ", \"routes\": " << RoutesJson(load_plan->RouteTotals()).dump();
   }
@@ -102,6 +113,16 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
   if (!placed) return;
   // "staged when cold" and "fresh pages" are settled as each read's turn comes (load --json
   // reports the route each took).
+  if (!load_plan->offloaded.empty()) {
+    size_t in_place = 0;
+    for (const OffloadPlan& off : load_plan->offloaded) in_place += off.in_place;
+    std::cout << fmt::format("\ndisk: {} tensors, {}: {} read in place from their safetensors "
+                             "file, {} written to {}\n",
+                             load_plan->offloaded.size(), HumanBytes(load_plan->offloaded_bytes),
+                             in_place, load_plan->offloaded.size() - in_place,
+                             load_plan->offload_folder.empty() ? "(no folder)"
+                                                               : load_plan->offload_folder);
+  }
   std::cout << fmt::format("\nreads: {}\n", load_plan->reads.size());
   const auto totals = load_plan->RouteTotals();
   for (size_t r = 0; r < totals.size(); ++r) {
@@ -132,7 +153,11 @@ int RunPlan(const PlanArgs& args) {
   }
   PrintWarnings(warnings);
   if (args.json) {
-    PrintJson(plan, warnings, in->options.explain, load_plan ? &*load_plan : nullptr);
+    std::vector<std::string> names;
+    if (in->checkpoint) {
+      for (const TensorInfo& t : in->checkpoint->tensors()) names.push_back(t.name);
+    }
+    PrintJson(plan, warnings, in->options.explain, load_plan ? &*load_plan : nullptr, names);
   } else {
     PrintHuman(plan, in->source, in->options, load_plan ? &*load_plan : nullptr);
   }

@@ -81,6 +81,9 @@ void PlanFlags::Register(CLI::App* cmd, bool path_required) {
   Repeatable(cmd, "--fix", fixes,
              "Fix a reference defect: tie-prefix, split-buffers, disk-buffers or all");
   cmd->add_flag("--offload-buffers", offload_buffers, "Buffers stay with offloaded modules");
+  cmd->add_option("--offload-folder", offload_folder,
+                  "Where tensors mapped to disk are written (accelerate's index.json + NAME.dat); "
+                  "plain safetensors tensors are read in place and need none");
   cmd->add_flag("--fallback-allocation", fallback_allocation,
                 "Put a smaller module on a device that would get nothing");
   cmd->add_flag("--no-clean", no_clean, "Do not merge keys that share a device");
@@ -158,6 +161,7 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
     }
   }
   o.offload_buffers = o.offload_buffers || offload_buffers;
+  if (!offload_folder.empty()) o.offload_folder = offload_folder;
   o.fallback_allocation = o.fallback_allocation || fallback_allocation;
   o.clean_result = !no_clean;
   o.explain = explain;

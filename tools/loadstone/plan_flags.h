@@ -40,6 +40,7 @@ struct PlanFlags {
   std::string strategy;
   std::vector<std::string> fixes;
   bool offload_buffers = false;
+  std::string offload_folder;
   bool fallback_allocation = false;
   bool no_clean = false;
   bool explain = false;

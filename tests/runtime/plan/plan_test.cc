@@ -154,15 +154,33 @@ TEST_CASE("plan: device maps route tensors, GPU tensors are always staged") {
   }
 }
 
-TEST_CASE("plan: bad options are refused") {
+TEST_CASE("plan: tensors mapped to disk are planned apart, read in place from safetensors") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   PlanOptions disk;
   disk.device_map = "sequential";
   disk.max_memory = MaxMemory{{"cpu", int64_t{1000}}};
   auto offloaded = Plan(ckpt, disk);
-  CHECK(offloaded.status().code() == StatusCode::kUnsupported);
-  CHECK_THAT(std::string(offloaded.status().message()), Catch::Contains("disk"));
+  REQUIRE(offloaded.ok());
+  REQUIRE_FALSE(offloaded->offloaded.empty());
+  uint64_t bytes = 0;
+  for (const OffloadPlan& o : offloaded->offloaded) {
+    const TensorInfo& t = ckpt.tensors()[o.source];
+    CHECK(*offloaded->devices.device_map.Lookup(t.name) == Device::Disk());
+    CHECK(o.in_place);  // plain safetensors tensors: no folder needed
+    bytes += o.nbytes;
+  }
+  CHECK(offloaded->offloaded_bytes == bytes);
+  CHECK(offloaded->tensors.size() + offloaded->offloaded.size() == ckpt.tensors().size());
+  for (const TensorPlan& t : offloaded->tensors) {
+    CHECK(*offloaded->devices.device_map.Lookup(ckpt.tensors()[t.source].name) != Device::Disk());
+  }
+  CHECK_THAT(offloaded->ToString(), Catch::Contains("read in place"));
+}
+
+TEST_CASE("plan: bad options are refused") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
   PlanOptions bad;
   bad.device_map = "gpu7";
   CHECK(Plan(ckpt, bad).status().code() == StatusCode::kInvalidArgument);

@@ -1,0 +1,617 @@
+#include "loadstone/torch.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/version.h>
+
+#include "loadstone/model.h"
+#include "loadstone/plan.h"
+#include "loadstone/writer.h"
+
+namespace loadstone::libtorch {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs `body`, turning a c10::Error (LibTorch's exceptions) into a Status.
+template <typename F>
+auto Guarded(std::string_view what, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    return Status::InvalidArgument(fmt::format("{}: LibTorch refused: {}", what, e.what_without_backtrace()));
+  }
+}
+
+// "loadstone::testing::BasicTransformerBlockImpl" → "BasicTransformerBlock".
+std::string ClassName(const torch::nn::Module& module) {
+  std::string name = module.name();
+  if (size_t colon = name.rfind("::"); colon != std::string::npos) name = name.substr(colon + 2);
+  if (name.size() > 4 && name.ends_with("Impl")) name.resize(name.size() - 4);
+  return name;
+}
+
+std::string JoinName(std::string_view prefix, std::string_view name) {
+  return prefix.empty() ? std::string(name) : fmt::format("{}.{}", prefix, name);
+}
+
+std::vector<int64_t> Sizes(const std::vector<uint64_t>& shape) {
+  return std::vector<int64_t>(shape.begin(), shape.end());
+}
+
+std::string TorchSize(c10::IntArrayRef sizes) { return fmt::format("torch.Size([{}])", fmt::join(sizes, ", ")); }
+
+// The non-persistent buffers of `module` and its descendants, as full dotted names.
+void CollectNonPersistent(const torch::nn::Module& module, const std::string& prefix,
+                          std::unordered_set<std::string>* out) {
+  if (const auto* traits = dynamic_cast<const ModelTraits*>(&module)) {
+    for (const std::string& b : traits->non_persistent_buffers()) out->insert(JoinName(prefix, b));
+  }
+  for (const auto& child : module.named_children()) {
+    CollectNonPersistent(*child.value(), JoinName(prefix, child.key()), out);
+  }
+}
+
+// PyTorch's state-dict order: a module's parameters, its persistent buffers, then its children.
+void CollectStateDict(const torch::nn::Module& module, const std::string& prefix,
+                      const std::unordered_set<std::string>& non_persistent,
+                      std::vector<std::pair<std::string, at::Tensor>>* out) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+    out->emplace_back(JoinName(prefix, p.key()), p.value());
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) {
+    std::string name = JoinName(prefix, b.key());
+    if (!non_persistent.contains(name)) out->emplace_back(std::move(name), b.value());
+  }
+  for (const auto& child : module.named_children()) {
+    CollectStateDict(*child.value(), JoinName(prefix, child.key()), non_persistent, out);
+  }
+}
+
+// ---- model description -------------------------------------------------------------------
+
+struct Describer {
+  std::unordered_set<std::string> non_persistent;
+  // Parameters by storage (data pointer, dtype, shape, strides): the first name is the source.
+  std::map<std::tuple<const void*, int, std::vector<int64_t>, std::vector<int64_t>>,
+           std::vector<std::string>>
+      by_storage;
+
+  Result<nlohmann::ordered_json> Leaf(const std::string& local, const at::Tensor& t) {
+    LOADSTONE_ASSIGN_OR_RETURN(const DType dtype, FromScalarType(t.scalar_type()));
+    nlohmann::ordered_json j = {{"name", local}, {"shape", t.sizes().vec()},
+                                {"dtype", std::string(TorchName(dtype))}};
+    return j;
+  }
+
+  Result<nlohmann::ordered_json> Module(const torch::nn::Module& m, const std::string& name,
+                                        const std::string& prefix) {
+    nlohmann::ordered_json j = {{"name", name}, {"class", ClassName(m)}};
+    nlohmann::ordered_json params = nlohmann::ordered_json::array();
+    for (const auto& p : m.named_parameters(false)) {
+      LOADSTONE_ASSIGN_OR_RETURN(nlohmann::ordered_json t, Leaf(p.key(), p.value()));
+      params.push_back(std::move(t));
+      const at::Tensor& v = p.value();
+      if (v.defined() && v.numel() > 0) {
+        by_storage[{v.data_ptr(), static_cast<int>(v.scalar_type()), v.sizes().vec(),
+                    v.strides().vec()}]
+            .push_back(JoinName(prefix, p.key()));
+      }
+    }
+    nlohmann::ordered_json buffers = nlohmann::ordered_json::array();
+    for (const auto& b : m.named_buffers(false)) {
+      LOADSTONE_ASSIGN_OR_RETURN(nlohmann::ordered_json t, Leaf(b.key(), b.value()));
+      t["persistent"] = !non_persistent.contains(JoinName(prefix, b.key()));
+      buffers.push_back(std::move(t));
+    }
+    nlohmann::ordered_json children = nlohmann::ordered_json::array();
+    for (const auto& c : m.named_children()) {
+      LOADSTONE_ASSIGN_OR_RETURN(nlohmann::ordered_json child,
+                                 Module(*c.value(), c.key(), JoinName(prefix, c.key())));
+      children.push_back(std::move(child));
+    }
+    j["params"] = std::move(params);
+    j["buffers"] = std::move(buffers);
+    j["children"] = std::move(children);
+    return j;
+  }
+};
+
+// ---- the one load path ---------------------------------------------------------------------
+
+// diffusers' keep_in_fp32 rule: one component of the dotted name equals one of `modules`.
+bool KeptInFp32(std::string_view name, const std::vector<std::string>& modules) {
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t dot = name.find('.', start);
+    if (dot == std::string_view::npos) dot = name.size();
+    const std::string_view part = name.substr(start, dot - start);
+    if (std::find(modules.begin(), modules.end(), part) != modules.end()) return true;
+    start = dot + 1;
+  }
+  return false;
+}
+
+// What one tensor becomes: the dtype the plan loads it as, and a LibTorch cast after that when
+// the target is one loadstone does not cast to (float64, say).
+struct CastRule {
+  std::map<std::string, DType> special;        // for PlanOptions::special_dtypes
+  std::map<std::string, c10::ScalarType> after;  // cast by LibTorch once loaded
+};
+
+// The one casting rule. `model_dtype`: the parameter's dtype per key (LoadInto), else empty.
+Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_set<std::string>* include,
+                             const TorchLoadOptions& options,
+                             const std::vector<std::string>& keep_in_fp32,
+                             const std::unordered_map<std::string, c10::ScalarType>& model_dtype) {
+  CastRule rule;
+  std::optional<DType> target_all;
+  if (options.dtype) {
+    LOADSTONE_ASSIGN_OR_RETURN(target_all, FromScalarType(*options.dtype));
+  }
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    if (include && !include->contains(t.name)) continue;
+    // Integer and bool tensors never cast; float8 weights neither (diffusers skips e4m3fn).
+    if (!IsFloatingPoint(t.dtype) || DTypeBits(t.dtype) < 16) continue;
+    std::optional<DType> target;
+    if (target_all) {
+      target = KeptInFp32(t.name, keep_in_fp32) ? DType::kF32 : *target_all;
+    } else if (auto m = model_dtype.find(t.name); m != model_dtype.end()) {
+      LOADSTONE_ASSIGN_OR_RETURN(const DType param, FromScalarType(m->second));
+      if (IsFloatingPoint(param)) target = param;
+    }
+    if (!target || *target == t.dtype) continue;
+    if (IsCastTarget(*target)) {
+      rule.special.emplace(t.name, *target);
+    } else {
+      LOADSTONE_ASSIGN_OR_RETURN(rule.after[t.name], ToScalarType(*target));
+    }
+  }
+  return rule;
+}
+
+std::shared_ptr<const Platform> PlatformOf(const TorchLoadOptions& options) {
+  return options.platform ? options.platform : Platform::Default();
+}
+
+// A loaded tensor as an at::Tensor over the same memory, which it keeps alive.
+Result<at::Tensor> Wrap(const loadstone::Tensor& t, bool simulated) {
+  LOADSTONE_ASSIGN_OR_RETURN(const c10::ScalarType type, ToScalarType(t.dtype()));
+  auto opts = at::TensorOptions().dtype(type);
+  if (t.device() != "cpu" && !simulated) {
+    LOADSTONE_ASSIGN_OR_RETURN(const Device d, ParseDevice(t.device()));
+    opts = opts.device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(d.index)));
+  }
+  return Guarded(fmt::format("tensor '{}' on {}", t.name(), t.device()), [&]() -> Result<at::Tensor> {
+    return at::from_blob(t.mutable_data(), Sizes(t.shape()), [keep = t](void*) {}, opts);
+  });
+}
+
+struct Loaded {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  Placement placement;
+};
+
+// Plans and loads `checkpoint` under `popt` (device map, dtypes and what to include already
+// set), writes the disk tensors, and hands every loaded tensor over as an at::Tensor.
+Result<Loaded> LoadPlanned(const Checkpoint& checkpoint, const PlanOptions& popt,
+                           const TorchLoadOptions& options, const CastRule& rule) {
+  const auto platform = PlatformOf(options);
+  LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(checkpoint, popt));
+  std::shared_ptr<Loader> loader = options.loader;
+  if (!loader) loader = std::make_shared<Loader>(LoaderOptions{.platform = platform});
+  LoadHandle load = loader->Load(checkpoint, plan);
+  Loaded out;
+  out.placement.device_map = plan.devices.device_map;
+  out.placement.warnings = plan.warnings;
+  if (!plan.offloaded.empty()) {
+    LOADSTONE_RETURN_IF_ERROR(WriteOffload(*loader, checkpoint, plan).status());
+    LOADSTONE_ASSIGN_OR_RETURN(out.placement.offloaded, OffloadStore::Open(loader, checkpoint, plan));
+    for (const std::string& name : out.placement.offloaded->names()) {
+      out.placement.device_of[name] = "disk";
+    }
+  }
+  LOADSTONE_RETURN_IF_ERROR(load.Done().get());
+  const bool simulated = platform->simulated();
+  out.placement.simulated = simulated;
+  for (const loadstone::Tensor& t : load.Tensors()) {
+    LOADSTONE_ASSIGN_OR_RETURN(at::Tensor wrapped, Wrap(t, simulated));
+    if (auto after = rule.after.find(t.name()); after != rule.after.end()) {
+      LOADSTONE_ASSIGN_OR_RETURN(wrapped, Guarded(t.name(), [&]() -> Result<at::Tensor> {
+                                   return wrapped.to(after->second);
+                                 }));
+    }
+    out.placement.device_of[t.name()] = t.device();
+    out.tensors.emplace_back(t.name(), std::move(wrapped));
+  }
+  return out;
+}
+
+// The device map and the planning options every load shares.
+Result<PlanOptions> BasePlanOptions(const TorchLoadOptions& options) {
+  PlanOptions popt;
+  popt.platform = PlatformOf(options);
+  popt.max_memory = options.max_memory;
+  popt.offload_folder = options.offload_folder;
+  popt.offload_buffers = options.offload_buffers;
+  if (options.dtype) {
+    LOADSTONE_ASSIGN_OR_RETURN(const DType d, FromScalarType(*options.dtype));  // checked here
+    if (!IsCastTarget(d)) {
+      return Status::InvalidArgument(fmt::format(
+          "torch_dtype {}: loadstone loads into float32, float16 or bfloat16", TorchName(d)));
+    }
+    // Not popt.dtype: every cast is a special dtype of the one rule (CastTargets), and the map
+    // is sized by those placed dtypes.
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(const NormalizedDeviceMap map, NormalizeDeviceMap(options.device_map));
+  if (map.map) {
+    popt.explicit_map = *map.map;
+  } else {
+    popt.device_map = map.mode;
+  }
+  return popt;
+}
+
+Result<Checkpoint> OpenAt(const std::string& path, const TorchLoadOptions& options) {
+  return Checkpoint::Open(path, options.open);
+}
+
+}  // namespace
+
+// ---- dtypes --------------------------------------------------------------------------------
+
+Result<c10::ScalarType> ToScalarType(DType dtype) {
+  switch (dtype) {
+    case DType::kBool: return at::kBool;
+    case DType::kU8: return at::kByte;
+    case DType::kI8: return at::kChar;
+    case DType::kI16: return at::kShort;
+    case DType::kI32: return at::kInt;
+    case DType::kI64: return at::kLong;
+    case DType::kF16: return at::kHalf;
+    case DType::kBF16: return at::kBFloat16;
+    case DType::kF32: return at::kFloat;
+    case DType::kF64: return at::kDouble;
+    case DType::kC64: return at::kComplexFloat;
+    default: break;
+  }
+  return Status::Unsupported(fmt::format(
+      "dtype {}: LibTorch {}.{} has no such element type; load it with loadstone's Loader "
+      "(raw bytes) or cast it (dtype)",
+      TorchName(dtype), TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+}
+
+Result<DType> FromScalarType(c10::ScalarType type) {
+  switch (type) {
+    case at::kBool: return DType::kBool;
+    case at::kByte: return DType::kU8;
+    case at::kChar: return DType::kI8;
+    case at::kShort: return DType::kI16;
+    case at::kInt: return DType::kI32;
+    case at::kLong: return DType::kI64;
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    case at::kFloat: return DType::kF32;
+    case at::kDouble: return DType::kF64;
+    case at::kComplexFloat: return DType::kC64;
+    default: break;
+  }
+  return Status::Unsupported(
+      fmt::format("LibTorch dtype {}: loadstone has no such element type", c10::toString(type)));
+}
+
+// ---- description ---------------------------------------------------------------------------
+
+Result<std::string> DescribeModuleJson(const torch::nn::Module& module) {
+  Describer d;
+  CollectNonPersistent(module, "", &d.non_persistent);
+  LOADSTONE_ASSIGN_OR_RETURN(nlohmann::ordered_json root, d.Module(module, "", ""));
+  nlohmann::ordered_json tied = nlohmann::ordered_json::array();
+  std::vector<std::vector<std::string>> groups;
+  for (auto& [key, names] : d.by_storage) {
+    if (names.size() > 1) groups.push_back(names);
+  }
+  std::sort(groups.begin(), groups.end());
+  for (const auto& g : groups) tied.push_back(g);
+  nlohmann::ordered_json doc = {{"modules", std::move(root)}, {"tied", std::move(tied)}};
+  return doc.dump();
+}
+
+Result<ModelDescription> DescribeModule(const torch::nn::Module& module) {
+  LOADSTONE_ASSIGN_OR_RETURN(const std::string json, DescribeModuleJson(module));
+  return ParseModelDescription(json);
+}
+
+Result<std::vector<std::string>> NoSplitModules(const torch::nn::Module& module,
+                                                std::string_view mode) {
+  std::set<std::string> classes;
+  std::vector<const torch::nn::Module*> stack = {&module};
+  while (!stack.empty()) {
+    const torch::nn::Module* m = stack.back();
+    stack.pop_back();
+    const std::string name = ClassName(*m);
+    if (classes.contains(name)) continue;
+    const auto* traits = dynamic_cast<const ModelTraits*>(m);
+    if (traits != nullptr || m == &module) {
+      auto declared = traits ? traits->no_split_modules() : std::nullopt;
+      if (!declared) {
+        return Status::InvalidArgument(fmt::format(
+            "{} does not support `device_map='{}'`. To implement support, the model class needs "
+            "to implement the `_no_split_modules` attribute.",
+            name, mode));
+      }
+      classes.insert(declared->begin(), declared->end());
+    }
+    for (const auto& child : m->children()) stack.push_back(child.get());
+  }
+  return std::vector<std::string>(classes.begin(), classes.end());
+}
+
+// ---- device maps ---------------------------------------------------------------------------
+
+Result<NormalizedDeviceMap> NormalizeDeviceMap(const DeviceMapArg& arg) {
+  NormalizedDeviceMap out;
+  auto whole = [&](Device d) -> Result<NormalizedDeviceMap> {
+    DeviceMap map;
+    LOADSTONE_RETURN_IF_ERROR(map.Add("", d));
+    out.map = std::move(map);
+    return out;
+  };
+  auto from_torch = [&](const c10::Device& d) -> Result<NormalizedDeviceMap> {
+    if (d.is_cpu()) return whole(Device::Cpu());
+    if (d.is_cuda()) return whole(Device::Cuda(d.has_index() ? d.index() : 0));
+    return Status::InvalidArgument(fmt::format(
+        "device_map {}: loadstone places tensors on CUDA GPUs, the CPU and disk", d.str()));
+  };
+  if (std::holds_alternative<std::monostate>(arg.value)) return whole(Device::Cpu());
+  if (const auto* index = std::get_if<int64_t>(&arg.value)) {
+    if (*index < 0) {
+      return Status::InvalidArgument(
+          "You can't pass device_map as a negative int. If you want to put the model on the cpu, "
+          "pass device_map = 'cpu' ");
+    }
+    if (*index > 1 << 20) return Status::InvalidArgument(fmt::format("device_map {}: no such GPU", *index));
+    return whole(Device::Cuda(static_cast<int>(*index)));
+  }
+  if (const auto* device = std::get_if<c10::Device>(&arg.value)) return from_torch(*device);
+  if (const auto* map = std::get_if<DeviceMap>(&arg.value)) {
+    out.map = *map;
+    return out;
+  }
+  const std::string& name = std::get<std::string>(arg.value);
+  if (name == "auto" || name == "balanced" || name == "balanced_low_0" || name == "sequential") {
+    out.mode = name;
+    return out;
+  }
+  try {
+    return from_torch(c10::Device(name));
+  } catch (const c10::Error&) {
+    return Status::InvalidArgument(fmt::format(
+        "When passing device_map as a string, the value needs to be a device name (e.g. cpu, "
+        "cuda:0) or 'auto', 'balanced', 'balanced_low_0', 'sequential' but found {}.",
+        name));
+  }
+}
+
+// ---- loading -------------------------------------------------------------------------------
+
+at::Tensor StateDict::at(std::string_view name) const {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return t;
+  }
+  return {};
+}
+
+Result<StateDict> LoadStateDict(const std::string& path, const TorchLoadOptions& options) {
+  LOADSTONE_ASSIGN_OR_RETURN(const Checkpoint checkpoint, OpenAt(path, options));
+  LOADSTONE_ASSIGN_OR_RETURN(PlanOptions popt, BasePlanOptions(options));
+  LOADSTONE_ASSIGN_OR_RETURN(const CastRule rule,
+                             CastTargets(checkpoint, nullptr, options, options.keep_in_fp32_modules, {}));
+  popt.special_dtypes = rule.special;
+  LOADSTONE_ASSIGN_OR_RETURN(Loaded loaded, LoadPlanned(checkpoint, popt, options, rule));
+  StateDict out;
+  out.tensors = std::move(loaded.tensors);
+  out.placement = std::move(loaded.placement);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> PersistentStateDict(const torch::nn::Module& model) {
+  std::unordered_set<std::string> non_persistent;
+  CollectNonPersistent(model, "", &non_persistent);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  CollectStateDict(model, "", non_persistent, &out);
+  return out;
+}
+
+Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
+                            const TorchLoadOptions& options) {
+  LOADSTONE_ASSIGN_OR_RETURN(const Checkpoint checkpoint, OpenAt(path, options));
+  LOADSTONE_ASSIGN_OR_RETURN(PlanOptions popt, BasePlanOptions(options));
+  if (!popt.explicit_map) {
+    LOADSTONE_ASSIGN_OR_RETURN(popt.no_split, NoSplitModules(model, popt.device_map));
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(ModelDescription description, DescribeModule(model));
+  popt.model = std::move(description.tree);
+
+  // Keys: the model's state dict against the checkpoint's tensors.
+  const auto state = PersistentStateDict(model);
+  std::unordered_map<std::string, at::Tensor> target;
+  std::unordered_map<std::string, c10::ScalarType> model_dtype;
+  for (const auto& [name, t] : state) {
+    target.emplace(name, t);
+    model_dtype.emplace(name, t.scalar_type());
+  }
+  LoadReport report;
+  std::unordered_set<std::string> include;
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    auto it = target.find(t.name);
+    if (it == target.end()) {
+      report.unexpected_keys.push_back(t.name);
+      continue;
+    }
+    const std::vector<int64_t> found = Sizes(t.shape);
+    if (it->second.sizes().vec() != found) {
+      if (!options.ignore_mismatched_sizes) {
+        return Status::InvalidArgument(fmt::format(
+            "Cannot load {} because {} expected shape {}, but got {}. If you want to instead "
+            "overwrite randomly initialized weights, please make sure to pass "
+            "`ignore_mismatched_sizes=True` (TorchLoadOptions::ignore_mismatched_sizes).",
+            path, t.name, TorchSize(it->second.sizes()), TorchSize(found)));
+      }
+      report.mismatched_keys.push_back({t.name, it->second.sizes().vec(), found});
+      continue;
+    }
+    include.insert(t.name);
+  }
+  for (const auto& [name, t] : state) {
+    if (checkpoint.Find(name) == nullptr) report.missing_keys.push_back(name);
+  }
+  if (options.strict && (!report.missing_keys.empty() || !report.unexpected_keys.empty())) {
+    std::string message = fmt::format("Error(s) in loading state_dict for {}:", ClassName(model));
+    auto quoted = [](const std::vector<std::string>& keys) {
+      std::vector<std::string> q;
+      for (const auto& k : keys) q.push_back(fmt::format("\"{}\"", k));
+      return fmt::format("{}", fmt::join(q, ", "));
+    };
+    if (!report.missing_keys.empty()) {
+      message += fmt::format("\n\tMissing key(s) in state_dict: {}.", quoted(report.missing_keys));
+    }
+    if (!report.unexpected_keys.empty()) {
+      message += fmt::format("\n\tUnexpected key(s) in state_dict: {}.", quoted(report.unexpected_keys));
+    }
+    return Status::InvalidArgument(message);
+  }
+
+  std::vector<std::string> keep = options.keep_in_fp32_modules;
+  if (const auto* traits = dynamic_cast<const ModelTraits*>(&model)) {
+    for (std::string& m : traits->keep_in_fp32_modules()) keep.push_back(std::move(m));
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(const CastRule rule,
+                             CastTargets(checkpoint, &include, options, keep, model_dtype));
+  popt.special_dtypes = rule.special;
+  popt.include = [&include](const TensorInfo& t) { return include.contains(t.name); };
+  LOADSTONE_ASSIGN_OR_RETURN(Loaded loaded, LoadPlanned(checkpoint, popt, options, rule));
+
+  Status filled = Guarded("filling the model", [&]() -> Status {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, tensor] : loaded.tensors) {
+      at::Tensor& param = target.at(name);
+      if (options.copy_into_parameters) {
+        param.copy_(tensor);
+      } else {
+        param.set_data(tensor);
+      }
+    }
+    if (loaded.placement.offloaded) {
+      for (const std::string& name : loaded.placement.offloaded->names()) {
+        at::Tensor& param = target.at(name);
+        param.set_data(at::empty({0}, param.options()));
+      }
+    }
+    return Status::OK();
+  });
+  LOADSTONE_RETURN_IF_ERROR(filled);
+  report.placement = std::move(loaded.placement);
+  return report;
+}
+
+Status MaterializeOffloaded(torch::nn::Module& model, const Placement& placement,
+                            const Device& device) {
+  if (!placement.offloaded) return Status::OK();
+  const auto state = PersistentStateDict(model);
+  std::unordered_map<std::string, at::Tensor> target(state.begin(), state.end());
+  Result<LoadHandle> handle = placement.offloaded->Fetch(placement.offloaded->names(), device);
+  LOADSTONE_RETURN_IF_ERROR(handle.status());
+  LOADSTONE_RETURN_IF_ERROR(handle->Done().get());
+  for (const loadstone::Tensor& t : handle->Tensors()) {
+    auto it = target.find(t.name());
+    if (it == target.end()) continue;
+    // The store loads through the placement's Loader, whose platform decides what a GPU
+    // address is: a simulated device's memory is host memory.
+    LOADSTONE_ASSIGN_OR_RETURN(at::Tensor wrapped, Wrap(t, t.device() != "cpu" && placement.simulated));
+    LOADSTONE_RETURN_IF_ERROR(Guarded(t.name(), [&]() -> Status {
+      torch::NoGradGuard no_grad;
+      it->second.set_data(wrapped);
+      return Status::OK();
+    }));
+  }
+  return Status::OK();
+}
+
+// ---- saving --------------------------------------------------------------------------------
+
+Result<std::vector<std::string>> SavePretrained(const torch::nn::Module& model,
+                                                const std::string& folder,
+                                                const SaveOptions& options) {
+  return Guarded("save_pretrained", [&]() -> Result<std::vector<std::string>> {
+    std::vector<std::pair<std::string, at::Tensor>> state = PersistentStateDict(model);
+    std::vector<TensorToWrite> tensors;
+    tensors.reserve(state.size());
+    for (auto& [name, t] : state) {
+      t = t.detach().to(at::kCPU).contiguous();
+      LOADSTONE_ASSIGN_OR_RETURN(const DType dtype, FromScalarType(t.scalar_type()));
+      TensorToWrite w;
+      w.name = name;
+      w.dtype = dtype;
+      for (int64_t d : t.sizes()) w.shape.push_back(static_cast<uint64_t>(d));
+      w.data = std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes());
+      tensors.push_back(std::move(w));
+    }
+    if (options.safe_serialization) {
+      ShardedWriteOptions w;
+      w.prefix = options.prefix;
+      w.variant = options.variant;
+      w.max_shard_size = options.max_shard_size;
+      w.metadata = {{"format", "pt"}};
+      return WriteShardedSafetensors(folder, tensors, w);
+    }
+    // .bin: torch.save-compatible archives, one per shard, and the index when sharded.
+    std::error_code ec;
+    fs::create_directories(folder, ec);
+    if (ec) return Status::IOError(fmt::format("cannot create '{}': {}", folder, ec.message()));
+    const auto shards = SplitIntoShards(tensors, options.max_shard_size);
+    const std::string variant = options.variant.empty() ? "" : "." + options.variant;
+    std::vector<std::string> written;
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    uint64_t total = 0;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const std::string file =
+          shards.size() == 1
+              ? fmt::format("{}{}.bin", options.prefix, variant)
+              : fmt::format("{}{}-{:05d}-of-{:05d}.bin", options.prefix, variant, s + 1, shards.size());
+      c10::Dict<std::string, at::Tensor> dict;
+      for (size_t i : shards[s]) {
+        dict.insert(state[i].first, state[i].second);
+        weight_map[state[i].first] = file;
+        total += tensors[i].nbytes();
+      }
+      const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
+      const std::string path = (fs::path(folder) / file).string();
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      if (!out.good()) return Status::IOError(fmt::format("cannot write '{}'", path));
+      written.push_back(path);
+    }
+    if (shards.size() > 1) {
+      const std::string index =
+          (fs::path(folder) / fmt::format("{}.bin.index{}.json", options.prefix, variant)).string();
+      nlohmann::ordered_json doc = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+      std::ofstream out(index, std::ios::trunc);
+      out << doc.dump(2);
+      if (!out.good()) return Status::IOError(fmt::format("cannot write '{}'", index));
+      written.push_back(index);
+    }
+    return written;
+  });
+}
+
+}  // namespace loadstone::libtorch

@@ -1,0 +1,126 @@
+#include "io/formats/offload_folder.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "io/formats/json_util.h"
+
+namespace loadstone::io {
+
+std::optional<std::string_view> OffloadDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kBool: return "bool";
+    case DType::kU8: return "uint8";
+    case DType::kI8: return "int8";
+    case DType::kI16: return "int16";
+    case DType::kU16: return "uint16";
+    case DType::kF16: return "float16";
+    case DType::kBF16: return "bfloat16";
+    case DType::kI32: return "int32";
+    case DType::kU32: return "uint32";
+    case DType::kF32: return "float32";
+    case DType::kC64: return "complex64";
+    case DType::kF64: return "float64";
+    case DType::kI64: return "int64";
+    case DType::kU64: return "uint64";
+    default: return std::nullopt;
+  }
+}
+
+namespace {
+
+std::optional<DType> DTypeFromOffloadName(std::string_view name) {
+  for (int d = 0; d < kNumDTypes; ++d) {
+    const auto dtype = static_cast<DType>(d);
+    if (OffloadDTypeName(dtype) == name) return dtype;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Status CheckOffloadName(std::string_view name) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos ||
+      name.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument(fmt::format(
+        "tensor name '{}' cannot name a file NAME.dat in an offload folder (it is empty, '.', "
+        "'..', or holds '/' or NUL)",
+        name));
+  }
+  return Status::OK();
+}
+
+std::string OffloadDataPath(std::string_view folder, std::string_view name) {
+  return (std::filesystem::path(folder) / fmt::format("{}.dat", name)).string();
+}
+
+Result<std::vector<OffloadIndexEntry>> ReadOffloadIndex(const std::string& folder) {
+  const std::string path = (std::filesystem::path(folder) / "index.json").string();
+  const std::string what = fmt::format("offload index '{}'", path);
+  LOADSTONE_ASSIGN_OR_RETURN(const std::string text,
+                             ReadSmallFile(path, what, kMaxOffloadIndexBytes));
+  LOADSTONE_ASSIGN_OR_RETURN(const nlohmann::ordered_json doc, ParseJsonStrictOrdered(text, what));
+  return InterpretJson(what, [&]() -> Result<std::vector<OffloadIndexEntry>> {
+    if (!doc.is_object()) return Status::Corruption(what + " is not a JSON object");
+    std::vector<OffloadIndexEntry> out;
+    out.reserve(doc.size());
+    for (const auto& [name, value] : doc.items()) {
+      if (Status s = CheckOffloadName(name); !s.ok()) {
+        return Status::Corruption(fmt::format("{}: {}", what, s.message()));
+      }
+      if (!value.is_object()) {
+        return Status::Corruption(fmt::format("{}: entry '{}' is {}, not an object", what, name,
+                                              DescribeJsonValue(value)));
+      }
+      OffloadIndexEntry e;
+      e.name = name;
+      if (auto d = value.find("dtype"); d != value.end()) {
+        if (!d->is_string()) {
+          return Status::Corruption(fmt::format("{}: entry '{}' has a dtype that is {}", what,
+                                                name, DescribeJsonValue(*d)));
+        }
+        e.dtype = DTypeFromOffloadName(d->get<std::string>());
+        if (!e.dtype) {
+          return Status::Corruption(fmt::format(
+              "{}: entry '{}' has dtype '{}', which is not a numpy dtype accelerate writes",
+              what, name, d->get<std::string>()));
+        }
+      }
+      if (auto f = value.find("safetensors_file"); f != value.end() && !f->is_null()) {
+        if (!f->is_string() || f->get<std::string>().empty()) {
+          return Status::Corruption(fmt::format("{}: entry '{}' has a safetensors_file that is {}",
+                                                what, name, DescribeJsonValue(*f)));
+        }
+        e.safetensors_file = f->get<std::string>();
+        e.weight_name = name;
+        if (auto w = value.find("weight_name"); w != value.end()) {
+          if (!w->is_string()) {
+            return Status::Corruption(fmt::format("{}: entry '{}' has a weight_name that is {}",
+                                                  what, name, DescribeJsonValue(*w)));
+          }
+          e.weight_name = w->get<std::string>();
+        }
+        out.push_back(std::move(e));
+        continue;
+      }
+      const auto shape = value.find("shape");
+      if (!e.dtype || shape == value.end() || !shape->is_array()) {
+        return Status::Corruption(fmt::format(
+            "{}: entry '{}' has neither a safetensors_file nor a dtype and a shape list", what,
+            name));
+      }
+      for (const auto& dim : *shape) {
+        if (!dim.is_number_unsigned()) {
+          return Status::Corruption(fmt::format("{}: entry '{}' has a dimension that is {}",
+                                                what, name, DescribeJsonValue(dim)));
+        }
+        e.shape.push_back(dim.get<uint64_t>());
+      }
+      out.push_back(std::move(e));
+    }
+    return out;
+  });
+}
+
+}  // namespace loadstone::io

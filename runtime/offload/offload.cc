@@ -1,0 +1,287 @@
+#include "loadstone/offload.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "io/formats/json_util.h"
+#include "io/formats/offload_folder.h"
+#include "io/out_file.h"
+
+namespace loadstone {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The offloaded tensors of `plan` in the checkpoint's order (a .bin's state-dict order, which
+// is the order accelerate writes them in).
+std::vector<const OffloadPlan*> InSourceOrder(const LoadPlan& plan) {
+  std::vector<const OffloadPlan*> out;
+  out.reserve(plan.offloaded.size());
+  for (const OffloadPlan& o : plan.offloaded) out.push_back(&o);
+  std::sort(out.begin(), out.end(),
+            [](const OffloadPlan* a, const OffloadPlan* b) { return a->source < b->source; });
+  return out;
+}
+
+// Every tensor WriteOffload would write can be written: a file name, a numpy dtype.
+Status CheckWritable(const Checkpoint& checkpoint, const std::vector<const OffloadPlan*>& order) {
+  for (const OffloadPlan* o : order) {
+    const TensorInfo& t = checkpoint.tensors()[o->source];
+    LOADSTONE_RETURN_IF_ERROR(io::CheckOffloadName(t.name));
+    if (!o->in_place && !io::OffloadDTypeName(o->dtype)) {
+      return Status::Unsupported(fmt::format(
+          "tensor '{}' is {} and mapped to disk: accelerate's offload folder stores numpy dtypes, "
+          "which have no {}; map it to a device or give a dtype it can be cast to",
+          t.name, TorchName(o->dtype), TorchName(o->dtype)));
+    }
+  }
+  return Status::OK();
+}
+
+// One batch of tensors to write, loaded to host memory and written as NAME.dat files.
+Status WriteBatch(Loader& loader, const Checkpoint& checkpoint,
+                  const std::vector<const OffloadPlan*>& batch, const std::string& folder,
+                  const OffloadOptions& options, std::vector<std::string>* written,
+                  OffloadSummary* summary) {
+  std::unordered_set<std::string_view> names;
+  PlanOptions opt;
+  for (const OffloadPlan* o : batch) {
+    const TensorInfo& t = checkpoint.tensors()[o->source];
+    names.insert(t.name);
+    if (o->conversion == Conversion::kCast) opt.special_dtypes.emplace(t.name, o->dtype);
+  }
+  opt.include = [&names](const TensorInfo& t) { return names.contains(t.name); };
+  LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(checkpoint, opt));
+  LoadHandle load = loader.Load(checkpoint, plan, options.load);
+  LOADSTONE_RETURN_IF_ERROR(load.Done().get());
+  for (const Tensor& t : load.Tensors()) {
+    if (!names.contains(t.name())) continue;  // a float8 weight's scales, loaded with it
+    const std::string path = io::OffloadDataPath(folder, t.name());
+    io::OutFile out;
+    LOADSTONE_RETURN_IF_ERROR(out.Open(path));
+    written->push_back(path);
+    LOADSTONE_RETURN_IF_ERROR(out.Write(std::span<const std::byte>(t.data(), t.nbytes())));
+    LOADSTONE_RETURN_IF_ERROR(out.Close());
+    ++summary->written;
+    summary->bytes_written += t.nbytes();
+  }
+  return Status::OK();
+}
+
+// folder/index.json with `entries` merged in (Python dict.update: an existing key keeps its
+// place, a new one goes last), written as json.dump(indent=2) writes it, through a rename.
+Status MergeIndex(const std::string& folder, const nlohmann::ordered_json& entries) {
+  const std::string path = (fs::path(folder) / "index.json").string();
+  nlohmann::ordered_json index = nlohmann::ordered_json::object();
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    const std::string what = fmt::format("offload index '{}'", path);
+    LOADSTONE_ASSIGN_OR_RETURN(const std::string text,
+                               io::ReadSmallFile(path, what, io::kMaxOffloadIndexBytes));
+    LOADSTONE_ASSIGN_OR_RETURN(index, io::ParseJsonStrictOrdered(text, what));
+    if (!index.is_object()) {
+      return Status::Corruption(fmt::format("{} is not a JSON object; remove it or give another "
+                                            "offload folder",
+                                            what));
+    }
+  }
+  for (const auto& [name, value] : entries.items()) index[name] = value;
+  const std::string tmp = path + ".tmp";
+  io::OutFile out;
+  LOADSTONE_RETURN_IF_ERROR(out.Open(tmp));
+  Status s = out.Write(index.dump(2, ' ', /*ensure_ascii=*/true));
+  if (s.ok()) s = out.Close();
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = io::ErrnoStatus(errno, fmt::format("cannot rename '{}' to", tmp), path);
+  }
+  if (!s.ok()) fs::remove(tmp, ec);
+  return s;
+}
+
+Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& plan,
+                const std::vector<const OffloadPlan*>& order, const OffloadOptions& options,
+                std::vector<std::string>* written, OffloadSummary* summary) {
+  const std::string& folder = plan.offload_folder;
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) return io::ErrnoStatus(ec.value(), "cannot create the offload folder", folder);
+  nlohmann::ordered_json entries = nlohmann::ordered_json::object();
+  std::vector<const OffloadPlan*> batch;
+  uint64_t batch_bytes = 0;
+  auto flush = [&]() -> Status {
+    if (batch.empty()) return Status::OK();
+    LOADSTONE_RETURN_IF_ERROR(WriteBatch(loader, checkpoint, batch, folder, options, written, summary));
+    batch.clear();
+    batch_bytes = 0;
+    return Status::OK();
+  };
+  for (const OffloadPlan* o : order) {
+    const TensorInfo& t = checkpoint.tensors()[o->source];
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    if (o->in_place) {
+      entry["safetensors_file"] = fs::absolute(checkpoint.files()[t.file].path, ec).string();
+      entry["weight_name"] = t.name;
+      entry["dtype"] = std::string(TorchName(o->dtype));
+      ++summary->in_place;
+    } else {
+      entry["dtype"] = std::string(*io::OffloadDTypeName(o->dtype));
+      entry["shape"] = t.shape;
+      if (batch_bytes > 0 && batch_bytes + o->nbytes > options.batch_bytes) {
+        LOADSTONE_RETURN_IF_ERROR(flush());
+      }
+      batch.push_back(o);
+      batch_bytes += o->nbytes;
+    }
+    entries[t.name] = std::move(entry);
+  }
+  LOADSTONE_RETURN_IF_ERROR(flush());
+  LOADSTONE_RETURN_IF_ERROR(MergeIndex(folder, entries));
+  summary->index_path = (fs::path(folder) / "index.json").string();
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<OffloadSummary> WriteOffload(Loader& loader, const Checkpoint& checkpoint,
+                                    const LoadPlan& plan, const OffloadOptions& options) {
+  if (plan.checkpoint_fingerprint != checkpoint.fingerprint()) {
+    return Status::InvalidArgument("WriteOffload: the plan was made for another checkpoint");
+  }
+  OffloadSummary summary;
+  if (plan.offloaded.empty() || plan.offload_folder.empty()) {
+    // Plan() refuses a tensor that needs a folder when none is given: all are in place.
+    for (const OffloadPlan& o : plan.offloaded) summary.in_place += o.in_place;
+    return summary;
+  }
+  const std::vector<const OffloadPlan*> order = InSourceOrder(plan);
+  LOADSTONE_RETURN_IF_ERROR(CheckWritable(checkpoint, order));
+  std::vector<std::string> written;
+  Status s = WriteAll(loader, checkpoint, plan, order, options, &written, &summary);
+  if (!s.ok()) {
+    std::error_code ec;
+    for (const std::string& path : written) fs::remove(path, ec);
+    return s;
+  }
+  return summary;
+}
+
+// ---- OffloadStore --------------------------------------------------------------------------
+
+Result<std::shared_ptr<OffloadStore>> OffloadStore::Open(std::shared_ptr<Loader> loader,
+                                                         const Checkpoint& checkpoint,
+                                                         const LoadPlan& plan) {
+  std::shared_ptr<OffloadStore> store(new OffloadStore());
+  store->loader_ = std::move(loader);
+  std::vector<TensorInfo> tensors;
+  if (plan.offload_folder.empty()) {
+    for (const OffloadPlan& o : plan.offloaded) {
+      const TensorInfo& t = checkpoint.tensors()[o.source];
+      store->names_.push_back(t.name);
+      tensors.push_back(t);
+      if (o.conversion == Conversion::kCast) store->casts_.emplace(t.name, o.dtype);
+    }
+    LOADSTONE_ASSIGN_OR_RETURN(Checkpoint view, checkpoint.WithTensors(std::move(tensors)));
+    store->catalog_ = std::move(view);
+    return store;
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(const Checkpoint folder, Checkpoint::Open(plan.offload_folder));
+  for (const OffloadPlan& o : plan.offloaded) {
+    const TensorInfo& t = checkpoint.tensors()[o.source];
+    const TensorInfo* stored = folder.Find(t.name);
+    if (stored == nullptr) {
+      return Status::NotFound(fmt::format(
+          "offload folder '{}' holds no tensor '{}': write it first (WriteOffload)",
+          plan.offload_folder, t.name));
+    }
+    store->names_.push_back(t.name);
+    tensors.push_back(*stored);
+    if (o.in_place && o.conversion == Conversion::kCast) store->casts_.emplace(t.name, o.dtype);
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(Checkpoint view, folder.WithTensors(std::move(tensors)));
+  store->catalog_ = std::move(view);
+  return store;
+}
+
+OffloadStore::~OffloadStore() {
+  std::lock_guard lock(mu_);
+  running_.clear();  // each handle cancels and waits as it goes
+}
+
+bool OffloadStore::Contains(std::string_view name) const { return catalog_->Find(name) != nullptr; }
+
+Result<std::string> OffloadStore::Where(std::string_view name) const {
+  const TensorInfo* t = catalog_->Find(name);
+  if (t == nullptr) return Status::NotFound(fmt::format("tensor '{}' is not offloaded", name));
+  const std::string& path = catalog_->files()[t->file].path;
+  if (path.ends_with(".dat")) return path;
+  return fmt::format("{} (in place, offset {})", path, t->offset);
+}
+
+Result<LoadHandle> OffloadStore::Fetch(const std::vector<std::string>& names, const Device& device) {
+  std::set<std::string_view> wanted;
+  PlanOptions opt;
+  for (const std::string& name : names) {
+    if (!Contains(name)) return Status::NotFound(fmt::format("tensor '{}' is not offloaded", name));
+    wanted.insert(name);
+    if (auto c = casts_.find(name); c != casts_.end()) opt.special_dtypes.emplace(name, c->second);
+  }
+  DeviceMap map;
+  LOADSTONE_RETURN_IF_ERROR(map.Add("", device));
+  opt.explicit_map = std::move(map);
+  opt.include = [&wanted](const TensorInfo& t) { return wanted.contains(t.name); };
+  LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(*catalog_, opt));
+  LoadHandle handle = loader_->Load(*catalog_, plan);
+  return handle;
+}
+
+std::shared_future<Tensor> OffloadStore::Materialize(std::string_view name, const Device& device) {
+  Result<LoadHandle> handle = Fetch({std::string(name)}, device);
+  if (!handle.ok()) {
+    std::promise<Tensor> failed;
+    failed.set_exception(std::make_exception_ptr(Error(handle.status())));
+    return failed.get_future().share();
+  }
+  std::shared_future<Tensor> tensor = handle->Tensor(name);
+  std::lock_guard lock(mu_);
+  std::erase_if(running_, [](const LoadHandle& h) {
+    return h.Done().wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  });
+  running_.push_back(std::move(*handle));
+  return tensor;
+}
+
+// ---- OffloadPrefetcher ---------------------------------------------------------------------
+
+OffloadPrefetcher::OffloadPrefetcher(std::shared_ptr<OffloadStore> store,
+                                     std::vector<std::vector<std::string>> blocks, Device device)
+    : store_(std::move(store)), blocks_(std::move(blocks)), device_(device), handles_(blocks_.size()) {}
+
+void OffloadPrefetcher::Start(size_t i) {
+  if (i >= blocks_.size() || handles_[i].valid()) return;
+  Result<LoadHandle> handle = store_->Fetch(blocks_[i], device_);
+  if (handle.ok()) handles_[i] = std::move(*handle);
+  else errors_.emplace(i, handle.status());
+}
+
+Result<std::vector<Tensor>> OffloadPrefetcher::Get(size_t i) {
+  if (i >= blocks_.size()) {
+    return Status::InvalidArgument(fmt::format("block {} of {}: no such block", i, blocks_.size()));
+  }
+  Start(i);
+  Start(i + 1);  // the next block streams while the caller runs this one
+  if (auto e = errors_.find(i); e != errors_.end()) return e->second;
+  LOADSTONE_RETURN_IF_ERROR(handles_[i].Done().get());
+  std::vector<Tensor> out;
+  out.reserve(blocks_[i].size());
+  for (const std::string& name : blocks_[i]) out.push_back(handles_[i].Tensor(name).get());
+  handles_[i] = LoadHandle();  // the tensors keep their memory; the load's bookkeeping goes
+  return out;
+}
+
+}  // namespace loadstone
