@@ -40,11 +40,24 @@ install(TARGETS loadstone EXPORT loadstoneTargets
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/loadstone
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h"
-  PATTERN "torch.h" EXCLUDE)  # the LibTorch adapter's header lands with its library
+  PATTERN "torch.h" EXCLUDE)  # the LibTorch face's header goes with its library, below
 install(FILES ${PROJECT_BINARY_DIR}/include/loadstone/version.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loadstone)
 install(EXPORT loadstoneTargets NAMESPACE loadstone::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loadstone)
+
+# The LibTorch face, when built: libloadstone_torch.so, loadstone/torch.h, and its own export
+# set, so that find_package(loadstone) needs no LibTorch unless COMPONENTS torch is asked for.
+if(TARGET loadstone_torch)
+  set_target_properties(loadstone_torch PROPERTIES EXPORT_NAME torch)
+  install(TARGETS loadstone_torch EXPORT loadstoneTorchTargets
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(FILES ${PROJECT_SOURCE_DIR}/include/loadstone/torch.h
+    DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/loadstone)
+  install(EXPORT loadstoneTorchTargets NAMESPACE loadstone::
+    DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loadstone)
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/loadstoneConfig.cmake.in
   ${PROJECT_BINARY_DIR}/loadstoneConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/loadstone)

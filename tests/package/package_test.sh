@@ -49,6 +49,24 @@ if nm -D --defined-only "$prefix"/lib/libloadstone.so.*.*.* | awk '{print $3}' |
   echo "FAIL: symbols beyond loadstone's:"; nm -D --defined-only "$prefix"/lib/libloadstone.so.*.*.* |
     awk '{print $3}' | c++filt | grep -v '^loadstone::\|for loadstone::' | head; exit 1
 fi
+# The LibTorch face, when the package has it: examples/load_module fills a torch::nn::Module
+# from the installed tree (find_package(loadstone COMPONENTS torch)).
+if [ -e "$prefix/include/loadstone/torch.h" ]; then
+  ls "$prefix"/lib/libloadstone_torch.so.* >/dev/null || { echo "FAIL: no libloadstone_torch.so"; exit 1; }
+  cmake -S "$src/examples/load_module" -B "$work/module" -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_BUILD_TYPE=Release >"$work/configure-module.log" 2>&1 || { cat "$work/configure-module.log"; exit 1; }
+  cmake --build "$work/module" >"$work/build-module.log" 2>&1 || { cat "$work/build-module.log"; exit 1; }
+  for ckpt in offload/model/pytorch_model.bin offload/model/model.safetensors; do
+    out=$("$work/module/load_module" "$src/tests/fixtures/$ckpt")
+    echo "$out"
+    echo "$out" | grep -q '^loaded 9 tensors into the module; 0 missing, 0 unexpected' ||
+      { echo "FAIL: load_module $ckpt"; exit 1; }
+    echo "$out" | grep -q '^blocks.1.scale = 1.5,' || { echo "FAIL: values of $ckpt"; exit 1; }
+  done
+else
+  echo "package: built without LibTorch; the load_module example is not built"
+fi
+
 # A version the package does not provide is refused at configure time.
 sed 's/find_package(loadstone 0.1 REQUIRED)/find_package(loadstone 1.0 REQUIRED)/' \
   "$src/examples/hello_load/CMakeLists.txt" >"$work/v.txt"
