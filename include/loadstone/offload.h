@@ -112,6 +112,8 @@ class OffloadPrefetcher {
   // Block i's tensors in its order. Errors: InvalidArgument (no block i), those of the load.
   Result<std::vector<Tensor>> Get(size_t i);
   size_t size() const { return blocks_.size(); }
+  // Block i's load has been started (by Get(i - 1) or Get(i)) and not yet taken.
+  bool started(size_t i) const { return i < handles_.size() && handles_[i].valid(); }
 
  private:
   void Start(size_t i);

@@ -1,0 +1,233 @@
+// Disk offload below the CLI: WriteOffload into a folder that Checkpoint::Open reads back,
+// OffloadStore materialising on the CPU and on a (simulated) GPU, the prefetcher one block ahead,
+// a write that fails half way (the folder left as it was, the Loader fine afterwards), and
+// hostile index.json files refused with what is wrong.
+#include <signal.h>
+#include <sys/resource.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "loadstone/offload.h"
+#include "runtime/sim/simulated_platform.h"
+#include "tests/testing/temp_dir.h"
+
+namespace loadstone {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+const std::string kFixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/offload";
+
+std::map<std::string, uint32_t> ManifestCrcs() {
+  std::ifstream in(kFixtures + "/manifest.json");
+  const auto manifest = nlohmann::json::parse(in);
+  std::map<std::string, uint32_t> out;
+  for (const auto& t : manifest["tensors"]) out[t["name"].get<std::string>()] = t["crc32"].get<uint32_t>();
+  return out;
+}
+
+uint32_t Crc(const Tensor& t) {
+  std::vector<std::byte> host(t.nbytes());
+  REQUIRE(t.CopyToHost(host).ok());
+  return static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(host.data()),
+                                     static_cast<uInt>(host.size())));
+}
+
+// The fixture's .bin planned like `load --device-map auto --max-memory cpu=25000`.
+LoadPlan PlanWithDisk(const Checkpoint& ckpt, const std::string& folder) {
+  PlanOptions opt;
+  opt.device_map = "auto";
+  opt.max_memory = MaxMemory{{"cpu", int64_t{25000}}};
+  opt.offload_folder = folder;
+  auto plan = Plan(ckpt, opt);
+  REQUIRE(plan.ok());
+  REQUIRE(plan->offloaded.size() == 7);
+  return *plan;
+}
+
+}  // namespace
+
+TEST_CASE("offload: the written folder reopens as a checkpoint with the same tensors", "[offload]") {
+  TempDir dir;
+  auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
+  REQUIRE(ckpt.ok());
+  const LoadPlan plan = PlanWithDisk(*ckpt, dir.Path("off"));
+  auto loader = std::make_shared<Loader>();
+  auto written = WriteOffload(*loader, *ckpt, plan);
+  REQUIRE(written.ok());
+  CHECK(written->written == 7);
+  CHECK(written->in_place == 0);
+  CHECK(written->index_path == dir.Path("off") + "/index.json");
+
+  auto folder = Checkpoint::Open(dir.Path("off"));
+  REQUIRE(folder.ok());
+  CHECK(folder->format() == CheckpointFormat::kOffloadFolder);
+  CHECK(folder->tensors().size() == 7);
+  const auto crcs = ManifestCrcs();
+  auto all = Plan(*folder);
+  REQUIRE(all.ok());
+  LoadHandle load = loader->Load(*folder, *all);
+  REQUIRE(load.Done().get().ok());
+  for (const Tensor& t : load.Tensors()) {
+    INFO(t.name());
+    CHECK(Crc(t) == crcs.at(t.name()));
+  }
+  const TensorInfo* scalar = folder->Find("blocks.1.scale");
+  REQUIRE(scalar != nullptr);
+  CHECK(scalar->shape.empty());
+  CHECK(scalar->nbytes == 4);
+  CHECK(folder->Find("blocks.1.w")->dtype == DType::kBF16);
+}
+
+TEST_CASE("offload: tensors materialise on demand, on the CPU and on a GPU", "[offload]") {
+  TempDir dir;
+  auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
+  REQUIRE(ckpt.ok());
+  const LoadPlan plan = PlanWithDisk(*ckpt, dir.Path("off"));
+  LoaderOptions lo;
+  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
+  auto loader = std::make_shared<Loader>(lo);
+  REQUIRE(WriteOffload(*loader, *ckpt, plan).ok());
+  auto store = OffloadStore::Open(loader, *ckpt, plan);
+  REQUIRE(store.ok());
+  CHECK((*store)->names().size() == 7);
+  CHECK_FALSE((*store)->Contains("blocks.0.w"));  // on the CPU, not offloaded
+  const auto crcs = ManifestCrcs();
+  for (const Device& device : {Device::Cpu(), Device::Cuda(0)}) {
+    for (const std::string& name : (*store)->names()) {
+      INFO(name << " on " << device.ToString());
+      const Tensor t = (*store)->Materialize(name, device).get();
+      CHECK(t.device() == device.ToString());
+      CHECK(Crc(t) == crcs.at(name));
+    }
+  }
+  auto where = (*store)->Where("head.w");
+  REQUIRE(where.ok());
+  CHECK(*where == dir.Path("off") + "/head.w.dat");
+  auto unknown = (*store)->Materialize("blocks.0.w", Device::Cpu());
+  REQUIRE_THROWS_AS(unknown.get(), Error);
+}
+
+TEST_CASE("offload: safetensors tensors are read in place, cast when they materialise", "[offload]") {
+  auto ckpt = Checkpoint::Open(kFixtures + "/model/model.safetensors");
+  REQUIRE(ckpt.ok());
+  PlanOptions opt;
+  opt.device_map = "auto";
+  opt.max_memory = MaxMemory{{"cpu", int64_t{12000}}};  // f16 halves the model
+  opt.dtype = DType::kF16;
+  auto plan = Plan(*ckpt, opt);  // no folder needed
+  REQUIRE(plan.ok());
+  REQUIRE_FALSE(plan->offloaded.empty());
+  auto loader = std::make_shared<Loader>();
+  auto written = WriteOffload(*loader, *ckpt, *plan);
+  REQUIRE(written.ok());
+  CHECK(written->written == 0);
+  CHECK(written->index_path.empty());
+  auto store = OffloadStore::Open(loader, *ckpt, *plan);
+  REQUIRE(store.ok());
+  const Tensor w = (*store)->Materialize("head.w", Device::Cpu()).get();
+  CHECK(w.dtype() == DType::kF16);  // planned f16; stored f32
+  CHECK_THAT(*(*store)->Where("head.w"), Catch::Contains("model.safetensors (in place, offset"));
+  const Tensor ids = (*store)->Materialize("blocks.1.ids", Device::Cpu()).get();
+  CHECK(ids.dtype() == DType::kI64);  // integers never cast
+}
+
+TEST_CASE("offload: the prefetcher streams the next block while the current one is used", "[offload]") {
+  TempDir dir;
+  auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
+  REQUIRE(ckpt.ok());
+  const LoadPlan plan = PlanWithDisk(*ckpt, dir.Path("off"));
+  LoaderOptions lo;
+  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
+  auto loader = std::make_shared<Loader>(lo);
+  REQUIRE(WriteOffload(*loader, *ckpt, plan).ok());
+  auto store = OffloadStore::Open(loader, *ckpt, plan);
+  REQUIRE(store.ok());
+  OffloadPrefetcher prefetch(*store, {{"blocks.1.w", "blocks.1.scale", "blocks.1.ids"},
+                                      {"blocks.2.w", "blocks.2.mask"},
+                                      {"head.w", "head.b"}},
+                             Device::Cuda(0));
+  const auto crcs = ManifestCrcs();
+  for (size_t i = 0; i < prefetch.size(); ++i) {
+    CHECK(prefetch.started(i) == (i > 0));  // block 0 starts with the first Get
+    auto block = prefetch.Get(i);
+    REQUIRE(block.ok());
+    CHECK_FALSE(prefetch.started(i));        // taken
+    CHECK(prefetch.started(i + 1) == (i + 1 < prefetch.size()));  // the next one is on its way
+    for (const Tensor& t : *block) {
+      CHECK(t.device() == "cuda:0");
+      CHECK(Crc(t) == crcs.at(t.name()));
+    }
+  }
+  CHECK(prefetch.Get(3).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("offload: a write that fails leaves the folder as it was and the Loader working", "[offload]") {
+  TempDir dir;
+  auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
+  REQUIRE(ckpt.ok());
+  const LoadPlan plan = PlanWithDisk(*ckpt, dir.Path("off"));
+  auto loader = std::make_shared<Loader>();
+  // Files may not grow past 4 KiB: blocks.1.w.dat (8 KiB) fails with EFBIG, as a full disk would.
+  struct rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  auto failed = WriteOffload(*loader, *ckpt, plan);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.status().code() == StatusCode::kIOError);
+  CHECK_THAT(std::string(failed.status().message()),
+             Catch::Contains("blocks.1.w.dat") && Catch::Contains("at offset"));
+  CHECK(fs::is_empty(dir.Path("off")));  // no .dat left, no index.json
+  // The same Loader writes the folder correctly afterwards.
+  auto again = WriteOffload(*loader, *ckpt, plan);
+  REQUIRE(again.ok());
+  CHECK(again->written == 7);
+  CHECK(Checkpoint::Open(dir.Path("off")).ok());
+}
+
+TEST_CASE("offload: hostile index.json files are refused with what is wrong", "[offload]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"([1, 2])", "is not a JSON object"},
+      {R"({"../escape": {"dtype": "float32", "shape": [1]}})", "cannot name a file"},
+      {R"({"a/b": {"dtype": "float32", "shape": [1]}})", "cannot name a file"},
+      {R"({"w": {"dtype": "float8", "shape": [1]}})", "not a numpy dtype"},
+      {R"({"w": {"dtype": "float32"}})", "neither a safetensors_file nor"},
+      {R"({"w": {"dtype": "float32", "shape": [-1]}})", "a dimension that is"},
+      {R"({"w": {"dtype": "float32", "shape": [4294967296, 4294967296]}})", "whole number of bytes"},
+      {R"({"w": {"dtype": "float32", "shape": [8]}})", "holds 4 bytes but index entry 'w'"},
+      {R"({"w": {"safetensors_file": 3}})", "safetensors_file that is"},
+      {R"({"w": 5})", "not an object"},
+      {R"({"w": {"dtype": "float32", "shape": [1]}, "w": {"dtype": "float32", "shape": [1]}})", ""},
+  };
+  for (const auto& [index, message] : cases) {
+    INFO(index);
+    TempDir dir;
+    dir.Write("index.json", index);
+    dir.Write("w.dat", std::string(4, '\0'));
+    auto opened = Checkpoint::Open(dir.path());
+    REQUIRE_FALSE(opened.ok());
+    CHECK(opened.status().code() == StatusCode::kCorruption);
+    CHECK_THAT(std::string(opened.status().message()), Catch::Contains(message));
+  }
+  // A reference to a tensor its safetensors file lacks.
+  TempDir dir;
+  dir.Write("index.json", fmt::format(R"({{"x": {{"safetensors_file": "{}", "weight_name": "nope"}}}})",
+                                      kFixtures + "/model/model.safetensors"));
+  auto opened = Checkpoint::Open(dir.path());
+  REQUIRE_FALSE(opened.ok());
+  CHECK_THAT(std::string(opened.status().message()), Catch::Contains("names tensor 'nope'"));
+}
+
+}  // namespace loadstone
