@@ -204,12 +204,13 @@ struct Loaded {
 // Plans and loads `checkpoint` under `popt` (device map, dtypes and what to include already
 // set), writes the disk tensors, and hands every loaded tensor over as an at::Tensor.
 Result<Loaded> LoadPlanned(const Checkpoint& checkpoint, const PlanOptions& popt,
-                           const TorchLoadOptions& options, const CastRule& rule) {
+                           const TorchLoadOptions& options, const CastRule& rule,
+                           const LoadOptions& load_options = {}) {
   const auto platform = PlatformOf(options);
   LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(checkpoint, popt));
   std::shared_ptr<Loader> loader = options.loader;
   if (!loader) loader = std::make_shared<Loader>(LoaderOptions{.platform = platform});
-  LoadHandle load = loader->Load(checkpoint, plan);
+  LoadHandle load = loader->Load(checkpoint, plan, load_options);
   Loaded out;
   out.placement.device_map = plan.devices.device_map;
   out.placement.warnings = plan.warnings;
@@ -499,12 +500,37 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
                              CastTargets(checkpoint, &include, options, keep, model_dtype));
   popt.special_dtypes = rule.special;
   popt.include = [&include](const TensorInfo& t) { return include.contains(t.name); };
-  LOADSTONE_ASSIGN_OR_RETURN(Loaded loaded, LoadPlanned(checkpoint, popt, options, rule));
+
+  // copy_into_parameters: parameters in host memory, contiguous, of the dtype the tensor loads
+  // as, are the load's destination (nothing allocated, nothing copied after); others are copied.
+  std::unordered_set<std::string> direct;
+  LoadOptions load_options;
+  if (options.copy_into_parameters) {
+    for (const std::string& name : include) {
+      const at::Tensor& param = target.at(name);
+      const TensorInfo& t = *checkpoint.Find(name);
+      auto special = rule.special.find(name);
+      const DType loads_as = special != rule.special.end() ? special->second : t.dtype;
+      auto param_dtype = FromScalarType(param.scalar_type());
+      if (param.device().is_cpu() && param.is_contiguous() && !rule.after.contains(name) &&
+          param_dtype.ok() && *param_dtype == loads_as) {
+        direct.insert(name);
+      }
+    }
+    popt.caller_memory = [&direct](const TensorInfo& t) { return direct.contains(t.name); };
+    load_options.destination = [&target](const TensorInfo& t, const TensorPlan&) {
+      const at::Tensor& param = target.at(t.name);
+      return std::span<std::byte>(static_cast<std::byte*>(param.data_ptr()), param.nbytes());
+    };
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(Loaded loaded,
+                             LoadPlanned(checkpoint, popt, options, rule, load_options));
 
   Status filled = Guarded("filling the model", [&]() -> Status {
     torch::NoGradGuard no_grad;
     for (auto& [name, tensor] : loaded.tensors) {
       at::Tensor& param = target.at(name);
+      if (direct.contains(name)) continue;  // loaded into the parameter's own memory
       if (options.copy_into_parameters) {
         param.copy_(tensor);
       } else {

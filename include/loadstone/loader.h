@@ -138,6 +138,13 @@ struct LoadOptions {
   // Called after each tensor is in place with the load's progress then, like on_tensor (after
   // it): for a progress display or a log line without polling progress().
   std::function<void(const Progress&)> on_progress;
+  // The memory of each tensor the plan gives to the caller (TensorPlan::caller_memory): called
+  // once per such tensor, before its first byte is read, on the load's event-loop thread; must
+  // return exactly the tensor's planned bytes (TensorPlan::nbytes), host memory that stays valid
+  // and untouched by others until Done() resolves. The tensor handed out then points into it
+  // and does not own it. Unset while the plan has such tensors, or a span of another size: the
+  // load fails with InvalidArgument naming the tensor.
+  std::function<std::span<std::byte>(const TensorInfo& tensor, const TensorPlan& plan)> destination;
 };
 
 class LoadHandle {

@@ -56,6 +56,10 @@ struct TensorPlan {
   // by the reader: a CPU tensor of 64 KiB or more, or any tensor of a shared buffer of 64 KiB or
   // more (ReadChunk::shared_buffer).
   bool fresh_pages = false;
+  // Its memory is the caller's (PlanOptions::caller_memory, LoadOptions::destination): read
+  // straight into it when its bytes are cached, staged and copied into it when they are not;
+  // never fresh pages, a shared buffer or a mapping.
+  bool caller_memory = false;
 };
 
 // A tensor the device map sends to "disk" (LoadPlan::offloaded). Loader::Load does not load it:
@@ -182,6 +186,10 @@ struct PlanOptions : DeviceMapOptions {
   // current `device_map` had weights offloaded to the disk. Please provide an `offload_folder`
   // for them. ...").
   std::string offload_folder;
+  // CPU tensors whose memory the caller gives at load time (LoadOptions::destination): a model
+  // whose parameters are already allocated is filled in place, with no memory of loadstone's
+  // (the weight-swap case). Unset: none. Tensors planned on a GPU or disk are not affected.
+  std::function<bool(const TensorInfo&)> caller_memory;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
   // Tensors smaller than this (and than max_chunk) are coalesced with their file neighbours into

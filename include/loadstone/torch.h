@@ -129,9 +129,11 @@ struct TorchLoadOptions {
   bool strict = false;
   // LoadInto: a shape mismatch is reported and the parameter left as it is, not an error.
   bool ignore_mismatched_sizes = false;
-  // LoadInto: copy into the parameters' existing memory (param.copy_, on their own devices)
-  // instead of handing them loadstone's buffers; for models whose parameters are already where
-  // they should be (a hot-swapped checkpoint).
+  // LoadInto: fill the parameters' existing memory instead of handing them loadstone's buffers;
+  // for models whose parameters are already where they should be (a hot-swapped checkpoint).
+  // Parameters in host memory, contiguous and of the dtype their tensor loads as are the load's
+  // own destination (PlanOptions::caller_memory: read straight into, no memory allocated);
+  // others (on a GPU, another dtype) are loaded, then copied with param.copy_.
   bool copy_into_parameters = false;
   // The machine to plan for and load on; unset: Platform::Default().
   std::shared_ptr<const Platform> platform;

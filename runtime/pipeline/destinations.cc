@@ -16,11 +16,12 @@ namespace loadstone::pipeline {
 
 Destinations::Destinations(const Checkpoint& checkpoint, const LoadPlan& plan,
                            const device::DeviceSet& devices, uint64_t host_memory_limit,
-                           bool direct_io)
+                           bool direct_io, CallerMemory caller_memory)
     : checkpoint_(checkpoint),
       plan_(plan),
       devices_(devices),
       direct_io_(direct_io),
+      caller_memory_(std::move(caller_memory)),
       budget_(std::make_shared<HostMemoryBudget>(host_memory_limit)),
       small_tensors_(budget_),
       target_device_(plan.targets.size(), -1) {}
@@ -103,6 +104,22 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_onl
     auto memory = devices_[device]->Allocate(tp.nbytes);
     if (!memory.ok()) return failed(memory.status());
     return Memory{std::shared_ptr<std::byte>(memory->owner, memory->data), memory->data};
+  }
+  if (tp.caller_memory) {
+    if (!caller_memory_) {
+      return Status::InvalidArgument(fmt::format(
+          "tensor '{}' is planned into the caller's memory (PlanOptions::caller_memory), but the "
+          "load was given no LoadOptions::destination",
+          src.name));
+    }
+    const std::span<std::byte> given = caller_memory_(src, tp);
+    if (given.size() != tp.nbytes || (given.data() == nullptr && tp.nbytes > 0)) {
+      return Status::InvalidArgument(fmt::format(
+          "LoadOptions::destination gave {} bytes for tensor '{}', which needs {}", given.size(),
+          src.name, tp.nbytes));
+    }
+    // Not owned: the caller keeps it alive until the load is done.
+    return Memory{std::shared_ptr<std::byte>(std::shared_ptr<void>(), given.data()), given.data()};
   }
   if (plan_.routes.mmap && tp.conversion == Conversion::kNone && !mappings_.empty()) {
     auto* data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;

@@ -8,7 +8,9 @@
 #define LOADSTONE_RUNTIME_PIPELINE_DESTINATIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,8 +30,11 @@ class Destinations {
     std::byte* data = nullptr;
   };
 
+  using CallerMemory = std::function<std::span<std::byte>(const TensorInfo&, const TensorPlan&)>;
+
+  // `caller_memory`: LoadOptions::destination, for the plan's TensorPlan::caller_memory tensors.
   Destinations(const Checkpoint& checkpoint, const LoadPlan& plan, const device::DeviceSet& devices,
-               uint64_t host_memory_limit, bool direct_io);
+               uint64_t host_memory_limit, bool direct_io, CallerMemory caller_memory);
 
   // The start's steps. Resolve: each plan target to one of `devices` (InvalidArgument naming the
   // first tensor planned on a device this Loader does not have; `device_log` says what it has).
@@ -64,6 +69,7 @@ class Destinations {
   const LoadPlan& plan_;
   const device::DeviceSet& devices_;
   const bool direct_io_;
+  const CallerMemory caller_memory_;
   std::shared_ptr<HostMemoryBudget> budget_;
   SmallTensorArena small_tensors_;
   std::vector<int> target_device_;  // per plan.targets entry: index into devices_, -1 for cpu

@@ -49,7 +49,8 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       workers_count_(loader_options.worker_threads > 0
                          ? static_cast<size_t>(loader_options.worker_threads)
                          : std::max(1u, std::thread::hardware_concurrency())),
-      destinations_(checkpoint, plan, devices, options.host_memory_limit, loader_options.direct_io),
+      destinations_(checkpoint, plan, devices, options.host_memory_limit, loader_options.direct_io,
+                    options.destination),
       placer_(checkpoint, plan, destinations_),
       window_(plan.reads.size(), static_cast<size_t>(std::max(loader_options.queue_depth, 1)) * 2),
       plan_error_(planning::CheckPlanFor(checkpoint, plan)) {

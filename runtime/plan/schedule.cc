@@ -45,6 +45,8 @@ ReadRoute UnconvertedCpuRoute(bool fresh, const ReadRouteOptions& routes) {
 
 ReadRoute RouteOf(const LoadPlan& plan, uint32_t t) {
   if (!IsUnconvertedCpu(plan, t)) return ReadRoute::kStaged;
+  // The caller's memory is never mapped nor fresh pages.
+  if (plan.tensors[t].caller_memory) return RouteWithoutFreshPages(plan.routes);
   return UnconvertedCpuRoute(plan.tensors[t].fresh_pages, plan.routes);
 }
 
@@ -61,7 +63,8 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
   const size_t first_small = keyed->size();
   for (uint32_t i : small) {
     const TensorInfo& src = infos[plan->tensors[i].source];
-    const bool share = RouteOf(*plan, i) != ReadRoute::kStaged && !plan->routes.align_tensors;
+    const bool share = RouteOf(*plan, i) != ReadRoute::kStaged && !plan->routes.align_tensors &&
+                       !plan->tensors[i].caller_memory;
     if (keyed->size() > first_small) {
       auto& [key, last] = keyed->back();
       const uint64_t end = last.offset + last.length;
@@ -188,7 +191,8 @@ void ChooseFreshPages(LoadPlan* plan) {
   for (uint32_t i = 0; i < plan->tensors.size(); ++i) {
     TensorPlan& tp = plan->tensors[i];
     tp.fresh_pages = plan->device_of(i) == Device::Cpu() && tp.nbytes >= kFreshPagesMin &&
-                     !(plan->routes.mmap && tp.conversion == Conversion::kNone);
+                     !(plan->routes.mmap && tp.conversion == Conversion::kNone) &&
+                     !tp.caller_memory;
   }
 }
 
