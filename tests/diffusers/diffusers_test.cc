@@ -4,8 +4,6 @@
 // transformer shaped like diffusers' test models (models.h). Devices 0 and 1 are simulated
 // (host memory behind the device interface): the planning, placement and loading are the real
 // ones; the forward passes run on the CPU over the loaded memory.
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -18,6 +16,7 @@
 #include "loadstone/writer.h"
 #include "runtime/sim/simulated_platform.h"
 #include "tests/diffusers/models.h"
+#include "tests/testing/temp_dir.h"
 
 // LibTorch's logging (glog) defines CHECK; the tests mean Catch's.
 #undef CHECK
@@ -34,16 +33,10 @@ using libtorch::SaveOptions;
 using libtorch::SavePretrained;
 using libtorch::TorchLoadOptions;
 
+// A temporary folder (tests/testing/temp_dir.h) with the path as a member, as the tests use it.
 struct TempDir {
-  TempDir() {
-    path = (fs::temp_directory_path() /
-            fmt::format("loadstone-diffusers-{}-{}", ::getpid(), counter++)).string();
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string path;
-  inline static int counter = 0;
+  testing::TempDir dir;
+  const std::string path = dir.path();
 };
 
 // A fresh model, its parameters re-drawn from `seed` (so a load that does nothing shows).
@@ -126,6 +119,27 @@ void CheckClean(const LoadReport& report) {
   CHECK(report.missing_keys.empty());
   CHECK(report.unexpected_keys.empty());
   CHECK(report.mismatched_keys.empty());
+}
+
+// Saves `model`, loads it with device_map="auto" under `max_memory` on `gpus` simulated GPUs:
+// the map's values are exactly `values` (accelerate's JSON spelling), every parameter is where
+// the map says, and the outputs match within 1e-5.
+template <typename M>
+void CheckAutoMap(M& model, const MaxMemory& max_memory, int gpus, const std::set<std::string>& values) {
+  const auto base = Run(model);
+  TempDir dir;
+  REQUIRE_OK(SavePretrained(*model, dir.path));
+  auto loaded = Fresh<M>(2);
+  TorchLoadOptions opt;
+  opt.device_map = DeviceMapArg::Name("auto");
+  opt.max_memory = max_memory;
+  opt.platform = SimGpus(gpus);
+  auto report = LoadInto(*loaded, dir.path, opt);
+  REQUIRE_OK(report);
+  CheckClean(*report);
+  CHECK(MapValues(report->placement.device_map) == values);
+  CheckDeviceMapIsRespected(loaded, report->placement);
+  CHECK(AllClose(Run(loaded), base, 1e-5));
 }
 
 }  // namespace
@@ -275,24 +289,12 @@ TEMPLATE_TEST_CASE("sharded_checkpoints_device_map", "[diffusers][sim]", MODELS)
 
 TEMPLATE_TEST_CASE("cpu_offload", "[diffusers][sim]", MODELS) {
   auto model = Fresh<TestType>(1);
-  const auto base = Run(model);
   const uint64_t size = ModelSize(*model);
-  TempDir dir;
-  REQUIRE_OK(SavePretrained(*model, dir.path));
   for (const double percent : {0.5, 0.7}) {
     INFO(percent);
-    auto loaded = Fresh<TestType>(2);
-    TorchLoadOptions opt;
-    opt.device_map = DeviceMapArg::Name("auto");
-    opt.max_memory = MaxMemory{{"0", static_cast<int64_t>(percent * size)},
-                               {"cpu", static_cast<int64_t>(size * 2)}};
-    opt.platform = SimGpus(1);
-    auto report = LoadInto(*loaded, dir.path, opt);
-    REQUIRE_OK(report);
-    CheckClean(*report);
-    CHECK(MapValues(report->placement.device_map) == std::set<std::string>{"0", "\"cpu\""});
-    CheckDeviceMapIsRespected(loaded, report->placement);
-    CHECK(AllClose(Run(loaded), base, 1e-5));
+    CheckAutoMap(model, MaxMemory{{"0", static_cast<int64_t>(percent * size)},
+                                  {"cpu", static_cast<int64_t>(size * 2)}},
+                 1, {"0", "\"cpu\""});
   }
 }
 
@@ -361,25 +363,13 @@ TEMPLATE_TEST_CASE("disk_offload_with_safetensors", "[diffusers][sim]", MODELS) 
 
 TEMPLATE_TEST_CASE("model_parallelism", "[diffusers][sim]", MODELS) {
   auto model = Fresh<TestType>(1);
-  const auto base = Run(model);
   const uint64_t size = ModelSize(*model);
-  TempDir dir;
-  REQUIRE_OK(SavePretrained(*model, dir.path));
   for (const double percent : {0.7, 0.9}) {
     INFO(percent);
-    auto loaded = Fresh<TestType>(2);
-    TorchLoadOptions opt;
-    opt.device_map = DeviceMapArg::Name("auto");
-    opt.max_memory = MaxMemory{{"0", static_cast<int64_t>(percent * size)},
-                               {"1", static_cast<int64_t>(size * 2)},
-                               {"cpu", static_cast<int64_t>(size * 2)}};
-    opt.platform = SimGpus(2);
-    auto report = LoadInto(*loaded, dir.path, opt);
-    REQUIRE_OK(report);
-    CheckClean(*report);
-    CHECK(MapValues(report->placement.device_map) == std::set<std::string>{"0", "1"});
-    CheckDeviceMapIsRespected(loaded, report->placement);
-    CHECK(AllClose(Run(loaded), base, 1e-5));
+    CheckAutoMap(model, MaxMemory{{"0", static_cast<int64_t>(percent * size)},
+                                  {"1", static_cast<int64_t>(size * 2)},
+                                  {"cpu", static_cast<int64_t>(size * 2)}},
+                 2, {"0", "1"});
   }
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
@@ -53,6 +54,28 @@ LoadPlan PlanWithDisk(const Checkpoint& ckpt, const std::string& folder) {
   return *plan;
 }
 
+// The fixture's .bin offloaded into a folder, with a Loader on one simulated GPU and the store.
+struct Offloaded {
+  Offloaded() {
+    auto opened = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
+    REQUIRE(opened.ok());
+    ckpt = *opened;
+    plan = PlanWithDisk(*ckpt, dir.Path("off"));
+    LoaderOptions lo;
+    lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
+    loader = std::make_shared<Loader>(lo);
+    REQUIRE(WriteOffload(*loader, *ckpt, plan).ok());
+    auto opened_store = OffloadStore::Open(loader, *ckpt, plan);
+    REQUIRE(opened_store.ok());
+    store = *opened_store;
+  }
+  TempDir dir;
+  std::optional<Checkpoint> ckpt;
+  LoadPlan plan;
+  std::shared_ptr<Loader> loader;
+  std::shared_ptr<OffloadStore> store;
+};
+
 }  // namespace
 
 TEST_CASE("offload: the written folder reopens as a checkpoint with the same tensors", "[offload]") {
@@ -88,31 +111,24 @@ TEST_CASE("offload: the written folder reopens as a checkpoint with the same ten
 }
 
 TEST_CASE("offload: tensors materialise on demand, on the CPU and on a GPU", "[offload]") {
-  TempDir dir;
-  auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
-  REQUIRE(ckpt.ok());
-  const LoadPlan plan = PlanWithDisk(*ckpt, dir.Path("off"));
-  LoaderOptions lo;
-  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
-  auto loader = std::make_shared<Loader>(lo);
-  REQUIRE(WriteOffload(*loader, *ckpt, plan).ok());
-  auto store = OffloadStore::Open(loader, *ckpt, plan);
-  REQUIRE(store.ok());
-  CHECK((*store)->names().size() == 7);
-  CHECK_FALSE((*store)->Contains("blocks.0.w"));  // on the CPU, not offloaded
+  Offloaded off;
+  auto& store = off.store;
+  const TempDir& dir = off.dir;
+  CHECK(store->names().size() == 7);
+  CHECK_FALSE(store->Contains("blocks.0.w"));  // on the CPU, not offloaded
   const auto crcs = ManifestCrcs();
   for (const Device& device : {Device::Cpu(), Device::Cuda(0)}) {
-    for (const std::string& name : (*store)->names()) {
+    for (const std::string& name : store->names()) {
       INFO(name << " on " << device.ToString());
-      const Tensor t = (*store)->Materialize(name, device).get();
+      const Tensor t = store->Materialize(name, device).get();
       CHECK(t.device() == device.ToString());
       CHECK(Crc(t) == crcs.at(name));
     }
   }
-  auto where = (*store)->Where("head.w");
+  auto where = store->Where("head.w");
   REQUIRE(where.ok());
   CHECK(*where == dir.Path("off") + "/head.w.dat");
-  auto unknown = (*store)->Materialize("blocks.0.w", Device::Cpu());
+  auto unknown = store->Materialize("blocks.0.w", Device::Cpu());
   REQUIRE_THROWS_AS(unknown.get(), Error);
 }
 
@@ -131,29 +147,21 @@ TEST_CASE("offload: safetensors tensors are read in place, cast when they materi
   REQUIRE(written.ok());
   CHECK(written->written == 0);
   CHECK(written->index_path.empty());
-  auto store = OffloadStore::Open(loader, *ckpt, *plan);
-  REQUIRE(store.ok());
-  const Tensor w = (*store)->Materialize("head.w", Device::Cpu()).get();
+  auto opened = OffloadStore::Open(loader, *ckpt, *plan);
+  REQUIRE(opened.ok());
+  const auto& store = *opened;
+  const Tensor w = store->Materialize("head.w", Device::Cpu()).get();
   CHECK(w.dtype() == DType::kF16);  // planned f16; stored f32
-  CHECK_THAT(*(*store)->Where("head.w"), Catch::Contains("model.safetensors (in place, offset"));
-  const Tensor ids = (*store)->Materialize("blocks.1.ids", Device::Cpu()).get();
+  CHECK_THAT(*store->Where("head.w"), Catch::Contains("model.safetensors (in place, offset"));
+  const Tensor ids = store->Materialize("blocks.1.ids", Device::Cpu()).get();
   CHECK(ids.dtype() == DType::kI64);  // integers never cast
 }
 
 TEST_CASE("offload: the prefetcher streams the next block while the current one is used", "[offload]") {
-  TempDir dir;
-  auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
-  REQUIRE(ckpt.ok());
-  const LoadPlan plan = PlanWithDisk(*ckpt, dir.Path("off"));
-  LoaderOptions lo;
-  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
-  auto loader = std::make_shared<Loader>(lo);
-  REQUIRE(WriteOffload(*loader, *ckpt, plan).ok());
-  auto store = OffloadStore::Open(loader, *ckpt, plan);
-  REQUIRE(store.ok());
-  OffloadPrefetcher prefetch(*store, {{"blocks.1.w", "blocks.1.scale", "blocks.1.ids"},
-                                      {"blocks.2.w", "blocks.2.mask"},
-                                      {"head.w", "head.b"}},
+  Offloaded off;
+  OffloadPrefetcher prefetch(off.store, {{"blocks.1.w", "blocks.1.scale", "blocks.1.ids"},
+                                         {"blocks.2.w", "blocks.2.mask"},
+                                         {"head.w", "head.b"}},
                              Device::Cuda(0));
   const auto crcs = ManifestCrcs();
   for (size_t i = 0; i < prefetch.size(); ++i) {
