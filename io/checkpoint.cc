@@ -248,7 +248,7 @@ Status OpenIndex(const std::string& index_path, CheckpointFormat format, Checkpo
 
 // An offload folder's entries: each NAME.dat a file of its own (at least as long as its
 // tensor), each safetensors reference the tensor of that file's header, renamed to its entry.
-Status OpenOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
+Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
   LOADSTONE_ASSIGN_OR_RETURN(const std::vector<io::OffloadIndexEntry> entries,
                              io::ReadOffloadIndex(folder));
   std::unordered_map<std::string, std::pair<uint32_t, std::vector<TensorInfo>>> headers;
@@ -286,10 +286,18 @@ Status OpenOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
       continue;
     }
     const std::string path = io::OffloadDataPath(folder, e.name);
+    // Checked after every product (a hostile shape must not wrap around): bits < 2^62 or 0.
     __extension__ using Wide = unsigned __int128;
-    Wide bits = DTypeBits(*e.dtype);
-    for (uint64_t d : e.shape) bits *= d;
-    if (bits % 8 != 0 || bits > (static_cast<Wide>(1) << 62)) {
+    constexpr Wide kMaxBits = static_cast<Wide>(1) << 62;
+    const bool empty = std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end();
+    Wide bits = empty ? 0 : DTypeBits(*e.dtype);
+    bool too_large = false;
+    for (uint64_t d : e.shape) {
+      if (empty || too_large) break;
+      bits *= d;  // < 2^62 · 2^64: no wrap
+      too_large = bits > kMaxBits;
+    }
+    if (bits % 8 != 0 || too_large) {
       return Status::Corruption(fmt::format(
           "offload folder '{}': entry '{}' has shape and dtype {} whose size is not a whole "
           "number of bytes below 2^59",
@@ -350,7 +358,7 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
   auto impl = std::make_shared<Impl>();
   impl->format = resolved.format;
   if (resolved.format == CheckpointFormat::kOffloadFolder) {
-    LOADSTONE_RETURN_IF_ERROR(OpenOffloadFolder(resolved.path, impl.get()));
+    LOADSTONE_RETURN_IF_ERROR(AddOffloadFolder(resolved.path, impl.get()));
   } else if (resolved.kind == ResolvedCheckpoint::Kind::kIndex) {
     LOADSTONE_RETURN_IF_ERROR(OpenIndex(resolved.path, resolved.format, impl.get()));
   } else {
@@ -389,6 +397,20 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
   return Checkpoint(std::move(impl));
 }
 
+Result<Checkpoint> Checkpoint::OpenOffloadFolder(const std::string& folder) {
+  auto impl = std::make_shared<Impl>();
+  impl->format = CheckpointFormat::kOffloadFolder;
+  LOADSTONE_RETURN_IF_ERROR(AddOffloadFolder(folder, impl.get()));
+  impl->by_name.reserve(impl->tensors.size());
+  for (size_t i = 0; i < impl->tensors.size(); ++i) {
+    impl->by_name.emplace(impl->tensors[i].name, i);  // index.json keys are unique (strict JSON)
+  }
+  impl->resolution = fmt::format("offload folder: index.json: {} file(s), {} tensors",
+                                 impl->files.size(), impl->tensors.size());
+  impl->fingerprint = FingerprintOf(*impl);
+  return Checkpoint(std::move(impl));
+}
+
 Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) const {
   auto impl = std::make_shared<Impl>();
   impl->format = impl_->format;
@@ -407,9 +429,16 @@ Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) cons
           t.name, t.nbytes, t.offset, t.file));
     }
     __extension__ using Wide = unsigned __int128;
-    Wide bits = DTypeBits(t.dtype);
-    for (uint64_t d : t.shape) bits *= d;
-    if (!t.packed && t.strides.empty() && bits != static_cast<Wide>(t.nbytes) * 8) {
+    // Stopped once past 2^67 bits (more than any nbytes holds), before a product can wrap.
+    const bool empty = std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end();
+    Wide bits = empty ? 0 : DTypeBits(t.dtype);
+    bool too_large = false;
+    for (uint64_t d : t.shape) {
+      if (empty || too_large) break;
+      bits *= d;
+      too_large = bits > (static_cast<Wide>(1) << 67);
+    }
+    if (!t.packed && t.strides.empty() && (too_large || bits != static_cast<Wide>(t.nbytes) * 8)) {
       return Status::InvalidArgument(fmt::format("tensor '{}': {} bytes for its shape and dtype",
                                                  t.name, t.nbytes));
     }

@@ -22,13 +22,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Runs `body`, turning a c10::Error (LibTorch's exceptions) into a Status.
+// Runs `body`, turning LibTorch's exceptions (and any other) into a Status: out of memory as
+// OutOfMemory, what this LibTorch cannot do (a CUDA tensor without CUDA) as Unsupported.
 template <typename F>
 auto Guarded(std::string_view what, F&& body) -> decltype(body()) {
   try {
     return body();
+  } catch (const c10::OutOfMemoryError& e) {
+    return Status::OutOfMemory(fmt::format("{}: LibTorch: {}", what, e.what_without_backtrace()));
+  } catch (const c10::NotImplementedError& e) {
+    return Status::Unsupported(fmt::format("{}: LibTorch: {}", what, e.what_without_backtrace()));
   } catch (const c10::Error& e) {
-    return Status::InvalidArgument(fmt::format("{}: LibTorch refused: {}", what, e.what_without_backtrace()));
+    const std::string message = e.what_without_backtrace();
+    if (message.find("not linked with support for") != std::string::npos ||
+        message.find("compiled without") != std::string::npos) {
+      return Status::Unsupported(fmt::format("{}: this LibTorch cannot: {}", what, message));
+    }
+    return Status::InvalidArgument(fmt::format("{}: LibTorch refused: {}", what, message));
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory(fmt::format("{}: out of host memory", what));
+  } catch (const std::exception& e) {  // nothing of ours throws; LibTorch's std exceptions
+    return Status::InvalidArgument(fmt::format("{}: LibTorch: {}", what, e.what()));
   }
 }
 
@@ -179,7 +193,9 @@ Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_
   return rule;
 }
 
+// The machine planned for and loaded on: the given Loader's, else the options', else this one.
 std::shared_ptr<const Platform> PlatformOf(const TorchLoadOptions& options) {
+  if (options.loader) return options.loader->platform();
   return options.platform ? options.platform : Platform::Default();
 }
 
@@ -247,8 +263,10 @@ Result<PlanOptions> BasePlanOptions(const TorchLoadOptions& options) {
   if (options.dtype) {
     LOADSTONE_ASSIGN_OR_RETURN(const DType d, FromScalarType(*options.dtype));  // checked here
     if (!IsCastTarget(d)) {
-      return Status::InvalidArgument(fmt::format(
-          "torch_dtype {}: loadstone loads into float32, float16 or bfloat16", TorchName(d)));
+      return Status::Unsupported(fmt::format(
+          "torch_dtype {}: loadstone loads into float32, float16 or bfloat16; load with one of "
+          "those and cast the module after",
+          TorchName(d)));
     }
     // Not popt.dtype: every cast is a special dtype of the one rule (CastTargets), and the map
     // is sized by those placed dtypes.
@@ -518,9 +536,16 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
       }
     }
     popt.caller_memory = [&direct](const TensorInfo& t) { return direct.contains(t.name); };
-    load_options.destination = [&target](const TensorInfo& t, const TensorPlan&) {
-      const at::Tensor& param = target.at(t.name);
-      return std::span<std::byte>(static_cast<std::byte*>(param.data_ptr()), param.nbytes());
+    // Pointers taken now, on this thread: the callback runs on the Loader's event loop and must
+    // neither call LibTorch nor throw.
+    std::unordered_map<std::string_view, std::span<std::byte>> memory;
+    for (const std::string& name : direct) {
+      const at::Tensor& param = target.at(name);
+      memory.emplace(name, std::span<std::byte>(static_cast<std::byte*>(param.data_ptr()), param.nbytes()));
+    }
+    load_options.destination = [memory = std::move(memory)](const TensorInfo& t, const TensorPlan&) {
+      auto it = memory.find(t.name);
+      return it == memory.end() ? std::span<std::byte>() : it->second;
     };
   }
   LOADSTONE_ASSIGN_OR_RETURN(Loaded loaded,
@@ -529,8 +554,11 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
   Status filled = Guarded("filling the model", [&]() -> Status {
     torch::NoGradGuard no_grad;
     for (auto& [name, tensor] : loaded.tensors) {
-      at::Tensor& param = target.at(name);
-      if (direct.contains(name)) continue;  // loaded into the parameter's own memory
+      auto it = target.find(name);
+      if (it == target.end()) continue;  // loaded with another (a float8 weight's scales)
+      at::Tensor& param = it->second;
+      // Read straight into the parameter's own memory (planned on the CPU as caller memory).
+      if (tensor.data_ptr() == param.data_ptr()) continue;
       if (options.copy_into_parameters) {
         param.copy_(tensor);
       } else {
@@ -539,8 +567,8 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
     }
     if (loaded.placement.offloaded) {
       for (const std::string& name : loaded.placement.offloaded->names()) {
-        at::Tensor& param = target.at(name);
-        param.set_data(at::empty({0}, param.options()));
+        auto it = target.find(name);
+        if (it != target.end()) it->second.set_data(at::empty({0}, it->second.options()));
       }
     }
     return Status::OK();

@@ -115,6 +115,9 @@ class Checkpoint {
   // (a header or index that breaks the rules; the message names the reference error, file,
   // tensor and offset), IOError, Unsupported (a format not handled yet).
   static Result<Checkpoint> Open(const std::string& path, const OpenOptions& options = {});
+  // Opens `folder` as accelerate's offload folder (its index.json), whatever else it holds (an
+  // offload folder may be the model's own folder). Errors: as Open.
+  static Result<Checkpoint> OpenOffloadFolder(const std::string& folder);
 
   // A catalog over the same files that lists `tensors` instead: views of byte ranges of those
   // files, e.g. a large tensor cut into pieces so that each loads on its own (`loadstone

@@ -139,11 +139,12 @@ struct LoadOptions {
   // it): for a progress display or a log line without polling progress().
   std::function<void(const Progress&)> on_progress;
   // The memory of each tensor the plan gives to the caller (TensorPlan::caller_memory): called
-  // once per such tensor, before its first byte is read, on the load's event-loop thread; must
-  // return exactly the tensor's planned bytes (TensorPlan::nbytes), host memory that stays valid
-  // and untouched by others until Done() resolves. The tensor handed out then points into it
-  // and does not own it. Unset while the plan has such tensors, or a span of another size: the
-  // load fails with InvalidArgument naming the tensor.
+  // once per such tensor, before its first byte is read, on the Loader's event-loop thread (so
+  // it must be quick: a lookup); must return exactly the tensor's planned bytes
+  // (TensorPlan::nbytes), host memory that stays valid and untouched by others until Done()
+  // resolves. The tensor handed out then points into it and does not own it; a load that fails
+  // or is cancelled may have written part of it. Unset while the plan has such tensors, a span
+  // of another size, or a callback that throws: the load fails naming the tensor.
   std::function<std::span<std::byte>(const TensorInfo& tensor, const TensorPlan& plan)> destination;
 };
 
@@ -228,6 +229,9 @@ class Loader {
   // futures, never as exceptions.
   LoadHandle Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                   const LoadOptions& options = {});
+
+  // The machine this Loader loads on (LoaderOptions::platform, or Platform::Default()).
+  std::shared_ptr<const Platform> platform() const;
 
  private:
   struct Impl;  // runtime/pipeline/loader.cc

@@ -15,7 +15,9 @@
 // name replaced in place, new ones appended) mapping each name to {"dtype", "shape"} (numpy
 // names; bfloat16 stored as its int16 view; a scalar as one element with shape []) and one raw
 // C-order NAME.dat per tensor; in-place tensors are entries {"safetensors_file", "weight_name",
-// "dtype"}, as transformers and diffusers give accelerate. accelerate's OffloadedWeightsLoader
+// "dtype"} (the dtype: the torch name it is cast to when read), as transformers gives accelerate.
+// diffusers writes every disk tensor as NAME.dat and always asks for a folder; loadstone reads
+// plain safetensors tensors in place instead (no copy, no folder), as transformers does. accelerate's OffloadedWeightsLoader
 // reads it, and Checkpoint::Open reads it back (CheckpointFormat::kOffloadFolder).
 //
 // Thread safety: WriteOffload may run while the plan's load runs. An OffloadStore is thread-safe.
@@ -79,7 +81,7 @@ class OffloadStore {
   // The offloaded tensor names, in plan order.
   const std::vector<std::string>& names() const { return names_; }
   bool Contains(std::string_view name) const;
-  // How tensor `name` is stored: "off/a.weight.dat" or "model.safetensors (in place)".
+  // How tensor `name` is stored: "off/a.weight.dat" or "/m/model.safetensors (in place, offset N)".
   Result<std::string> Where(std::string_view name) const;
 
   // Loads tensor `name` onto `device` (a GPU or the CPU): the future resolves when it is there,
@@ -102,7 +104,7 @@ class OffloadStore {
 };
 
 // Streams offloaded blocks (each a list of tensor names, in execution order) to `device` one
-// ahead: Get(i) returns block i's tensors once they are there and starts block i + 1, so the
+// ahead (not thread-safe: one caller drives it): Get(i) returns block i's tensors once they are there and starts block i + 1, so the
 // next block's reads overlap the caller's work on the current one (what accelerate's
 // AlignDevicesHook does synchronously before each module's forward).
 class OffloadPrefetcher {

@@ -57,14 +57,15 @@ struct TensorPlan {
   // more (ReadChunk::shared_buffer).
   bool fresh_pages = false;
   // Its memory is the caller's (PlanOptions::caller_memory, LoadOptions::destination): read
-  // straight into it when its bytes are cached, staged and copied into it when they are not;
-  // never fresh pages, a shared buffer or a mapping.
+  // straight into it when its bytes are cached, staged and copied into it when they are not
+  // (with stage_cold_reads; without, read straight into it either way); never fresh pages, a
+  // shared buffer or a mapping.
   bool caller_memory = false;
 };
 
 // A tensor the device map sends to "disk" (LoadPlan::offloaded). Loader::Load does not load it:
 // WriteOffload (offload.h) writes it into the offload folder in accelerate's format, unless it is
-// read in place, and an OffloadedTensor materialises it on any device when it is needed.
+// read in place, and an OffloadStore materialises it on any device when it is needed.
 struct OffloadPlan {
   size_t source = 0;          // index into Checkpoint::tensors()
   DType dtype = DType::kF32;  // the dtype it has once materialised

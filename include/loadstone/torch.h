@@ -49,8 +49,9 @@ namespace loadstone::libtorch {
 
 // ---- dtypes --------------------------------------------------------------------------------
 
-// loadstone ↔ LibTorch element types. Errors: Unsupported for a type the other side lacks
-// (uint16/32/64 and float8 in LibTorch 1.13, which has no such types; float4/6 always).
+// loadstone ↔ LibTorch element types. Errors: Unsupported for a type the other side lacks:
+// uint16/32/64, float8, float4/6 (LibTorch 1.13, the Debian one this is built against, has
+// none of them; newer LibTorch's float8 types are not mapped yet).
 Result<c10::ScalarType> ToScalarType(DType dtype);
 Result<DType> FromScalarType(c10::ScalarType type);
 
@@ -179,7 +180,9 @@ struct LoadReport {
   Placement placement;
 };
 
-// Fills `model`'s parameters and persistent buffers from the checkpoint at `path`, in place:
+// Fills `model`'s parameters and persistent buffers from the checkpoint at `path`, in place
+// (the disk tensors' offload folder is written before the other tensors are handed over; a
+// load that fails after it leaves the folder written):
 // each takes loadstone's buffer on its planned device (or, with copy_into_parameters, is copied
 // into), cast by the one rule of TorchLoadOptions::dtype. A string device map needs the model's
 // _no_split_modules (NoSplitModules). Tensors mapped to disk are not loaded: their parameters
@@ -187,7 +190,8 @@ struct LoadReport {
 // Errors: InvalidArgument "Cannot load <path> because <key> expected shape <model shape>, but
 // got <checkpoint shape>. ..." (a shape mismatch, unless ignored), "Missing key(s) in state
 // dict: ..." / "Unexpected key(s) in state dict: ..." (strict), those of planning and loading.
-// On an error the model may hold some new values but never a half-written tensor.
+// On an error the model may hold some new values but never a half-written tensor, except with
+// copy_into_parameters, whose direct tensors are read straight into the parameters.
 Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
                             const TorchLoadOptions& options = {});
 

@@ -1,5 +1,6 @@
 #include "io/formats/offload_folder.h"
 
+#include <climits>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -48,6 +49,13 @@ Status CheckOffloadName(std::string_view name) {
         "'..', or holds '/' or NUL)",
         name));
   }
+  // NAME.dat, and NAME.dat.tmp while it is written, must fit a file name.
+  if (name.size() + 8 > NAME_MAX) {
+    return Status::InvalidArgument(fmt::format(
+        "tensor name '{}...' ({} bytes) is too long for a file NAME.dat in an offload folder "
+        "(at most {} bytes)",
+        name.substr(0, 32), name.size(), NAME_MAX - 8));
+  }
   return Status::OK();
 }
 
@@ -75,19 +83,24 @@ Result<std::vector<OffloadIndexEntry>> ReadOffloadIndex(const std::string& folde
       }
       OffloadIndexEntry e;
       e.name = name;
+      const auto f = value.find("safetensors_file");
+      const bool in_place = f != value.end() && !f->is_null();
       if (auto d = value.find("dtype"); d != value.end()) {
         if (!d->is_string()) {
           return Status::Corruption(fmt::format("{}: entry '{}' has a dtype that is {}", what,
                                                 name, DescribeJsonValue(*d)));
         }
-        e.dtype = DTypeFromOffloadName(d->get<std::string>());
+        // A .dat entry names its numpy dtype; a safetensors entry the torch dtype accelerate
+        // casts it to (getattr(torch, dtype)).
+        const std::string dtype = d->get<std::string>();
+        e.dtype = in_place ? ParseDType(dtype) : DTypeFromOffloadName(dtype);
         if (!e.dtype) {
           return Status::Corruption(fmt::format(
-              "{}: entry '{}' has dtype '{}', which is not a numpy dtype accelerate writes",
-              what, name, d->get<std::string>()));
+              "{}: entry '{}' has dtype '{}', which is not a {} dtype accelerate writes", what,
+              name, dtype, in_place ? "torch" : "numpy"));
         }
       }
-      if (auto f = value.find("safetensors_file"); f != value.end() && !f->is_null()) {
+      if (in_place) {
         if (!f->is_string() || f->get<std::string>().empty()) {
           return Status::Corruption(fmt::format("{}: entry '{}' has a safetensors_file that is {}",
                                                 what, name, DescribeJsonValue(*f)));

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "io/formats/json_util.h"
@@ -29,21 +30,6 @@ std::vector<const OffloadPlan*> InSourceOrder(const LoadPlan& plan) {
   return out;
 }
 
-// Every tensor WriteOffload would write can be written: a file name, a numpy dtype.
-Status CheckWritable(const Checkpoint& checkpoint, const std::vector<const OffloadPlan*>& order) {
-  for (const OffloadPlan* o : order) {
-    const TensorInfo& t = checkpoint.tensors()[o->source];
-    LOADSTONE_RETURN_IF_ERROR(io::CheckOffloadName(t.name));
-    if (!o->in_place && !io::OffloadDTypeName(o->dtype)) {
-      return Status::Unsupported(fmt::format(
-          "tensor '{}' is {} and mapped to disk: accelerate's offload folder stores numpy dtypes, "
-          "which have no {}; map it to a device or give a dtype it can be cast to",
-          t.name, TorchName(o->dtype), TorchName(o->dtype)));
-    }
-  }
-  return Status::OK();
-}
-
 // One batch of tensors to write, loaded to host memory and written as NAME.dat files.
 Status WriteBatch(Loader& loader, const Checkpoint& checkpoint,
                   const std::vector<const OffloadPlan*>& batch, const std::string& folder,
@@ -57,12 +43,15 @@ Status WriteBatch(Loader& loader, const Checkpoint& checkpoint,
     if (o->conversion == Conversion::kCast) opt.special_dtypes.emplace(t.name, o->dtype);
   }
   opt.include = [&names](const TensorInfo& t) { return names.contains(t.name); };
+  opt.platform = loader.platform();
   LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(checkpoint, opt));
   LoadHandle load = loader.Load(checkpoint, plan, options.load);
   LOADSTONE_RETURN_IF_ERROR(load.Done().get());
   for (const Tensor& t : load.Tensors()) {
     if (!names.contains(t.name())) continue;  // a float8 weight's scales, loaded with it
-    const std::string path = io::OffloadDataPath(folder, t.name());
+    // Written beside the final name and renamed once every tensor is written (WriteAll), so that
+    // a failure never leaves an existing NAME.dat half-rewritten.
+    const std::string path = io::OffloadDataPath(folder, t.name()) + ".tmp";
     io::OutFile out;
     LOADSTONE_RETURN_IF_ERROR(out.Open(path));
     written->push_back(path);
@@ -141,6 +130,13 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
     entries[t.name] = std::move(entry);
   }
   LOADSTONE_RETURN_IF_ERROR(flush());
+  for (const std::string& tmp : *written) {
+    const std::string path = tmp.substr(0, tmp.size() - 4);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      return io::ErrnoStatus(errno, fmt::format("cannot rename '{}' to", tmp), path);
+    }
+  }
+  written->clear();  // in place now: a failure of the index below leaves them
   LOADSTONE_RETURN_IF_ERROR(MergeIndex(folder, entries));
   summary->index_path = (fs::path(folder) / "index.json").string();
   return Status::OK();
@@ -159,8 +155,7 @@ Result<OffloadSummary> WriteOffload(Loader& loader, const Checkpoint& checkpoint
     for (const OffloadPlan& o : plan.offloaded) summary.in_place += o.in_place;
     return summary;
   }
-  const std::vector<const OffloadPlan*> order = InSourceOrder(plan);
-  LOADSTONE_RETURN_IF_ERROR(CheckWritable(checkpoint, order));
+  const std::vector<const OffloadPlan*> order = InSourceOrder(plan);  // Plan checked the names
   std::vector<std::string> written;
   Status s = WriteAll(loader, checkpoint, plan, order, options, &written, &summary);
   if (!s.ok()) {
@@ -190,7 +185,8 @@ Result<std::shared_ptr<OffloadStore>> OffloadStore::Open(std::shared_ptr<Loader>
     store->catalog_ = std::move(view);
     return store;
   }
-  LOADSTONE_ASSIGN_OR_RETURN(const Checkpoint folder, Checkpoint::Open(plan.offload_folder));
+  LOADSTONE_ASSIGN_OR_RETURN(const Checkpoint folder,
+                             Checkpoint::OpenOffloadFolder(plan.offload_folder));
   for (const OffloadPlan& o : plan.offloaded) {
     const TensorInfo& t = checkpoint.tensors()[o.source];
     const TensorInfo* stored = folder.Find(t.name);
@@ -198,6 +194,15 @@ Result<std::shared_ptr<OffloadStore>> OffloadStore::Open(std::shared_ptr<Loader>
       return Status::NotFound(fmt::format(
           "offload folder '{}' holds no tensor '{}': write it first (WriteOffload)",
           plan.offload_folder, t.name));
+    }
+    // A stale folder (another model, another dtype) must not pass for this plan's.
+    const DType want = o.in_place ? t.dtype : o.dtype;
+    if (stored->dtype != want || stored->shape != t.shape) {
+      return Status::Corruption(fmt::format(
+          "offload folder '{}' holds '{}' as {} {}, but this plan offloads it as {} {}: the folder "
+          "is from another load; offload again (WriteOffload) or give another folder",
+          plan.offload_folder, t.name, TorchName(stored->dtype), fmt::join(stored->shape, "x"),
+          TorchName(want), fmt::join(t.shape, "x")));
     }
     store->names_.push_back(t.name);
     tensors.push_back(*stored);
@@ -235,6 +240,7 @@ Result<LoadHandle> OffloadStore::Fetch(const std::vector<std::string>& names, co
   LOADSTONE_RETURN_IF_ERROR(map.Add("", device));
   opt.explicit_map = std::move(map);
   opt.include = [&wanted](const TensorInfo& t) { return wanted.contains(t.name); };
+  opt.platform = loader_->platform();
   LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(*catalog_, opt));
   LoadHandle handle = loader_->Load(*catalog_, plan);
   return handle;
@@ -275,7 +281,11 @@ Result<std::vector<Tensor>> OffloadPrefetcher::Get(size_t i) {
   }
   Start(i);
   Start(i + 1);  // the next block streams while the caller runs this one
-  if (auto e = errors_.find(i); e != errors_.end()) return e->second;
+  if (auto e = errors_.find(i); e != errors_.end()) {
+    Status failed = e->second;
+    errors_.erase(e);  // a later Get(i) tries again
+    return failed;
+  }
   LOADSTONE_RETURN_IF_ERROR(handles_[i].Done().get());
   std::vector<Tensor> out;
   out.reserve(blocks_[i].size());

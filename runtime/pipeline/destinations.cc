@@ -112,7 +112,16 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_onl
           "load was given no LoadOptions::destination",
           src.name));
     }
-    const std::span<std::byte> given = caller_memory_(src, tp);
+    std::span<std::byte> given;
+    try {
+      given = caller_memory_(src, tp);
+    } catch (const std::exception& e) {
+      return Status::InvalidArgument(fmt::format(
+          "LoadOptions::destination threw for tensor '{}': {}", src.name, e.what()));
+    } catch (...) {
+      return Status::InvalidArgument(
+          fmt::format("LoadOptions::destination threw for tensor '{}'", src.name));
+    }
     if (given.size() != tp.nbytes || (given.data() == nullptr && tp.nbytes > 0)) {
       return Status::InvalidArgument(fmt::format(
           "LoadOptions::destination gave {} bytes for tensor '{}', which needs {}", given.size(),

@@ -89,6 +89,10 @@ struct Loader::Impl {
 Loader::Loader(const LoaderOptions& options) : impl_(std::make_unique<Impl>(options)) {}
 Loader::~Loader() = default;
 
+std::shared_ptr<const Platform> Loader::platform() const {
+  return impl_->options.platform ? impl_->options.platform : Platform::Default();
+}
+
 LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                         const LoadOptions& options) {
   auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers,

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "io/formats/offload_folder.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/plan/fp8_pairs.h"
@@ -241,7 +242,6 @@ class TensorPlanner {
           "give another device map",
           t.name));
     }
-    if (device->type == Device::Type::kDisk) return Offload(index);
     if (!t.plain_layout() && targets_[index].conversion == Conversion::kDequantFp8Block) {
       return Status::Unsupported(fmt::format(
           "float8 tensor '{}' is {} in its file: loadstone dequantizes contiguous little-endian "
@@ -256,6 +256,7 @@ class TensorPlanner {
           "tensor contiguous (.contiguous()) and load that",
           t.name, t.nbytes, materialised, planning::kMaxRelayoutSpan));
     }
+    if (device->type == Device::Type::kDisk) return Offload(index);
     TensorPlan tp;
     tp.source = index;
     tp.dtype = targets_[index].dtype;
@@ -282,6 +283,22 @@ class TensorPlanner {
           "float8 tensor '{}' is mapped to disk with a target dtype: loadstone offloads float8 "
           "weights as stored only; map it to a device, or load without a dtype",
           t.name));
+    }
+    if (t.packed) {
+      return Status::Unsupported(fmt::format(
+          "tensor '{}' is {}-packed and mapped to disk: loadstone offloads plain tensors only; "
+          "map it to a device",
+          t.name, t.packed->scheme));
+    }
+    if (!op.in_place) {
+      // Checked now, before any load: what WriteOffload will write must be writable.
+      LOADSTONE_RETURN_IF_ERROR(io::CheckOffloadName(t.name));
+      if (!io::OffloadDTypeName(op.dtype)) {
+        return Status::Unsupported(fmt::format(
+            "tensor '{}' is {} and mapped to disk: accelerate's offload folder stores numpy "
+            "dtypes, which have no {}; map it to a device or give a dtype it can be cast to",
+            t.name, TorchName(op.dtype), TorchName(op.dtype)));
+      }
     }
     if (!op.in_place && options_.offload_folder.empty()) {
       DeviceMap disk;

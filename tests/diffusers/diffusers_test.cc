@@ -544,6 +544,25 @@ TEST_CASE("copy_into_parameters fills the existing memory", "[diffusers]") {
   CHECK(AllClose(Run(loaded), base, 1e-5));
 }
 
+TEST_CASE("copy_into_parameters with a device map: GPU tensors are copied, host ones read in place",
+          "[diffusers][sim]") {
+  auto model = Fresh<DiTTransformer2DModel>(1);
+  const auto base = Run(model);
+  const uint64_t size = ModelSize(*model);
+  TempDir dir;
+  REQUIRE_OK(SavePretrained(*model, dir.path));
+  auto loaded = Fresh<DiTTransformer2DModel>(2);
+  TorchLoadOptions opt;
+  opt.copy_into_parameters = true;
+  opt.device_map = DeviceMapArg::Name("auto");
+  opt.max_memory = MaxMemory{{"0", static_cast<int64_t>(size / 2)}, {"cpu", static_cast<int64_t>(size * 2)}};
+  opt.platform = SimGpus(1);
+  auto report = LoadInto(*loaded, dir.path, opt);
+  REQUIRE_OK(report);
+  CHECK(MapValues(report->placement.device_map) == std::set<std::string>{"0", "\"cpu\""});
+  CHECK(AllClose(Run(loaded), base, 1e-5));  // every parameter filled, wherever it was planned
+}
+
 TEST_CASE("DescribeModule gives the model description with classes and buffers", "[diffusers]") {
   auto model = Fresh<DiTTransformer2DModel>(1);
   auto json = libtorch::DescribeModuleJson(*model);

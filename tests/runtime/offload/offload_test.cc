@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loadstone/offload.h"
+#include "loadstone/writer.h"
 #include "runtime/sim/simulated_platform.h"
 #include "tests/testing/temp_dir.h"
 
@@ -205,6 +206,48 @@ TEST_CASE("offload: a write that fails leaves the folder as it was and the Loade
   CHECK(Checkpoint::Open(dir.Path("off")).ok());
 }
 
+TEST_CASE("offload: a folder written for another plan is refused, not read as this one's", "[offload]") {
+  Offloaded off;  // written for the stored dtypes
+  PlanOptions opt;
+  opt.explicit_map = off.plan.devices.device_map;  // the same tensors on disk, now as f16
+  opt.dtype = DType::kF16;
+  opt.offload_folder = off.dir.Path("off");
+  auto f16 = Plan(*off.ckpt, opt);
+  REQUIRE(f16.ok());
+  auto stale = OffloadStore::Open(off.loader, *off.ckpt, *f16);
+  REQUIRE_FALSE(stale.ok());
+  CHECK(stale.status().code() == StatusCode::kCorruption);
+  CHECK_THAT(std::string(stale.status().message()), Catch::Contains("from another load"));
+}
+
+TEST_CASE("offload: in-place entries of any safetensors dtype reopen (float8 included)", "[offload]") {
+  TempDir dir;
+  std::vector<std::byte> f8(64, std::byte{0x38}), f32(16);
+  REQUIRE(WriteSafetensors(dir.Path("m.safetensors"),
+                           {{"a.w", DType::kF8E4M3, {8, 8}, f8, {}}, {"b.w", DType::kF32, {4}, f32, {}}})
+              .ok());
+  auto ckpt = Checkpoint::Open(dir.Path("m.safetensors"));
+  REQUIRE(ckpt.ok());
+  PlanOptions opt;
+  opt.explicit_map = *DeviceMap::FromJson(R"({"a": "disk", "b": "cpu"})");
+  opt.offload_folder = dir.Path("off");
+  auto plan = Plan(*ckpt, opt);
+  REQUIRE(plan.ok());
+  REQUIRE(plan->offloaded.size() == 1);
+  auto loader = std::make_shared<Loader>();
+  auto written = WriteOffload(*loader, *ckpt, *plan);
+  REQUIRE(written.ok());
+  CHECK(written->in_place == 1);
+  std::ifstream index(dir.Path("off/index.json"));
+  const std::string text((std::istreambuf_iterator<char>(index)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::Contains("\"float8_e4m3fn\""));
+  auto store = OffloadStore::Open(loader, *ckpt, *plan);
+  REQUIRE(store.ok());
+  const Tensor t = (*store)->Materialize("a.w", Device::Cpu()).get();
+  CHECK(t.dtype() == DType::kF8E4M3);
+  CHECK(*t.data() == std::byte{0x38});
+}
+
 TEST_CASE("offload: hostile index.json files are refused with what is wrong", "[offload]") {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"([1, 2])", "is not a JSON object"},
@@ -214,6 +257,9 @@ TEST_CASE("offload: hostile index.json files are refused with what is wrong", "[
       {R"({"w": {"dtype": "float32"}})", "neither a safetensors_file nor"},
       {R"({"w": {"dtype": "float32", "shape": [-1]}})", "a dimension that is"},
       {R"({"w": {"dtype": "float32", "shape": [4294967296, 4294967296]}})", "whole number of bytes"},
+      // A product that wraps around 2^128 to 8 bits, were it not checked step by step.
+      {R"({"w": {"dtype": "uint8", "shape": [18446744073709551615, 18446744073709551615, 3,
+                                             12297829382473034411]}})", "whole number of bytes"},
       {R"({"w": {"dtype": "float32", "shape": [8]}})", "holds 4 bytes but index entry 'w'"},
       {R"({"w": {"safetensors_file": 3}})", "safetensors_file that is"},
       {R"({"w": 5})", "not an object"},

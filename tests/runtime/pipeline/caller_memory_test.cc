@@ -94,6 +94,14 @@ TEST_CASE("caller memory: no destination, or one of the wrong size, fails naming
   Status sized = loader.Load(ckpt, *plan, wrong).Done().get();
   CHECK(sized.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(sized.message()), Catch::Contains("gave 1 bytes for tensor"));
+  LoadOptions throws;
+  throws.destination = [](const TensorInfo&, const TensorPlan&) -> std::span<std::byte> {
+    throw std::runtime_error("no memory for you");
+  };
+  Status thrown = loader.Load(ckpt, *plan, throws).Done().get();
+  CHECK(thrown.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(thrown.message()), Catch::Contains("threw for tensor") &&
+                                                Catch::Contains("no memory for you"));
   // The Loader is fine afterwards.
   Buffers buffers;
   REQUIRE(loader.Load(ckpt, *plan, buffers.Options()).Done().get().ok());
