@@ -130,7 +130,10 @@ int main(int argc, char** argv) {
   auto ckpt = loadstone::Checkpoint::Open(path);
   if (!ckpt.ok()) Die(ckpt.status());
   std::shared_ptr<torch::nn::Module> model;
-  if (method == "into_fresh" || method == "into_allocated" || method == "libtorch") model = Skeleton(*ckpt);
+  if (method == "into_fresh" || method == "into_allocated" || method == "libtorch" ||
+      method == "state_dict_beside_model") {
+    model = Skeleton(*ckpt);
+  }
 
   const auto start = Clock::now();
   if (method == "load") {
@@ -139,12 +142,16 @@ int main(int argc, char** argv) {
     loadstone::Loader loader;
     loadstone::LoadHandle load = loader.Load(*ckpt, *plan);
     if (auto s = load.Done().get(); !s.ok()) Die(s);
-  } else if (method == "state_dict") {
+  } else if (method == "state_dict" || method == "state_dict_beside_model") {
     auto sd = loadstone::libtorch::LoadStateDict(path);
     if (!sd.ok()) Die(sd.status());
   } else if (method == "into_fresh" || method == "into_allocated") {
     loadstone::libtorch::TorchLoadOptions opt;
     opt.copy_into_parameters = method == "into_allocated";
+    if (const char* depth = std::getenv("TORCH_BENCH_QUEUE_DEPTH")) {  // a knob for experiments
+      opt.loader = std::make_shared<loadstone::Loader>(
+          loadstone::LoaderOptions{.queue_depth = std::atoi(depth)});
+    }
     auto report = loadstone::libtorch::LoadInto(*model, path, opt);
     if (!report.ok()) Die(report.status());
     if (!report->missing_keys.empty() || !report->unexpected_keys.empty()) {
