@@ -115,6 +115,25 @@ TEST_CASE("terminal: the bar fits 80 and 120 columns and ends at 100%, with and 
   }
 }
 
+TEST_CASE("terminal: a load with disk offload draws its bar, then says what went to disk",
+          "[tools][terminal]") {
+  TempDir dir;
+  const std::string bin =
+      std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/offload/model/pytorch_model.bin";
+  const auto run = RunInPty({"load", bin, "--device-map", "auto", "--max-memory", "cpu=25000",
+                             "--offload-folder", dir.Path("off")},
+                            80);
+  INFO(run.screen);
+  REQUIRE_FALSE(run.timed_out);
+  CHECK(run.code == 0);
+  CheckBars(run.screen, 80);
+  CHECK_THAT(Line(run.screen, "disk: "),
+             Catch::Contains("7 tensors") && Catch::Contains("7 written to " + dir.Path("off")));
+  const auto refused = RunInPty({"load", bin, "--device-map", "auto", "--max-memory", "cpu=25000"}, 80);
+  CHECK(refused.code == 1);
+  CHECK_THAT(refused.screen, Catch::Contains("Please provide an `offload_folder`"));
+}
+
 TEST_CASE("terminal: a narrow terminal gets a shorter line, never a wrapped one", "[tools][terminal]") {
   Models m;
   for (int columns : {20, 40, 60}) {
