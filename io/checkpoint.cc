@@ -186,7 +186,7 @@ Status AddFile(CheckpointFormat format, const std::string& path, Checkpoint::Imp
     case CheckpointFormat::kSafetensors: return AddSafetensorsFile(path, impl);
     case CheckpointFormat::kPyTorch: return AddTorchFile(path, impl);
     case CheckpointFormat::kGguf: return AddGgufSet(path, impl);
-    case CheckpointFormat::kOffloadFolder: break;  // OpenOffloadFolder
+    case CheckpointFormat::kOffloadFolder: break;  // AddOffloadFolder, not file by file
   }
   return Status::Unsupported(fmt::format("'{}': unknown checkpoint format", path));
 }
@@ -246,6 +246,21 @@ Status OpenIndex(const std::string& index_path, CheckpointFormat format, Checkpo
   return Status::OK();
 }
 
+__extension__ using Wide = unsigned __int128;
+
+// The bits of a tensor of `dtype` and `shape` (0 when a dimension is 0), multiplied in 128 bits
+// and stopped once past `limit` — before a product can wrap: nullopt then. A hostile shape's
+// size is never taken modulo 2^128.
+std::optional<Wide> ShapeBits(DType dtype, const std::vector<uint64_t>& shape, Wide limit) {
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return Wide{0};
+  Wide bits = DTypeBits(dtype);
+  for (uint64_t d : shape) {
+    bits *= d;  // bits <= limit < 2^68 before, d < 2^64: no wrap
+    if (bits > limit) return std::nullopt;
+  }
+  return bits;
+}
+
 // An offload folder's entries: each NAME.dat a file of its own (at least as long as its
 // tensor), each safetensors reference the tensor of that file's header, renamed to its entry.
 Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
@@ -286,24 +301,14 @@ Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
       continue;
     }
     const std::string path = io::OffloadDataPath(folder, e.name);
-    // Checked after every product (a hostile shape must not wrap around): bits < 2^62 or 0.
-    __extension__ using Wide = unsigned __int128;
-    constexpr Wide kMaxBits = static_cast<Wide>(1) << 62;
-    const bool empty = std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end();
-    Wide bits = empty ? 0 : DTypeBits(*e.dtype);
-    bool too_large = false;
-    for (uint64_t d : e.shape) {
-      if (empty || too_large) break;
-      bits *= d;  // < 2^62 · 2^64: no wrap
-      too_large = bits > kMaxBits;
-    }
-    if (bits % 8 != 0 || too_large) {
+    const std::optional<Wide> bits = ShapeBits(*e.dtype, e.shape, static_cast<Wide>(1) << 62);
+    if (!bits || *bits % 8 != 0) {
       return Status::Corruption(fmt::format(
           "offload folder '{}': entry '{}' has shape and dtype {} whose size is not a whole "
           "number of bytes below 2^59",
           folder, e.name, TorchName(*e.dtype)));
     }
-    const auto nbytes = static_cast<uint64_t>(bits / 8);
+    const auto nbytes = static_cast<uint64_t>(*bits / 8);
     LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(path));
     // A scalar is stored as one element, like a 1-element vector (accelerate's memmap).
     if (file.size() < nbytes) {
@@ -323,39 +328,18 @@ Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
   return Status::OK();
 }
 
-}  // namespace
-
-std::string_view CheckpointFormatName(CheckpointFormat format) {
-  switch (format) {
-    case CheckpointFormat::kSafetensors: return "safetensors";
-    case CheckpointFormat::kPyTorch: return "pytorch";
-    case CheckpointFormat::kGguf: return "gguf";
-    case CheckpointFormat::kOffloadFolder: return "offload-folder";
-  }
-  return "unknown";
+// `folder` as an offload folder (its index.json).
+ResolvedCheckpoint OffloadFolderAt(const std::string& folder) {
+  ResolvedCheckpoint offload;
+  offload.format = CheckpointFormat::kOffloadFolder;
+  offload.path = folder;
+  offload.note = "offload folder: index.json";
+  return offload;
 }
 
-uint64_t TensorInfo::numel() const {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;
-  return n;
-}
-
-Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
-
-Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
-  Result<ResolvedCheckpoint> found = io::ResolveCheckpointPath(path, options);
-  std::error_code probe;
-  if (!found.ok() && found.status().code() == StatusCode::kNotFound && options.subfolder.empty() &&
-      std::filesystem::is_regular_file(std::filesystem::path(path) / "index.json", probe)) {
-    ResolvedCheckpoint offload;
-    offload.format = CheckpointFormat::kOffloadFolder;
-    offload.path = path;
-    offload.note = "offload folder: index.json";
-    found = std::move(offload);
-  }
-  LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint resolved, std::move(found));
-  auto impl = std::make_shared<Impl>();
+// A resolved path's catalog: its files' headers, the names checked unique, config.json.
+Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved) {
+  auto impl = std::make_shared<Checkpoint::Impl>();
   impl->format = resolved.format;
   if (resolved.format == CheckpointFormat::kOffloadFolder) {
     LOADSTONE_RETURN_IF_ERROR(AddOffloadFolder(resolved.path, impl.get()));
@@ -397,18 +381,39 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
   return Checkpoint(std::move(impl));
 }
 
-Result<Checkpoint> Checkpoint::OpenOffloadFolder(const std::string& folder) {
-  auto impl = std::make_shared<Impl>();
-  impl->format = CheckpointFormat::kOffloadFolder;
-  LOADSTONE_RETURN_IF_ERROR(AddOffloadFolder(folder, impl.get()));
-  impl->by_name.reserve(impl->tensors.size());
-  for (size_t i = 0; i < impl->tensors.size(); ++i) {
-    impl->by_name.emplace(impl->tensors[i].name, i);  // index.json keys are unique (strict JSON)
+}  // namespace
+
+std::string_view CheckpointFormatName(CheckpointFormat format) {
+  switch (format) {
+    case CheckpointFormat::kSafetensors: return "safetensors";
+    case CheckpointFormat::kPyTorch: return "pytorch";
+    case CheckpointFormat::kGguf: return "gguf";
+    case CheckpointFormat::kOffloadFolder: return "offload-folder";
   }
-  impl->resolution = fmt::format("offload folder: index.json: {} file(s), {} tensors",
-                                 impl->files.size(), impl->tensors.size());
-  impl->fingerprint = FingerprintOf(*impl);
-  return Checkpoint(std::move(impl));
+  return "unknown";
+}
+
+uint64_t TensorInfo::numel() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return n;
+}
+
+Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
+  Result<ResolvedCheckpoint> found = io::ResolveCheckpointPath(path, options);
+  std::error_code probe;
+  if (!found.ok() && found.status().code() == StatusCode::kNotFound && options.subfolder.empty() &&
+      std::filesystem::is_regular_file(std::filesystem::path(path) / "index.json", probe)) {
+    found = OffloadFolderAt(path);
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint resolved, std::move(found));
+  return OpenResolved(resolved);
+}
+
+Result<Checkpoint> Checkpoint::OpenOffloadFolder(const std::string& folder) {
+  return OpenResolved(OffloadFolderAt(folder));
 }
 
 Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) const {
@@ -428,17 +433,9 @@ Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) cons
           "tensor '{}' ({} bytes at {} of file {}) is not inside a file of this checkpoint",
           t.name, t.nbytes, t.offset, t.file));
     }
-    __extension__ using Wide = unsigned __int128;
-    // Stopped once past 2^67 bits (more than any nbytes holds), before a product can wrap.
-    const bool empty = std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end();
-    Wide bits = empty ? 0 : DTypeBits(t.dtype);
-    bool too_large = false;
-    for (uint64_t d : t.shape) {
-      if (empty || too_large) break;
-      bits *= d;
-      too_large = bits > (static_cast<Wide>(1) << 67);
-    }
-    if (!t.packed && t.strides.empty() && (too_large || bits != static_cast<Wide>(t.nbytes) * 8)) {
+    // 2^67 bits: more than any nbytes holds.
+    const std::optional<Wide> bits = ShapeBits(t.dtype, t.shape, static_cast<Wide>(1) << 67);
+    if (!t.packed && t.strides.empty() && (!bits || *bits != static_cast<Wide>(t.nbytes) * 8)) {
       return Status::InvalidArgument(fmt::format("tensor '{}': {} bytes for its shape and dtype",
                                                  t.name, t.nbytes));
     }

@@ -162,11 +162,11 @@ struct CastRule {
   std::map<std::string, c10::ScalarType> after;  // cast by LibTorch once loaded
 };
 
-// The one casting rule. `model_dtype`: the parameter's dtype per key (LoadInto), else empty.
+// The one casting rule. `model`: the model's state-dict tensors by key (LoadInto), else empty.
 Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_set<std::string>* include,
                              const TorchLoadOptions& options,
                              const std::vector<std::string>& keep_in_fp32,
-                             const std::unordered_map<std::string, c10::ScalarType>& model_dtype) {
+                             const std::unordered_map<std::string, at::Tensor>& model) {
   CastRule rule;
   std::optional<DType> target_all;
   if (options.dtype) {
@@ -179,8 +179,8 @@ Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_
     std::optional<DType> target;
     if (target_all) {
       target = KeptInFp32(t.name, keep_in_fp32) ? DType::kF32 : *target_all;
-    } else if (auto m = model_dtype.find(t.name); m != model_dtype.end()) {
-      LOADSTONE_ASSIGN_OR_RETURN(const DType param, FromScalarType(m->second));
+    } else if (auto m = model.find(t.name); m != model.end()) {
+      LOADSTONE_ASSIGN_OR_RETURN(const DType param, FromScalarType(m->second.scalar_type()));
       if (IsFloatingPoint(param)) target = param;
     }
     if (!target || *target == t.dtype) continue;
@@ -463,12 +463,7 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
 
   // Keys: the model's state dict against the checkpoint's tensors.
   const auto state = PersistentStateDict(model);
-  std::unordered_map<std::string, at::Tensor> target;
-  std::unordered_map<std::string, c10::ScalarType> model_dtype;
-  for (const auto& [name, t] : state) {
-    target.emplace(name, t);
-    model_dtype.emplace(name, t.scalar_type());
-  }
+  std::unordered_map<std::string, at::Tensor> target(state.begin(), state.end());
   LoadReport report;
   std::unordered_set<std::string> include;
   for (const TensorInfo& t : checkpoint.tensors()) {
@@ -515,7 +510,7 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
     for (std::string& m : traits->keep_in_fp32_modules()) keep.push_back(std::move(m));
   }
   LOADSTONE_ASSIGN_OR_RETURN(const CastRule rule,
-                             CastTargets(checkpoint, &include, options, keep, model_dtype));
+                             CastTargets(checkpoint, &include, options, keep, target));
   popt.special_dtypes = rule.special;
   popt.include = [&include](const TensorInfo& t) { return include.contains(t.name); };
 

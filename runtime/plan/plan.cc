@@ -276,8 +276,6 @@ class TensorPlanner {
     op.source = index;
     op.dtype = targets_[index].dtype;
     op.conversion = targets_[index].conversion;
-    op.nbytes = t.numel() * DTypeBits(op.dtype) / 8;
-    op.in_place = format_ == CheckpointFormat::kSafetensors && t.plain_layout() && !t.packed;
     if (op.conversion == Conversion::kDequantFp8Block) {
       return Status::Unsupported(fmt::format(
           "float8 tensor '{}' is mapped to disk with a target dtype: loadstone offloads float8 "
@@ -290,6 +288,8 @@ class TensorPlanner {
           "map it to a device",
           t.name, t.packed->scheme));
     }
+    op.nbytes = t.numel() * DTypeBits(op.dtype) / 8;
+    op.in_place = format_ == CheckpointFormat::kSafetensors && t.plain_layout();
     if (!op.in_place) {
       // Checked now, before any load: what WriteOffload will write must be writable.
       LOADSTONE_RETURN_IF_ERROR(io::CheckOffloadName(t.name));

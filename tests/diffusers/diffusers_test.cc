@@ -121,6 +121,19 @@ void CheckClean(const LoadReport& report) {
   CHECK(report.mismatched_keys.empty());
 }
 
+// Loads `path` with `opt` into a fresh model (other seed): no missing, unexpected or mismatched
+// key, and its outputs within `atol` of `base`. Returns the model and the report.
+template <typename M>
+std::pair<M, LoadReport> ReloadAndCompare(const std::string& path, const TorchLoadOptions& opt,
+                                          const torch::Tensor& base, double atol) {
+  auto loaded = Fresh<M>(2);
+  auto report = LoadInto(*loaded, path, opt);
+  REQUIRE_OK(report);
+  CheckClean(*report);
+  CHECK(AllClose(Run(loaded), base, atol));
+  return {loaded, *std::move(report)};
+}
+
 // Saves `model`, loads it with device_map="auto" under `max_memory` on `gpus` simulated GPUs:
 // the map's values are exactly `values` (accelerate's JSON spelling), every parameter is where
 // the map says, and the outputs match within 1e-5.
@@ -129,17 +142,13 @@ void CheckAutoMap(M& model, const MaxMemory& max_memory, int gpus, const std::se
   const auto base = Run(model);
   TempDir dir;
   REQUIRE_OK(SavePretrained(*model, dir.path));
-  auto loaded = Fresh<M>(2);
   TorchLoadOptions opt;
   opt.device_map = DeviceMapArg::Name("auto");
   opt.max_memory = max_memory;
   opt.platform = SimGpus(gpus);
-  auto report = LoadInto(*loaded, dir.path, opt);
-  REQUIRE_OK(report);
-  CheckClean(*report);
-  CHECK(MapValues(report->placement.device_map) == values);
-  CheckDeviceMapIsRespected(loaded, report->placement);
-  CHECK(AllClose(Run(loaded), base, 1e-5));
+  auto [loaded, report] = ReloadAndCompare<M>(dir.path, opt, base, 1e-5);
+  CHECK(MapValues(report.placement.device_map) == values);
+  CheckDeviceMapIsRespected(loaded, report.placement);
 }
 
 }  // namespace
@@ -175,10 +184,7 @@ TEMPLATE_TEST_CASE("from_save_pretrained_variant", "[diffusers]", MODELS) {
   CHECK(missing.status().code() == StatusCode::kNotFound);
   TorchLoadOptions opt;
   opt.open.variant = "fp16";
-  auto report = LoadInto(*loaded, dir.path, opt);
-  REQUIRE_OK(report);
-  CheckClean(*report);
-  CHECK(AllClose(Run(loaded), base, 5e-5));
+  ReloadAndCompare<TestType>(dir.path, opt, base, 5e-5);
 }
 
 TEMPLATE_TEST_CASE("from_save_pretrained_dtype", "[diffusers]", MODELS) {
@@ -247,11 +253,7 @@ TEMPLATE_TEST_CASE("sharded_checkpoints", "[diffusers]", MODELS) {
   for (const auto& e : fs::directory_iterator(dir.path)) shards += e.path().extension() == ".safetensors";
   CHECK(shards == unique.size());
   CHECK(shards >= 2);
-  auto loaded = Fresh<TestType>(2);
-  auto report = LoadInto(*loaded, dir.path);
-  REQUIRE_OK(report);
-  CheckClean(*report);
-  CHECK(AllClose(Run(loaded), base, 1e-5));
+  ReloadAndCompare<TestType>(dir.path, {}, base, 1e-5);
 }
 
 TEMPLATE_TEST_CASE("sharded_checkpoints_with_variant", "[diffusers]", MODELS) {
@@ -261,13 +263,9 @@ TEMPLATE_TEST_CASE("sharded_checkpoints_with_variant", "[diffusers]", MODELS) {
   REQUIRE_OK(SavePretrained(*model, dir.path,
                             SaveOptions{.variant = "fp16", .max_shard_size = ModelSize(*model) * 3 / 4}));
   CHECK(fs::exists(fs::path(dir.path) / "diffusion_pytorch_model.safetensors.index.fp16.json"));
-  auto loaded = Fresh<TestType>(2);
   TorchLoadOptions opt;
   opt.open.variant = "fp16";
-  auto report = LoadInto(*loaded, dir.path, opt);
-  REQUIRE_OK(report);
-  CheckClean(*report);
-  CHECK(AllClose(Run(loaded), base, 1e-5));
+  ReloadAndCompare<TestType>(dir.path, opt, base, 1e-5);
 }
 
 TEMPLATE_TEST_CASE("sharded_checkpoints_device_map", "[diffusers][sim]", MODELS) {
@@ -275,16 +273,12 @@ TEMPLATE_TEST_CASE("sharded_checkpoints_device_map", "[diffusers][sim]", MODELS)
   const auto base = Run(model);
   TempDir dir;
   REQUIRE_OK(SavePretrained(*model, dir.path, SaveOptions{.max_shard_size = ModelSize(*model) * 3 / 4}));
-  auto loaded = Fresh<TestType>(2);
   TorchLoadOptions opt;
   opt.device_map = DeviceMapArg::Name("auto");
   opt.platform = SimGpus(1);
-  auto report = LoadInto(*loaded, dir.path, opt);
-  REQUIRE_OK(report);
-  CheckClean(*report);
-  CHECK(MapValues(report->placement.device_map) == std::set<std::string>{"0"});
-  CheckDeviceMapIsRespected(loaded, report->placement);
-  CHECK(AllClose(Run(loaded), base, 1e-5));
+  auto [loaded, report] = ReloadAndCompare<TestType>(dir.path, opt, base, 1e-5);
+  CHECK(MapValues(report.placement.device_map) == std::set<std::string>{"0"});
+  CheckDeviceMapIsRespected(loaded, report.placement);
 }
 
 TEMPLATE_TEST_CASE("cpu_offload", "[diffusers][sim]", MODELS) {

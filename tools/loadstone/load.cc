@@ -76,7 +76,8 @@ Result<nlohmann::ordered_json> OffloadedJson(const Checkpoint& checkpoint, const
                                              Loader& loader) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   if (plan.offloaded.empty()) return out;
-  // Each offloaded tensor materialised on the CPU once, for its CRC: what a reload gives.
+  // Each offloaded tensor materialised on the CPU once, for its CRC: what a reload gives. One
+  // load per tensor, not one for all: the disk set is what did not fit in memory.
   auto store = OffloadStore::Open(std::shared_ptr<Loader>(&loader, [](Loader*) {}), checkpoint, plan);
   if (!store.ok()) return store.status();
   for (const OffloadPlan& o : plan.offloaded) {
