@@ -107,9 +107,10 @@ class Reader {
 
   // When [offset, offset + length) of `file` is (mostly) in the page cache: a read-only mapping
   // of those bytes, valid while the Reader lives, so that the caller can copy them without a
-  // read. Else nullptr. Only for copies done by the kernel (UFFDIO_COPY): a page that turns out
-  // unreadable (an I/O error, a file truncated meanwhile) then fails the copy with EFAULT,
-  // where touching it from user space would raise SIGBUS. Such copies bypass the Reader: its
+  // read. Else nullptr. Only for copies done by the kernel (UFFDIO_COPY) or by
+  // io::CopyFromMapping: a page that turns out unreadable (an I/O error, a file truncated
+  // meanwhile) then fails the copy (EFAULT; a SIGBUS caught by io/mapped_copy.h), where any
+  // other touch from user space would crash on SIGBUS. Such copies bypass the Reader: its
   // stats and any fault injection do not see them. Copying maps the page-cache pages into this
   // process (they count in its RSS): ReleaseCachedView(view, length) once the copy is done.
   // Thread-safe. Default: nullptr.

@@ -87,7 +87,8 @@ enum class ReadRoute : uint8_t {
   kStagedWhenCold,  // kStaged when its bytes must come from the device, else kInPlace
   kFreshPages,      // into fresh pages: copied out of the page cache when cached, else kStaged
   kMapped,          // nothing read: its tensor points into a private mapping of its file
-  kPageCacheCopy,   // taken, never planned: a kFreshPages read found cached, copied by a worker
+  kPageCacheCopy,   // taken, never planned: a kFreshPages read, or one into the caller's memory,
+                    // found cached and copied out of the page cache by a worker
 };
 inline constexpr size_t kReadRouteCount = 6;
 static_assert(static_cast<size_t>(ReadRoute::kPageCacheCopy) + 1 == kReadRouteCount);

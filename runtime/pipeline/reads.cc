@@ -28,12 +28,16 @@ void LoadHandle::State::Pump() {
     }
     // The route it takes, now that where its bytes are can be asked (routes.h).
     pipeline::TurnFacts facts;
+    const ReadRoute settled = chunks_[id].route;
+    if (settled == ReadRoute::kStagedWhenCold) {
+      facts.cold = window_.reader().ReadsDirect(chunk.file, chunk.offset, chunk.length);
+    }
     const std::byte* cached = nullptr;
-    if (chunks_[id].route == ReadRoute::kFreshPages) {
+    if (settled == ReadRoute::kFreshPages ||
+        (chunks_[id].copy_when_cached && !facts.cold &&
+         (settled == ReadRoute::kInPlace || settled == ReadRoute::kStagedWhenCold))) {
       cached = window_.reader().CachedView(chunk.file, chunk.offset, chunk.length);
       facts.cached = cached != nullptr;
-    } else if (chunks_[id].route == ReadRoute::kStagedWhenCold) {
-      facts.cold = window_.reader().ReadsDirect(chunk.file, chunk.offset, chunk.length);
     }
     const ReadRoute route = pipeline::RouteAtTurn(chunks_[id].route, facts);
     // Settled once, even when it waits below for a staging slot; a page-cache copy that waits

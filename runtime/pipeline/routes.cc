@@ -19,7 +19,10 @@ ReadRoute RouteAtTurn(ReadRoute route, const TurnFacts& facts) {
     case ReadRoute::kFreshPages:
       return facts.cached ? ReadRoute::kPageCacheCopy : ReadRoute::kStaged;
     case ReadRoute::kStagedWhenCold:
-      return facts.cold ? ReadRoute::kStaged : ReadRoute::kInPlace;
+      if (facts.cold) return ReadRoute::kStaged;
+      [[fallthrough]];
+    case ReadRoute::kInPlace:
+      return facts.cached ? ReadRoute::kPageCacheCopy : ReadRoute::kInPlace;
     default:
       return route;
   }

@@ -22,14 +22,19 @@ struct StartFacts {
 //   staging would only add a copy).
 ReadRoute RouteAtStart(ReadRoute planned, const ReadRouteOptions& options, const StartFacts& facts);
 
-// Where a read's bytes are when its turn comes; each is asked only of the route that needs it.
+// Where a read's bytes are when its turn comes; each is asked only of the reads that need it.
 struct TurnFacts {
-  bool cached = false;  // kFreshPages: the reader offers a view of them in the page cache
-  bool cold = false;    // kStagedWhenCold: the reader would fetch them from the device
+  // The reader offers a view of them in the page cache. Asked of kFreshPages reads, and of reads
+  // into the caller's memory (TensorPlan::caller_memory) that are not cold, when this load's
+  // copies from a mapping are guarded (io/mapped_copy.h): the workers copy those with streaming
+  // stores, which a read into existing memory cannot match.
+  bool cached = false;
+  bool cold = false;  // kStagedWhenCold: the reader would fetch them from the device
 };
 
 // The route taken: kFreshPages → kPageCacheCopy when cached, else kStaged; kStagedWhenCold →
-// kStaged when cold, else kInPlace; any other route as it is.
+// kStaged when cold, else as kInPlace; kInPlace → kPageCacheCopy when cached; any other route as
+// it is.
 ReadRoute RouteAtTurn(ReadRoute route, const TurnFacts& facts);
 
 }  // namespace loadstone::pipeline

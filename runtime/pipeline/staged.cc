@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "io/mapped_copy.h"
 #include "io/reader.h"
 
 namespace loadstone {
@@ -179,9 +180,10 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
 }
 
 // A page-cache copy (ReadRoute::kPageCacheCopy), on a worker: the cached bytes of one
-// unconverted CPU tensor, or of a shared buffer, straight into its fresh pages. Only such reads
-// are planned kFreshPages: a conversion would read the mapping from user space, where an
-// unreadable page raises SIGBUS (UFFDIO_COPY reads it in the kernel).
+// unconverted CPU tensor, or of a shared buffer, straight into its fresh pages (UFFDIO_COPY: the
+// kernel reads the mapping) or into the caller's memory (io::CopyFromMapping: streaming stores,
+// a page that cannot be read caught as an error, not a SIGBUS). Only unconverted reads come
+// here: a conversion reads its source more than once and far slower than a copy.
 void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
@@ -193,7 +195,9 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   Status status;
   for (uint64_t at = 0; at < chunk.length && status.ok(); at += kPiece) {
     const uint64_t n = std::min(kPiece, chunk.length - at);
-    status = destinations_.fresh_pages().Write(to + at, source + at, n);
+    status = chunks_[id].copy_when_cached
+                 ? io::CopyFromMapping(to + at, source + at, n, chunk.offset + at)
+                 : destinations_.fresh_pages().Write(to + at, source + at, n);
     io::ReleaseCachedView(source + at, n);
   }
   // A file cut inside the chunk's last page reads as zeros through the mapping, without a

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "io/mapped_copy.h"
 #include "io/posix_error.h"
 #include "runtime/pipeline/load_state.h"
 #include "runtime/pipeline/routes.h"
@@ -67,10 +68,24 @@ void LoadHandle::State::RouteChunks() {
   const pipeline::StartFacts facts{destinations_.has_fresh_pages(), loader_options.direct_io};
   chunks_.resize(plan.reads.size());
   staged_only_.assign(tensors.size(), true);
+  const bool caller_memory = std::any_of(plan.tensors.begin(), plan.tensors.end(),
+                                         [](const TensorPlan& tp) { return tp.caller_memory; });
+  bool guarded = false;
+  if (caller_memory) {
+    const Status s = io::PrepareMappedCopy();
+    guarded = s.ok();
+    if (!guarded) {
+      std::lock_guard lock(callbacks_mu);
+      backend_description += fmt::format("; {}", s.message());
+    }
+  }
   for (size_t i = 0; i < plan.reads.size(); ++i) {
-    chunks_[i].route = pipeline::RouteAtStart(plan.reads[i].route, plan.routes, facts);
+    const ReadChunk& read = plan.reads[i];
+    chunks_[i].route = pipeline::RouteAtStart(read.route, plan.routes, facts);
+    chunks_[i].copy_when_cached = guarded && !read.shared_buffer && read.tensors.size() == 1 &&
+                                  plan.tensors[read.tensors[0]].caller_memory;
     if (chunks_[i].route != ReadRoute::kStaged) {
-      for (uint32_t t : plan.reads[i].tensors) staged_only_[t] = false;
+      for (uint32_t t : read.tensors) staged_only_[t] = false;
     }
   }
 }

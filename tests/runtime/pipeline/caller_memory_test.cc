@@ -56,6 +56,16 @@ TEST_CASE("caller memory: tensors land in the caller's buffers, warm and cold", 
       CHECK(t.data() == b.data());  // the caller's memory, not a copy
       testing::CheckTensorBytes(t);
     }
+    // Warm, the workers copy every read that is not staged out of the page cache (streaming
+    // stores, io/mapped_copy.h); cold, none (the bytes are not there to copy).
+    const ReadStats rs = load.read_stats();
+    INFO("backend: " << load.backend());
+    if (cold) {
+      CHECK(rs.taken(ReadRoute::kPageCacheCopy).reads == 0);
+    } else {
+      CHECK(rs.taken(ReadRoute::kPageCacheCopy).bytes > 0);
+      CHECK(rs.taken(ReadRoute::kInPlace).reads == 0);
+    }
   }
 }
 

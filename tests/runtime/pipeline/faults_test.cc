@@ -1,5 +1,6 @@
 // Faults end in a clean error naming file, tensor and offset; the Loader stays usable.
 #include <filesystem>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -145,6 +146,43 @@ TEST_CASE("faults: a shard that shrinks under a page-cache copy → IOError, no 
   REQUIRE(status.code() == StatusCode::kIOError);
   const std::string msg(status.message());
   CHECK_THAT(msg, Catch::Contains("shrank"));
+  CHECK_THAT(msg, Catch::Contains("tensor '"));
+  REQUIRE_FALSE(shrunk.empty());
+  CHECK_THAT(msg, Catch::Contains(shrunk));
+  RequireNothingPassedOff(load, ckpt, status);
+  shrinking.Off();
+  RequireLoaderStillWorks(loader);
+}
+
+TEST_CASE("faults: a shard that shrinks under a copy into the caller's memory → IOError, no SIGBUS") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);  // just written: in the page cache
+  PlanOptions opt;
+  opt.caller_memory = [](const TensorInfo&) { return true; };
+  auto plan = Plan(ckpt, opt);
+  REQUIRE(plan.ok());
+  std::string shrunk;
+  testing::ReaderSwitch shrinking([&](const std::vector<std::string>& paths,
+                                      const io::ReaderOptions& options,
+                                      std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+    LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
+    return std::unique_ptr<io::Reader>(new ShrinkingAfterView(std::move(inner), paths, &shrunk));
+  });
+  Loader loader(shrinking.Options());
+  std::map<std::string, std::vector<std::byte>> memory;  // touched only on the loop thread
+  LoadOptions lo;
+  lo.destination = [&](const TensorInfo& t, const TensorPlan& tp) {
+    auto& b = memory[t.name];
+    b.assign(tp.nbytes, std::byte{0});
+    return std::span<std::byte>(b);
+  };
+  LoadHandle load = loader.Load(ckpt, *plan, lo);
+  const Status status = load.Done().get();
+  INFO(status.ToString() << "\nbackend: " << load.backend());
+  REQUIRE(status.code() == StatusCode::kIOError);
+  const std::string msg(status.message());
+  // The copy's own fault (SIGBUS caught, the page named), in the chunk's context.
+  CHECK_THAT(msg, Catch::Contains("SIGBUS") && Catch::Contains("page at byte"));
   CHECK_THAT(msg, Catch::Contains("tensor '"));
   REQUIRE_FALSE(shrunk.empty());
   CHECK_THAT(msg, Catch::Contains(shrunk));

@@ -92,8 +92,12 @@ TEST_CASE("routes: at its turn, where the bytes are settles the route taken") {
   CHECK(RouteAtTurn(ReadRoute::kFreshPages, {.cached = true}) == ReadRoute::kPageCacheCopy);
   CHECK(RouteAtTurn(ReadRoute::kFreshPages, {.cached = false, .cold = true}) == ReadRoute::kStaged);
   CHECK(RouteAtTurn(ReadRoute::kStagedWhenCold, {.cold = true}) == ReadRoute::kStaged);
-  CHECK(RouteAtTurn(ReadRoute::kStagedWhenCold, {.cached = true}) == ReadRoute::kInPlace);
-  for (ReadRoute fixed : {ReadRoute::kInPlace, ReadRoute::kStaged, ReadRoute::kMapped}) {
+  CHECK(RouteAtTurn(ReadRoute::kStagedWhenCold, {}) == ReadRoute::kInPlace);
+  // `cached` is asked of reads into the caller's memory (reads.cc): a worker copies those.
+  CHECK(RouteAtTurn(ReadRoute::kStagedWhenCold, {.cached = true}) == ReadRoute::kPageCacheCopy);
+  CHECK(RouteAtTurn(ReadRoute::kInPlace, {.cached = true}) == ReadRoute::kPageCacheCopy);
+  CHECK(RouteAtTurn(ReadRoute::kInPlace, {}) == ReadRoute::kInPlace);
+  for (ReadRoute fixed : {ReadRoute::kStaged, ReadRoute::kMapped}) {
     CHECK(RouteAtTurn(fixed, {true, true}) == fixed);
   }
   CHECK(ReadRouteName(ReadRoute::kStagedWhenCold) == "staged when cold");
