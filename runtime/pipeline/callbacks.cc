@@ -58,6 +58,12 @@ void Callbacks::Add(Callback callback) {
     for (const auto& t : all) callback(t.get());
     return;
   }
+  if (closing_) {
+    // Close() has queued its handler on the strand: a replay posted now would run after it, that
+    // is after the load's end. The handler runs it first (every tensor is delivered by now).
+    added_while_closing_.push_back(std::move(callback));
+    return;
+  }
   // A new list, so that the lists already posted with tensors stay as they were.
   auto callbacks = callbacks_ ? std::make_shared<std::vector<Callback>>(*callbacks_)
                               : std::make_shared<std::vector<Callback>>();
@@ -153,7 +159,21 @@ void Callbacks::Run(const std::vector<Callback>& callbacks,
 
 void Callbacks::Close(Status result, std::function<void(Status)> finish) {
   std::lock_guard lock(mu_);
+  closing_ = true;
   asio::post(*strand_, [this, result = std::move(result), finish = std::move(finish)]() mutable {
+    // Callbacks added since Close() was called (by a callback, say) see every tensor before the
+    // end, like those added earlier.
+    for (;;) {
+      std::vector<Callback> late;
+      Delivered all;
+      {
+        std::lock_guard closing(mu_);
+        if (added_while_closing_.empty()) break;
+        late.swap(added_while_closing_);
+        all = delivered_;
+      }
+      Run(late, all);
+    }
     const Status end = result.ok() && !failure_.ok() ? failure_ : result;
     std::unordered_map<uint32_t, std::vector<TensorWaiter>> never_delivered;
     {

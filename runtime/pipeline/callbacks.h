@@ -74,6 +74,8 @@ class Callbacks {
   std::vector<std::shared_future<Tensor>> by_index_;  // guarded by mu_: delivered, by index
   std::unordered_map<uint32_t, std::vector<TensorWaiter>> tensor_waiters_;  // guarded by mu_
   std::vector<DoneWaiter> done_waiters_;  // guarded by mu_
+  bool closing_ = false;             // guarded by mu_: Close() has queued its handler
+  std::vector<Callback> added_while_closing_;  // guarded by mu_: run by that handler
   bool closed_ = false;              // guarded by mu_
   bool done_called_ = false;         // guarded by mu_: `finish` has returned
   Status final_;                     // guarded by mu_, set when closed

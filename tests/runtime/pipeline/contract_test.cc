@@ -12,6 +12,7 @@
 
 #include "loadstone/loader.h"
 #include "loadstone/writer.h"
+#include "runtime/pipeline/callbacks.h"
 #include "test_model.h"
 
 namespace loadstone {
@@ -60,6 +61,51 @@ TEST_CASE("contract: a callback may wait for another tensor and register another
   std::lock_guard lock(mu);
   CHECK(seen_by_second.size() == ckpt.tensors().size());
   for (const TensorInfo& t : ckpt.tensors()) CHECK(seen_by_second.count(t.name) == 1);
+}
+
+// The race behind a rare failure of the test above, made certain: the load ends (Close) while a
+// callback is still running, and that callback then adds another. The new one must still see
+// every tensor before the end is reported (it used to see them after).
+TEST_CASE("contract: a callback added while the load is closing sees every tensor before the end") {
+  asio::thread_pool pool(2);
+  pipeline::Callbacks callbacks(pool, 3);
+  std::promise<void> running, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::mutex mu;
+  std::vector<std::string> seen_by_late;
+  bool ended_before_late = false;
+  bool ended = false;
+  std::atomic<bool> first{true};
+  callbacks.Add([&](const Tensor&) {
+    if (!first.exchange(false)) return;
+    running.set_value();
+    released.wait();  // Close() is called meanwhile
+    callbacks.Add([&](const Tensor& t) {
+      std::lock_guard lock(mu);
+      ended_before_late = ended_before_late || ended;
+      seen_by_late.push_back(t.name());
+    });
+  });
+  for (uint32_t i = 0; i < 3; ++i) {
+    std::promise<Tensor> p;
+    p.set_value(Tensor("t" + std::to_string(i), DType::kU8, {1}, "cpu", nullptr, nullptr, 0));
+    callbacks.Deliver(i, p.get_future().share());
+    if (i == 0) running.get_future().wait();
+  }
+  std::promise<Status> done;
+  callbacks.Close(Status::OK(), [&](Status s) {
+    {
+      std::lock_guard lock(mu);
+      ended = true;
+    }
+    done.set_value(s);
+  });
+  release.set_value();
+  REQUIRE(done.get_future().get().ok());
+  pool.join();
+  std::lock_guard lock(mu);
+  CHECK(seen_by_late == std::vector<std::string>{"t0", "t1", "t2"});
+  CHECK_FALSE(ended_before_late);
 }
 
 TEST_CASE("contract: a callback that throws fails its load with the message, the Loader goes on") {
