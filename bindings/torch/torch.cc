@@ -260,6 +260,7 @@ Result<PlanOptions> BasePlanOptions(const TorchLoadOptions& options) {
   popt.max_memory = options.max_memory;
   popt.offload_folder = options.offload_folder;
   popt.offload_buffers = options.offload_buffers;
+  popt.pin_cpu_tensors = options.pin_memory;
   if (options.dtype) {
     LOADSTONE_ASSIGN_OR_RETURN(const DType d, FromScalarType(*options.dtype));  // checked here
     if (!IsCastTarget(d)) {

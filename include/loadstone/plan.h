@@ -61,6 +61,12 @@ struct TensorPlan {
   // (with stage_cold_reads; without, read straight into it either way); never fresh pages, a
   // shared buffer or a mapping.
   bool caller_memory = false;
+  // Its memory is pinned host memory of the load's GPU (PlanOptions::pin_cpu_tensors): read in
+  // place (staged when cold), never fresh pages, a shared buffer or a mapping.
+  bool pinned = false;
+  // Memory that comes from elsewhere (the caller's, or pinned): the routes that choose their own
+  // memory (fresh pages, shared buffers, mappings) are not for it.
+  bool memory_given() const { return caller_memory || pinned; }
 };
 
 // A tensor the device map sends to "disk" (LoadPlan::offloaded). Loader::Load does not load it:
@@ -192,6 +198,13 @@ struct PlanOptions : DeviceMapOptions {
   // whose parameters are already allocated is filled in place, with no memory of loadstone's
   // (the weight-swap case). Unset: none. Tensors planned on a GPU or disk are not affected.
   std::function<bool(const TensorInfo&)> caller_memory;
+  // CPU tensors (those not in the caller's memory) go into pinned host memory of the load's
+  // first GPU (the Loader's first GPU when the plan has none), so that copying them to a GPU
+  // later runs at the link's full rate, asynchronously — accelerate's CPU offload with pinned
+  // memory. The load fails (Unsupported) on a Loader without a GPU, and (OutOfMemory, naming the
+  // tensor) when the driver refuses to pin; on a simulated GPU the memory is ordinary host memory,
+  // and the load's backend line says so.
+  bool pin_cpu_tensors = false;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
   // Tensors smaller than this (and than max_chunk) are coalesced with their file neighbours into

@@ -126,6 +126,10 @@ struct TorchLoadOptions {
   std::optional<MaxMemory> max_memory;
   std::string offload_folder;            // for disk tensors that cannot be read in place
   bool offload_buffers = false;
+  // `cpu` tensors in pinned host memory of the GPU (PlanOptions::pin_cpu_tensors): an error
+  // without one, or when the driver will not pin. With copy_into_parameters, parameters whose
+  // own memory is filled are not affected (their memory is the model's).
+  bool pin_memory = false;
   // LoadInto: missing or unexpected keys are an error (after the report is complete).
   bool strict = false;
   // LoadInto: a shape mismatch is reported and the parameter left as it is, not an error.

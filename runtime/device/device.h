@@ -42,6 +42,7 @@ struct HostStaging {
   uint64_t bytes = 0;
   bool pinned = false;
   std::string why_pageable;  // when !pinned: "pinning failed: ...", "a simulated device"
+  bool simulated = false;    // a simulated device's: host memory, there is nothing to pin
 };
 
 // When a job's work ran on the device, on the host's steady clock (a GPU converts its event

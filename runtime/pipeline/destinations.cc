@@ -46,7 +46,28 @@ Status Destinations::Resolve(const std::string& device_log) {
                          : fmt::format("this machine has {} GPU(s), cuda:0 to cuda:{}",
                                        devices_.size(), devices_.size() - 1)));
   }
+  const auto pinned = std::find_if(plan_.tensors.begin(), plan_.tensors.end(),
+                                   [](const TensorPlan& t) { return t.pinned; });
+  if (pinned != plan_.tensors.end()) {
+    pin_device_ = staging_device_ ? staging_device_ : devices_.empty() ? nullptr : devices_.front();
+    if (!pin_device_) {
+      return Status::Unsupported(fmt::format(
+          "tensor '{}' is planned into pinned host memory (PlanOptions::pin_cpu_tensors), but the "
+          "Loader has no GPU to pin it for ({}); load without pinning",
+          checkpoint_.tensors()[pinned->source].name, device_log));
+    }
+  }
   return Status::OK();
+}
+
+std::string Destinations::PinnedNote() const {
+  if (!pin_device_) return "";
+  const device::DeviceInfo info = pin_device_->Info();
+  if (info.description.starts_with("simulated")) {  // SimDevice's description
+    return fmt::format("CPU tensors asked pinned: {} is simulated, they are ordinary host memory",
+                       info.name);
+  }
+  return fmt::format("CPU tensors in pinned host memory of {}", info.name);
 }
 
 std::string Destinations::OpenFreshPages() {
@@ -93,6 +114,32 @@ Result<Destinations::Memory> Destinations::ForSharedRead(const ReadChunk& read) 
   return Memory{*std::move(block), data};
 }
 
+Result<Destinations::Memory> Destinations::Pinned(uint64_t bytes, uint64_t skew) {
+  // Counted against the load's host budget like any host buffer, and given back with it.
+  struct Block {
+    std::shared_ptr<std::byte> data;
+    std::shared_ptr<HostMemoryBudget> budget;
+    uint64_t bytes = 0;
+    ~Block() { budget->Give(bytes); }
+  };
+  const uint64_t size = std::max<uint64_t>(bytes + skew, 1);
+  LOADSTONE_RETURN_IF_ERROR(TakeHostBudget(budget_.get(), size));
+  auto block = std::make_shared<Block>();
+  block->budget = budget_;
+  block->bytes = size;
+  auto staging = pin_device_->AllocateStaging(size);
+  if (!staging.ok()) return staging.status();
+  if (!staging->pinned && !staging->simulated) {
+    return Status::OutOfMemory(fmt::format(
+        "{} could not pin it ({}); load without PlanOptions::pin_cpu_tensors (--pin-memory), or "
+        "free pinned memory",
+        pin_device_->Info().name, staging->why_pageable));
+  }
+  block->data = std::move(staging->data);
+  std::byte* data = block->data.get() + skew;
+  return Memory{std::shared_ptr<std::byte>(block, data), data};
+}
+
 Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_only) {
   const TensorPlan& tp = plan_.tensors[t];
   const TensorInfo& src = checkpoint_.tensors()[tp.source];
@@ -129,6 +176,12 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_onl
     }
     // Not owned: the caller keeps it alive until the load is done.
     return Memory{std::shared_ptr<std::byte>(std::shared_ptr<void>(), given.data()), given.data()};
+  }
+  if (tp.pinned) {
+    auto pinned = Pinned(tp.nbytes, InPhaseSkew(src.offset) * (tp.conversion == Conversion::kNone &&
+                                                               !plan_.routes.align_tensors));
+    if (!pinned.ok()) return failed(pinned.status());
+    return *std::move(pinned);
   }
   if (plan_.routes.mmap && tp.conversion == Conversion::kNone && !mappings_.empty()) {
     auto* data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;

@@ -38,7 +38,10 @@ class Destinations {
 
   // The start's steps. Resolve: each plan target to one of `devices` (InvalidArgument naming the
   // first tensor planned on a device this Loader does not have; `device_log` says what it has).
+  // Tensors planned pinned need a GPU: Unsupported when the Loader has none.
   Status Resolve(const std::string& device_log);
+  // The backend line's note on pinned CPU tensors (empty when none are planned).
+  std::string PinnedNote() const;
   Status MapFiles();  // ReadRouteOptions::mmap: every file mapped privately
   // Opens fresh pages when some tensor wants them; the backend line's note (empty when none do).
   std::string OpenFreshPages();
@@ -61,6 +64,10 @@ class Destinations {
   Result<Memory> ForSharedRead(const ReadChunk& read);
 
  private:
+  // `bytes` (+ `skew` before them) of pin_device_'s pinned host memory. Errors: OutOfMemory
+  // (budget; the driver would not pin).
+  Result<Memory> Pinned(uint64_t bytes, uint64_t skew);
+
   // How far into its first page memory for bytes at file offset `offset` starts, so that
   // O_DIRECT reads land in it in one piece: the offset's phase, or 0 without direct I/O.
   uint64_t InPhaseSkew(uint64_t offset) const { return direct_io_ ? offset % kHostAlignment : 0; }
@@ -74,6 +81,9 @@ class Destinations {
   SmallTensorArena small_tensors_;
   std::vector<int> target_device_;  // per plan.targets entry: index into devices_, -1 for cpu
   std::shared_ptr<device::Device> staging_device_;
+  // Whose pinned host memory TensorPlan::pinned tensors get: the staging device, else the
+  // Loader's first GPU; null when none are planned.
+  std::shared_ptr<device::Device> pin_device_;
   std::unique_ptr<FreshPages> fresh_;
   std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
 };

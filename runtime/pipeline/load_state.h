@@ -203,8 +203,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     ReadRoute route = ReadRoute::kInPlace;
     int slot = -1;       // its staging slot while staged
     int parts_left = 0;  // CPU/device parts of a staged chunk not yet done
-    // Into the caller's memory, and copies from a mapping are guarded: when its bytes are
-    // cached, a worker copies them (routes.h, TurnFacts::cached).
+    // Into memory that exists (TensorPlan::memory_given: the caller's, pinned), and copies from a
+    // mapping are guarded: when its bytes are cached, a worker copies them (routes.h).
     bool copy_when_cached = false;
     pipeline::TraceRecorder::Clock::time_point submitted{};  // when tracing
   };

@@ -25,7 +25,7 @@ ReadRoute RouteAtStart(ReadRoute planned, const ReadRouteOptions& options, const
 // Where a read's bytes are when its turn comes; each is asked only of the reads that need it.
 struct TurnFacts {
   // The reader offers a view of them in the page cache. Asked of kFreshPages reads, and of reads
-  // into the caller's memory (TensorPlan::caller_memory) that are not cold, when this load's
+  // into memory that exists (TensorPlan::memory_given) that are not cold, when this load's
   // copies from a mapping are guarded (io/mapped_copy.h): the workers copy those with streaming
   // stores, which a read into existing memory cannot match.
   bool cached = false;

@@ -68,10 +68,12 @@ void LoadHandle::State::RouteChunks() {
   const pipeline::StartFacts facts{destinations_.has_fresh_pages(), loader_options.direct_io};
   chunks_.resize(plan.reads.size());
   staged_only_.assign(tensors.size(), true);
-  const bool caller_memory = std::any_of(plan.tensors.begin(), plan.tensors.end(),
-                                         [](const TensorPlan& tp) { return tp.caller_memory; });
+  // Memory that exists before the load (the caller's; pinned, which pinning populated) is
+  // filled from the page cache by the workers' streaming copy when the copy is guarded.
+  const bool given = std::any_of(plan.tensors.begin(), plan.tensors.end(),
+                                 [](const TensorPlan& tp) { return tp.memory_given(); });
   bool guarded = false;
-  if (caller_memory) {
+  if (given) {
     const Status s = io::PrepareMappedCopy();
     guarded = s.ok();
     if (!guarded) {
@@ -83,7 +85,7 @@ void LoadHandle::State::RouteChunks() {
     const ReadChunk& read = plan.reads[i];
     chunks_[i].route = pipeline::RouteAtStart(read.route, plan.routes, facts);
     chunks_[i].copy_when_cached = guarded && !read.shared_buffer && read.tensors.size() == 1 &&
-                                  plan.tensors[read.tensors[0]].caller_memory;
+                                  plan.tensors[read.tensors[0]].memory_given();
     if (chunks_[i].route != ReadRoute::kStaged) {
       for (uint32_t t : read.tensors) staged_only_[t] = false;
     }
@@ -134,7 +136,8 @@ Status LoadHandle::State::OpenReader() {
 Status LoadHandle::State::OpenDestinations() {
   LOADSTONE_RETURN_IF_ERROR(destinations_.Resolve(device_log));
   if (plan.routes.mmap) LOADSTONE_RETURN_IF_ERROR(destinations_.MapFiles());
-  if (const std::string note = destinations_.OpenFreshPages(); !note.empty()) {
+  for (const std::string& note : {destinations_.OpenFreshPages(), destinations_.PinnedNote()}) {
+    if (note.empty()) continue;
     std::lock_guard lock(callbacks_mu);
     backend_description += "; " + note;
   }

@@ -71,6 +71,14 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
     if (tp.fresh_pages && plan.targets[tp.device] != Device::Cpu()) {
       return Refused(fmt::format("tensor '{}' is in fresh pages but not on the CPU", src.name));
     }
+    if (tp.memory_given() &&
+        (plan.targets[tp.device] != Device::Cpu() || tp.fresh_pages || (tp.caller_memory && tp.pinned))) {
+      return Refused(fmt::format("tensor '{}' is in {} memory, but {}", src.name,
+                                 tp.pinned ? "pinned" : "the caller's",
+                                 tp.fresh_pages ? "also in fresh pages"
+                                 : tp.caller_memory && tp.pinned ? "both the caller's and pinned"
+                                                                 : "not on the CPU"));
+    }
     if (tp.conversion == Conversion::kDequantFp8Block) {
       LOADSTONE_RETURN_IF_ERROR(CheckFp8(checkpoint, plan, tp));
     }
@@ -89,7 +97,8 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
     uint64_t at = r.offset;
     for (uint32_t t : r.tensors) {
       const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-      if (!IsUnconvertedCpu(plan, t) || src.file != r.file || src.offset < at ||
+      if (!IsUnconvertedCpu(plan, t) || plan.tensors[t].memory_given() || src.file != r.file ||
+          src.offset < at ||
           src.offset - at > kCoalesceGap ||
           plan.tensors[t].fresh_pages != plan.tensors[r.tensors.front()].fresh_pages) {
         return Refused(fmt::format("the shared buffer of '{}' is not its tensors' bytes in file "
@@ -110,6 +119,10 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
   const bool fresh = plan.tensors[r.tensors.front()].fresh_pages;
   if (r.route == ReadRoute::kMapped && !plan.routes.mmap) {
     return Refused(fmt::format("tensor '{}' is mapped without ReadRouteOptions::mmap", first.name));
+  }
+  if (r.route == ReadRoute::kMapped && plan.tensors[r.tensors.front()].memory_given()) {
+    return Refused(fmt::format("tensor '{}' is mapped, but its memory is given (caller's or pinned)",
+                               first.name));
   }
   if ((r.route == ReadRoute::kFreshPages) != (fresh && r.route != ReadRoute::kStaged)) {
     return Refused(fmt::format("tensor '{}' is read {} into {}", first.name,

@@ -19,7 +19,9 @@ namespace loadstone::planning {
 // - a route does not fit its read: kPageCacheCopy planned, an unstaged route for a converted,
 //   device or coalesced tensor, kMapped without ReadRouteOptions::mmap, kFreshPages for memory
 //   that is not fresh pages, a fresh-pages tensor read by the reader, a shared buffer that is not
-//   its tensors' bytes back to back.
+//   its tensors' bytes back to back;
+// - memory given from elsewhere (TensorPlan::caller_memory, pinned) off the CPU, in fresh pages,
+//   mapped or in a shared buffer, or both at once.
 Status CheckPlanFor(const Checkpoint& checkpoint, const LoadPlan& plan);
 
 }  // namespace loadstone::planning

@@ -378,11 +378,11 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   plan.offload_folder = options.offload_folder;
   CountUsage(plan, planner.device_of(), &plan.devices.usage);
   planning::IndexTargets(planner.device_of(), &plan);
-  if (options.caller_memory) {
-    for (uint32_t t = 0; t < plan.tensors.size(); ++t) {
-      TensorPlan& tp = plan.tensors[t];
-      tp.caller_memory = plan.device_of(t) == Device::Cpu() && options.caller_memory(infos[tp.source]);
-    }
+  for (uint32_t t = 0; t < plan.tensors.size(); ++t) {
+    if (plan.device_of(t) != Device::Cpu()) continue;
+    TensorPlan& tp = plan.tensors[t];
+    tp.caller_memory = options.caller_memory && options.caller_memory(infos[tp.source]);
+    tp.pinned = options.pin_cpu_tensors && !tp.caller_memory;
   }
   plan.routes = options.routes;
   planning::ChooseFreshPages(&plan);

@@ -45,8 +45,8 @@ ReadRoute UnconvertedCpuRoute(bool fresh, const ReadRouteOptions& routes) {
 
 ReadRoute RouteOf(const LoadPlan& plan, uint32_t t) {
   if (!IsUnconvertedCpu(plan, t)) return ReadRoute::kStaged;
-  // The caller's memory is never mapped nor fresh pages.
-  if (plan.tensors[t].caller_memory) return RouteWithoutFreshPages(plan.routes);
+  // Memory from elsewhere (the caller's, pinned) is never mapped nor fresh pages.
+  if (plan.tensors[t].memory_given()) return RouteWithoutFreshPages(plan.routes);
   return UnconvertedCpuRoute(plan.tensors[t].fresh_pages, plan.routes);
 }
 
@@ -64,7 +64,7 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
   for (uint32_t i : small) {
     const TensorInfo& src = infos[plan->tensors[i].source];
     const bool share = RouteOf(*plan, i) != ReadRoute::kStaged && !plan->routes.align_tensors &&
-                       !plan->tensors[i].caller_memory;
+                       !plan->tensors[i].memory_given();
     if (keyed->size() > first_small) {
       auto& [key, last] = keyed->back();
       const uint64_t end = last.offset + last.length;
@@ -192,7 +192,7 @@ void ChooseFreshPages(LoadPlan* plan) {
     TensorPlan& tp = plan->tensors[i];
     tp.fresh_pages = plan->device_of(i) == Device::Cpu() && tp.nbytes >= kFreshPagesMin &&
                      !(plan->routes.mmap && tp.conversion == Conversion::kNone) &&
-                     !tp.caller_memory;
+                     !tp.memory_given();
   }
 }
 

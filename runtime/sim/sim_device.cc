@@ -67,6 +67,7 @@ Result<HostStaging> SimDevice::AllocateStaging(uint64_t bytes) {
   staging.bytes = bytes;
   staging.pinned = false;
   staging.why_pageable = "a simulated device: host memory, nothing to pin";
+  staging.simulated = true;
   return staging;
 }
 

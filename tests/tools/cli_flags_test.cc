@@ -256,6 +256,34 @@ TEST_CASE("cli: --assume-gpus plans for a machine that is not this one, and load
   CHECK(RunCli("plan " + m.path + " --assume-gpus two").err.find("give COUNTxSIZE") != std::string::npos);
 }
 
+TEST_CASE("cli: --pin-memory plans pinned CPU tensors, pins on a GPU, refuses without one",
+          "[tools][cli]") {
+  TempDir dir;
+  static const std::vector<std::byte> bytes(1 << 20);
+  const std::string path = dir.Path("model.safetensors");
+  REQUIRE(WriteSafetensors(path, {{"w", DType::kF16, {512, 1024}, bytes, {}}}).ok());
+  const auto plan = RunCli("plan " + path + " --device-map cpu --json --pin-memory");
+  INFO(plan.err);
+  REQUIRE(plan.code == 0);
+  CHECK(nlohmann::json::parse(plan.out).at("pinned_bytes") == bytes.size());
+  CHECK(nlohmann::json::parse(RunCli("plan " + path + " --device-map cpu --json").out)
+            .at("pinned_bytes") == 0);
+  CHECK(RunCli("plan " + path + " --device-map cpu --pin-memory").out.find("pinned: 1 CPU tensors") !=
+        std::string::npos);
+  // A simulated GPU: loaded, and the backend says the memory is ordinary.
+  const auto sim = RunCli("load " + path + " --pin-memory --assume-gpus 1x1GiB --json");
+  INFO(sim.err);
+  REQUIRE(sim.code == 0);
+  CHECK(nlohmann::json::parse(sim.out).at("backend").get<std::string>().find(
+            "cuda:0 is simulated, they are ordinary host memory") != std::string::npos);
+  // This machine's own GPUs: none in CI, so the load is refused, in one line.
+  const auto here = RunCli("load " + path + " --pin-memory");
+  if (here.code != 0) {
+    CHECK(here.err.find("no GPU to pin it for") != std::string::npos);
+    CHECK(OneErrorLine(here));
+  }
+}
+
 TEST_CASE("cli: plan shows each read's route, the route flags change it, load reports the routes taken",
           "[tools][cli]") {
   TempDir dir;

@@ -66,6 +66,9 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
     }
     std::cout << ", \"offload_folder\": " << Quote(load_plan->offload_folder)
               << ", \"disk\": " << disk.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    uint64_t pinned = 0;
+    for (const TensorPlan& t : load_plan->tensors) pinned += t.pinned ? t.nbytes : 0;
+    std::cout << ", \"pinned_bytes\": " << pinned;
     std::cout << ", \"reads\": " << load_plan->reads.size()
               << ", \"routes\": " << RoutesJson(load_plan->RouteTotals()).dump();
   }
@@ -122,6 +125,16 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
                              in_place, load_plan->offloaded.size() - in_place,
                              load_plan->offload_folder.empty() ? "(no folder)"
                                                                : load_plan->offload_folder);
+  }
+  size_t pinned = 0;
+  uint64_t pinned_bytes = 0;
+  for (const TensorPlan& t : load_plan->tensors) {
+    pinned += t.pinned;
+    pinned_bytes += t.pinned ? t.nbytes : 0;
+  }
+  if (pinned > 0) {
+    std::cout << fmt::format("\npinned: {} CPU tensors, {}, in pinned host memory of the GPU\n",
+                             pinned, HumanBytes(pinned_bytes));
   }
   std::cout << fmt::format("\nreads: {}\n", load_plan->reads.size());
   const auto totals = load_plan->RouteTotals();

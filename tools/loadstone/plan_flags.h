@@ -47,6 +47,7 @@ struct PlanFlags {
   bool no_stage_cold = false;   // ReadRouteOptions
   bool no_fresh_pages = false;
   bool mmap = false;
+  bool pin_memory = false;  // PlanOptions::pin_cpu_tensors
   std::string assume_gpus;  // COUNTxSIZE: plan (and load) on a simulated machine
 
   // `path_required`: load and bench need a checkpoint; plan takes one, a description or both.
