@@ -48,11 +48,29 @@ M Fresh(uint64_t seed) {
   return model;
 }
 
+// The model's outputs, computed on the CPU: a model whose parameters sit on several real devices
+// (the `gpu` run) is copied into a CPU twin first — these models have no hooks that move
+// activations between devices, and the values, not the devices, are what is compared here
+// (CheckDeviceMapIsRespected checks the devices).
 template <typename M>
 torch::Tensor Run(M& model) {
   torch::NoGradGuard no_grad;
-  return model->forward(M::Impl::MakeInputs());
+  bool on_cpu = true;
+  for (const auto& t : model->parameters()) on_cpu = on_cpu && t.device().is_cpu();
+  for (const auto& t : model->buffers()) on_cpu = on_cpu && t.device().is_cpu();
+  if (on_cpu) return model->forward(M::Impl::MakeInputs());
+  M twin;
+  twin->eval();
+  auto from = model->named_parameters();
+  for (auto& p : twin->named_parameters()) p.value().set_data(from[p.key()].to(at::kCPU));
+  auto buffers = model->named_buffers();
+  for (auto& b : twin->named_buffers()) b.value().set_data(buffers[b.key()].to(at::kCPU));
+  return twin->forward(M::Impl::MakeInputs());
 }
+
+// LOADSTONE_DIFFUSERS_GPU=1 (the `diffusers_gpu` CTest entry, label `gpu`): devices 0 and 1 are
+// this machine's real GPUs instead of simulated ones (main.cc skips where there are none).
+bool RealGpus() { return std::getenv("LOADSTONE_DIFFUSERS_GPU") != nullptr; }
 
 // compute_module_sizes(model)[""]: every parameter and buffer.
 uint64_t ModelSize(const torch::nn::Module& m) {
@@ -62,7 +80,15 @@ uint64_t ModelSize(const torch::nn::Module& m) {
   return n;
 }
 
+// `count` simulated GPUs of 1 GiB; in the `gpu` run this machine (null when it has fewer than
+// `count` GPUs: the test then says it is skipped). No GPUs at all is always simulated.
 std::shared_ptr<const Platform> SimGpus(int count) {
+  if (RealGpus() && count > 0) {
+    auto here = Platform::Default();
+    if (static_cast<int>(here->Gpus().size()) >= count) return here;
+    WARN("skipped: needs " << count << " GPUs, this machine has " << here->Gpus().size());
+    return nullptr;
+  }
   return SimulatedPlatformWithDevices(SimulatedMachine{std::vector<uint64_t>(count, 1ULL << 30), 16ULL << 30});
 }
 
@@ -83,6 +109,12 @@ void CheckDeviceMapIsRespected(M& model, const libtorch::Placement& placement) {
     REQUIRE(placement.device_of.count(p.key()) == 1);
     CHECK(placement.device_of.at(p.key()) == want->ToString());
     if (want->type == Device::Type::kDisk) CHECK(p.value().numel() == 0);
+    // On real GPUs the parameter is there; simulated, GPU tensors are host memory.
+    if (!placement.simulated && want->is_gpu()) {
+      CHECK(p.value().device() == c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(want->index)));
+    } else if (want->type == Device::Type::kCpu) {
+      CHECK(p.value().device().is_cpu());
+    }
   }
 }
 
@@ -146,6 +178,7 @@ void CheckAutoMap(M& model, const MaxMemory& max_memory, int gpus, const std::se
   opt.device_map = DeviceMapArg::Name("auto");
   opt.max_memory = max_memory;
   opt.platform = SimGpus(gpus);
+  if (!opt.platform) return;  // too few real GPUs (SimGpus)
   auto [loaded, report] = ReloadAndCompare<M>(dir.path, opt, base, 1e-5);
   CHECK(MapValues(report.placement.device_map) == values);
   CheckDeviceMapIsRespected(loaded, report.placement);
@@ -276,6 +309,7 @@ TEMPLATE_TEST_CASE("sharded_checkpoints_device_map", "[diffusers][sim]", MODELS)
   TorchLoadOptions opt;
   opt.device_map = DeviceMapArg::Name("auto");
   opt.platform = SimGpus(1);
+  if (!opt.platform) return;  // too few real GPUs (SimGpus)
   auto [loaded, report] = ReloadAndCompare<TestType>(dir.path, opt, base, 1e-5);
   CHECK(MapValues(report.placement.device_map) == std::set<std::string>{"0"});
   CheckDeviceMapIsRespected(loaded, report.placement);
@@ -292,6 +326,32 @@ TEMPLATE_TEST_CASE("cpu_offload", "[diffusers][sim]", MODELS) {
   }
 }
 
+TEST_CASE("cpu_offload with pinned memory: the cpu part pinned on request, refused without a GPU",
+          "[diffusers][sim]") {
+  auto model = Fresh<UNet2DConditionModel>(1);
+  const auto base = Run(model);
+  const uint64_t size = ModelSize(*model);
+  TempDir dir;
+  REQUIRE_OK(SavePretrained(*model, dir.path));
+  TorchLoadOptions opt;
+  opt.device_map = DeviceMapArg::Name("auto");
+  opt.max_memory = MaxMemory{{"0", static_cast<int64_t>(size / 2)}, {"cpu", static_cast<int64_t>(size * 2)}};
+  opt.pin_memory = true;
+  opt.platform = SimGpus(1);
+  if (!opt.platform) return;  // too few real GPUs (SimGpus)
+  auto [loaded, report] = ReloadAndCompare<UNet2DConditionModel>(dir.path, opt, base, 1e-5);
+  CHECK(MapValues(report.placement.device_map) == std::set<std::string>{"0", "\"cpu\""});
+  CheckDeviceMapIsRespected(loaded, report.placement);
+  // A machine without a GPU has nothing to pin for: an error, not pageable memory said to be pinned.
+  TorchLoadOptions cpu_only;
+  cpu_only.pin_memory = true;
+  cpu_only.platform = SimGpus(0);
+  auto refused = LoadInto(*Fresh<UNet2DConditionModel>(2), dir.path, cpu_only);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kUnsupported);
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("no GPU to pin it for"));
+}
+
 TEMPLATE_TEST_CASE("disk_offload_without_safetensors", "[diffusers][sim]", MODELS) {
   auto model = Fresh<TestType>(1);
   const auto base = Run(model);
@@ -304,6 +364,7 @@ TEMPLATE_TEST_CASE("disk_offload_without_safetensors", "[diffusers][sim]", MODEL
   opt.device_map = DeviceMapArg::Name("auto");
   opt.max_memory = MaxMemory{{"0", static_cast<int64_t>(max_size)}, {"cpu", static_cast<int64_t>(max_size / 10)}};
   opt.platform = SimGpus(1);
+  if (!opt.platform) return;  // too few real GPUs (SimGpus)
   {
     auto loaded = Fresh<TestType>(2);
     auto refused = LoadInto(*loaded, dir.path, opt);
@@ -339,6 +400,7 @@ TEMPLATE_TEST_CASE("disk_offload_with_safetensors", "[diffusers][sim]", MODELS) 
   opt.device_map = DeviceMapArg::Name("auto");
   opt.max_memory = MaxMemory{{"0", static_cast<int64_t>(max_size)}, {"cpu", static_cast<int64_t>(max_size / 10)}};
   opt.platform = SimGpus(1);
+  if (!opt.platform) return;  // too few real GPUs (SimGpus)
   auto loaded = Fresh<TestType>(2);
   auto report = LoadInto(*loaded, dir.path, opt);  // no folder needed: read in place
   REQUIRE_OK(report);
@@ -551,6 +613,7 @@ TEST_CASE("copy_into_parameters with a device map: GPU tensors are copied, host 
   opt.device_map = DeviceMapArg::Name("auto");
   opt.max_memory = MaxMemory{{"0", static_cast<int64_t>(size / 2)}, {"cpu", static_cast<int64_t>(size * 2)}};
   opt.platform = SimGpus(1);
+  if (!opt.platform) return;  // too few real GPUs (SimGpus)
   auto report = LoadInto(*loaded, dir.path, opt);
   REQUIRE_OK(report);
   CHECK(MapValues(report->placement.device_map) == std::set<std::string>{"0", "\"cpu\""});
