@@ -87,6 +87,11 @@ PlanOptions Pinning() {
   return opt;
 }
 
+// The mixed test checkpoint, planned with pinning.
+struct PinnedModel : testing::MixedModel {
+  LoadPlan pinned = PlanOf(ckpt, Pinning());
+};
+
 }  // namespace
 
 TEST_CASE("pinned: the plan pins CPU tensors only, never as fresh pages, shared or mapped",
@@ -115,10 +120,9 @@ TEST_CASE("pinned: the plan pins CPU tensors only, never as fresh pages, shared 
 
 TEST_CASE("pinned: CPU tensors land in the GPU's pinned staging, warm and cold, all given back",
           "[pipeline]") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt, Pinning());
-  REQUIRE(plan.ok());
+  PinnedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan* plan = &model.pinned;
   auto gpu = std::make_shared<PinningDevice>(/*pins=*/true);
   {
     Loader loader(testing::OnDevices({gpu}));
@@ -146,10 +150,9 @@ TEST_CASE("pinned: CPU tensors land in the GPU's pinned staging, warm and cold, 
 
 TEST_CASE("pinned: a driver that will not pin fails the load naming the tensor, and no GPU refuses",
           "[pipeline]") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt, Pinning());
-  REQUIRE(plan.ok());
+  PinnedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan* plan = &model.pinned;
   {
     Loader loader(testing::OnDevices({std::make_shared<PinningDevice>(/*pins=*/false)}));
     const Status s = loader.Load(ckpt, *plan).Done().get();
@@ -170,10 +173,9 @@ TEST_CASE("pinned: a driver that will not pin fails the load naming the tensor, 
 
 TEST_CASE("pinned: on a simulated GPU the memory is ordinary, and the backend says so",
           "[pipeline][sim]") {
-  TempDir dir;
-  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  auto plan = Plan(ckpt, Pinning());
-  REQUIRE(plan.ok());
+  PinnedModel model;
+  const Checkpoint& ckpt = model.ckpt;
+  const LoadPlan* plan = &model.pinned;
   auto sim = std::make_shared<device::SimDevice>(device::SimDeviceOptions{});
   Loader loader(testing::OnDevices({sim}));
   LoadHandle load = loader.Load(ckpt, *plan);
