@@ -48,6 +48,10 @@ struct OffloadOptions {
   // many bytes (a larger tensor alone), each batch written, then freed.
   uint64_t batch_bytes = 256ULL << 20;
   LoadOptions load;  // for each batch's load (host_memory_limit, trace, progress)
+  // Asked every 50 ms while a batch loads and between batches (from the calling thread): true
+  // cancels the batch's load, and WriteOffload then fails with Cancelled as any failure does
+  // (the .dat files it wrote removed, index.json as it was). Unset: never cancelled.
+  std::function<bool()> cancelled;
 };
 
 struct OffloadSummary {

@@ -46,6 +46,11 @@ Status WriteBatch(Loader& loader, const Checkpoint& checkpoint,
   opt.platform = loader.platform();
   LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(checkpoint, opt));
   LoadHandle load = loader.Load(checkpoint, plan, options.load);
+  if (options.cancelled) {
+    while (load.Done().wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+      if (options.cancelled()) load.Cancel();
+    }
+  }
   LOADSTONE_RETURN_IF_ERROR(load.Done().get());
   for (const Tensor& t : load.Tensors()) {
     if (!names.contains(t.name())) continue;  // a float8 weight's scales, loaded with it
@@ -105,6 +110,9 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
   uint64_t batch_bytes = 0;
   auto flush = [&]() -> Status {
     if (batch.empty()) return Status::OK();
+    if (options.cancelled && options.cancelled()) {
+      return Status::Cancelled("writing the offload folder was cancelled");
+    }
     LOADSTONE_RETURN_IF_ERROR(WriteBatch(loader, checkpoint, batch, folder, options, written, summary));
     batch.clear();
     batch_bytes = 0;

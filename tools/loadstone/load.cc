@@ -192,7 +192,14 @@ int RunLoad(const LoadArgs& args) {
   }
   if (!wait.status.ok()) return ReportError(wait.status);
   // The disk tensors: written to the offload folder (those not read in place).
-  auto written = WriteOffload(loader, *in->checkpoint, *plan);
+  OffloadOptions offload;
+  offload.cancelled = [&interrupt] { return interrupt.interrupted(); };
+  auto written = WriteOffload(loader, *in->checkpoint, *plan, offload);
+  if (!written.ok() && written.status().code() == StatusCode::kCancelled && interrupt.interrupted()) {
+    std::cerr << "cancelled (Ctrl-C) while writing the offload folder: the .dat files written are "
+                 "removed and index.json is as it was\n";
+    return 130;
+  }
   if (!written.ok()) return ReportError(written.status());
 
   const double first_ms = first_tensor_ns.load() / 1e6;

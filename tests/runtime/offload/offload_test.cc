@@ -206,6 +206,27 @@ TEST_CASE("offload: a write that fails leaves the folder as it was and the Loade
   CHECK(Checkpoint::Open(dir.Path("off")).ok());
 }
 
+TEST_CASE("offload: a cancelled write (Ctrl-C) leaves the folder as it was", "[offload]") {
+  TempDir dir;
+  auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
+  REQUIRE(ckpt.ok());
+  const LoadPlan plan = PlanWithDisk(*ckpt, dir.Path("off"));
+  Loader loader;
+  // Cancelled after the first batch: one tensor a batch, so some .dat files were written first.
+  OffloadOptions options;
+  options.batch_bytes = 1;
+  int asked = 0;
+  options.cancelled = [&] { return ++asked > 1; };
+  auto cancelled = WriteOffload(loader, *ckpt, plan, options);
+  REQUIRE_FALSE(cancelled.ok());
+  CHECK(cancelled.status().code() == StatusCode::kCancelled);
+  CHECK(asked > 1);
+  CHECK(fs::is_empty(dir.Path("off")));  // the batches written before are removed, no index.json
+  auto again = WriteOffload(loader, *ckpt, plan);
+  REQUIRE(again.ok());
+  CHECK(again->written == 7);
+}
+
 TEST_CASE("offload: a folder written for another plan is refused, not read as this one's", "[offload]") {
   Offloaded off;  // written for the stored dtypes
   PlanOptions opt;
