@@ -399,6 +399,13 @@ uint64_t TensorInfo::numel() const {
   return n;
 }
 
+uint64_t TensorInfo::element_count() const {
+  if (!packed) return numel();
+  uint64_t n = 1;
+  for (uint64_t d : packed->element_shape) n *= d;
+  return n;
+}
+
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
 Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {

@@ -75,6 +75,8 @@ struct TensorInfo {
   std::optional<PackedLayout> packed;
 
   uint64_t numel() const;  // 1 for a scalar, 0 when any dimension is 0
+  // Its elements: numel(), or for a packed tensor those of PackedLayout::element_shape.
+  uint64_t element_count() const;
   // Its file bytes are the tensor as loaded before any cast: contiguous and little-endian.
   bool plain_layout() const { return strides.empty() && !big_endian; }
 };

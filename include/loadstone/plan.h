@@ -36,9 +36,14 @@ enum class Conversion {
   // (for a GPU target, before the device copies the result). A cast of such a tensor is a kCast
   // that does the same first.
   kRelayout,
+  // A packed block-quantized tensor (TensorInfo::packed: GGUF Q4_0 ... Q6_K) decoded into `dtype`
+  // (specs/quant.md, "GGUF blocks"; runtime/convert/gguf_blocks.h), by a CPU worker as its read
+  // completes (for a GPU target, before the device copies the result: no device kernel yet).
+  // Its reads hold whole blocks; its shape once loaded is PackedLayout::element_shape.
+  kDequantBlocks,
 };
 
-// "none", "cast", "fp8-block-dequant", "relayout".
+// "none", "cast", "fp8-block-dequant", "relayout", "block-dequant".
 std::string_view ConversionName(Conversion conversion);
 
 struct TensorPlan {
@@ -56,10 +61,10 @@ struct TensorPlan {
   // by the reader: a CPU tensor of 64 KiB or more, or any tensor of a shared buffer of 64 KiB or
   // more (ReadChunk::shared_buffer).
   bool fresh_pages = false;
-  // Its memory is the caller's (PlanOptions::caller_memory, LoadOptions::destination): read
-  // straight into it when its bytes are cached, staged and copied into it when they are not
-  // (with stage_cold_reads; without, read straight into it either way); never fresh pages, a
-  // shared buffer or a mapping.
+  // Its memory is the caller's (PlanOptions::caller_memory, LoadOptions::destination): copied
+  // into by the workers out of the page cache when its bytes are cached (route taken: page-cache
+  // copy), staged and copied into it when they are cold (with stage_cold_reads; without, read
+  // straight into it); never fresh pages, a shared buffer or a mapping.
   bool caller_memory = false;
   // Its memory is pinned host memory of the load's GPU (PlanOptions::pin_cpu_tensors): read in
   // place (staged when cold), never fresh pages, a shared buffer or a mapping.
@@ -205,6 +210,11 @@ struct PlanOptions : DeviceMapOptions {
   // tensor) when the driver refuses to pin; on a simulated GPU the memory is ordinary host memory,
   // and the load's backend line says so.
   bool pin_cpu_tensors = false;
+  // Quantized tensors stay packed, as stored, even with a target dtype (for engines with their
+  // own kernels): sized and placed by their stored bytes. Without it a target dtype dequantizes
+  // every packed tensor loadstone can decode (Conversion::kDequantBlocks; keep_in_fp32 applies
+  // to the result); the others stay packed, with a plan warning naming them.
+  bool keep_packed = false;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;
   // Tensors smaller than this (and than max_chunk) are coalesced with their file neighbours into

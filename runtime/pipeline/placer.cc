@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "runtime/convert/cast.h"
+#include "runtime/convert/gguf_blocks.h"
 #include "runtime/convert/relayout.h"
 
 namespace loadstone::pipeline {
@@ -56,6 +57,19 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
     hi = lo + plain.size();
   }
   const bool fresh = destinations_.Fresh(t);
+  if (tp.conversion == Conversion::kDequantBlocks) {
+    LOADSTONE_ASSIGN_OR_RETURN(const Blocks b, BlocksOf(t, lo, hi));
+    std::byte* to = data + b.first * b.out_bytes;
+    auto decode = [&](std::byte* out, uint64_t at, uint64_t count) {
+      return convert::DequantGgufBlocks(src.packed->scheme, tp.dtype, from + at * b.in_bytes, out,
+                                        count);
+    };
+    if (!fresh) return decode(to, 0, b.count);
+    return destinations_.fresh_pages().WriteConverted(
+        to, b.count * b.out_bytes, [&](std::byte* out, uint64_t offset, uint64_t n) {
+          return decode(out, offset / b.out_bytes, n / b.out_bytes);
+        });
+  }
   if (tp.conversion == Conversion::kNone || tp.conversion == Conversion::kRelayout) {
     std::byte* to = data + (lo - src.offset);
     if (fresh) return destinations_.fresh_pages().Write(to, from, hi - lo);
@@ -79,6 +93,45 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
       to, count * dst_elem, [&](std::byte* out, uint64_t offset, uint64_t n) {
         return convert(out, offset / dst_elem, n / dst_elem);
       });
+}
+
+Result<Placer::Blocks> Placer::BlocksOf(uint32_t t, uint64_t lo, uint64_t hi) const {
+  const TensorPlan& tp = plan_.tensors[t];
+  const TensorInfo& src = checkpoint_.tensors()[tp.source];
+  Blocks b;
+  b.in_bytes = src.packed->block_bytes;
+  b.out_bytes = uint64_t{src.packed->block_elems} * (DTypeBits(tp.dtype) / 8);
+  if (b.in_bytes == 0 || (lo - src.offset) % b.in_bytes != 0 || (hi - lo) % b.in_bytes != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "tensor '{}': the plan reads a piece [{}, {}) that is not whole {} blocks (a plan not made "
+        "by Plan()?)", src.name, lo, hi, src.packed->scheme));
+  }
+  b.first = (lo - src.offset) / b.in_bytes;
+  b.count = (hi - lo) / b.in_bytes;
+  return b;
+}
+
+Status Placer::Dequantize(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi,
+                          std::vector<std::byte>* out) const {
+  const TensorPlan& tp = plan_.tensors[t];
+  LOADSTONE_ASSIGN_OR_RETURN(const Blocks b, BlocksOf(t, lo, hi));
+  out->resize(b.count * b.out_bytes);
+  return convert::DequantGgufBlocks(checkpoint_.tensors()[tp.source].packed->scheme, tp.dtype, from,
+                                    out->data(), b.count);
+}
+
+device::PlaceJob Placer::DequantizedJob(uint32_t t, std::byte* data,
+                                        const std::vector<std::byte>& decoded, uint64_t lo) const {
+  const TensorInfo& src = checkpoint_.tensors()[plan_.tensors[t].source];
+  const uint64_t first = (lo - src.offset) / src.packed->block_bytes;
+  const uint64_t out_bytes =
+      uint64_t{src.packed->block_elems} * (DTypeBits(plan_.tensors[t].dtype) / 8);
+  device::PlaceJob job;
+  job.src = decoded.data();
+  job.bytes = job.count = decoded.size();
+  job.from = job.to = DType::kU8;  // a copy of what the worker decoded
+  job.dst = data + first * out_bytes;
+  return job;
 }
 
 device::PlaceJob Placer::DeviceJob(const ReadChunk& read, uint32_t t, std::byte* data,

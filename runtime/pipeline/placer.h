@@ -49,10 +49,26 @@ class Placer {
   // elements) at `from`, in C order and little-endian, into `plain`.
   Status Relayout(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi,
                   std::vector<std::byte>* plain) const;
+  // The file bytes [lo, hi) of kDequantBlocks tensor `t` (whole blocks) at `from`, decoded into
+  // `out` (what a device then copies: DequantizedJob). Errors: InvalidArgument for a piece that
+  // cuts a block.
+  Status Dequantize(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi,
+                    std::vector<std::byte>* out) const;
+  // The copy of `decoded` (Dequantize of the piece starting at file byte `lo`) into the device
+  // memory `data` of tensor `t`.
+  device::PlaceJob DequantizedJob(uint32_t t, std::byte* data, const std::vector<std::byte>& decoded,
+                                  uint64_t lo) const;
   // The block layout of dequantized tensor `t`, its scales in place at `scales`.
   convert::Fp8BlockScales Fp8Layout(uint32_t t, const std::byte* scales) const;
 
  private:
+  // Where the piece [lo, hi) of kDequantBlocks tensor `t` sits: its first block, how many, and
+  // the bytes of one block in the file and once decoded.
+  struct Blocks {
+    uint64_t first = 0, count = 0, in_bytes = 0, out_bytes = 0;
+  };
+  Result<Blocks> BlocksOf(uint32_t t, uint64_t lo, uint64_t hi) const;
+
   const Checkpoint& checkpoint_;
   const LoadPlan& plan_;
   const Destinations& destinations_;

@@ -32,9 +32,9 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     ++chunks_[id].parts_left;
     ++conversions_in_flight_;
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-    if (!src.plain_layout()) {
+    if (!src.plain_layout() || plan.tensors[t].conversion == Conversion::kDequantBlocks) {
       asio::post(workers, [self = shared_from_this(), id, slot, t] {
-        self->RelayoutForDevice(id, slot, t);
+        self->PrepareForDevice(id, slot, t);
       });
       continue;
     }
@@ -50,20 +50,24 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
   }
 }
 
-void LoadHandle::State::RelayoutForDevice(uint64_t id, size_t slot, uint32_t t) {
+void LoadHandle::State::PrepareForDevice(uint64_t id, size_t slot, uint32_t t) {
   const ReadChunk& chunk = plan.reads[id];
   const auto [lo, hi] = PieceOf(chunk, checkpoint.tensors()[plan.tensors[t].source]);
+  const bool decode = plan.tensors[t].conversion == Conversion::kDequantBlocks;
   auto plain = std::make_shared<std::vector<std::byte>>();
-  Status status =
-      placer_.Relayout(t, StagedBytes(id, slot) + (lo - chunk.offset), lo, hi, plain.get());
-  asio::post(loop, [self = shared_from_this(), id, slot, t, lo = lo, hi = hi,
+  const std::byte* from = StagedBytes(id, slot) + (lo - chunk.offset);
+  Status status = decode ? placer_.Dequantize(t, from, lo, hi, plain.get())
+                         : placer_.Relayout(t, from, lo, hi, plain.get());
+  asio::post(loop, [self = shared_from_this(), id, slot, t, lo = lo, hi = hi, decode,
                     plain = std::move(plain), status = std::move(status)]() mutable {
     if (!status.ok() || self->stopping_) {
       self->OnDevicePieceDone(id, slot, t, hi - lo, std::move(status));
       return;
     }
-    device::PlaceJob job = self->placer_.DeviceJobFrom(t, self->tensors[t].data, self->ScalesOf(t),
-                                                       plain->data(), lo, lo + plain->size());
+    device::PlaceJob job =
+        decode ? self->placer_.DequantizedJob(t, self->tensors[t].data, *plain, lo)
+               : self->placer_.DeviceJobFrom(t, self->tensors[t].data, self->ScalesOf(t),
+                                             plain->data(), lo, lo + plain->size());
     self->SubmitDevicePiece(id, slot, t, std::move(job), hi - lo, std::move(plain));
   });
 }

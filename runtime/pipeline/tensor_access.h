@@ -22,14 +22,16 @@ struct LoadNames {
 };
 
 struct TensorAccess {
-  // Tensor `info` (of names->checkpoint) on names->devices[device], as `dtype`.
+  // Tensor `info` (of names->checkpoint) on names->devices[device], as `dtype`; a packed tensor
+  // `dequantized` has the shape of its elements (PackedLayout::element_shape).
   static Tensor Make(const std::shared_ptr<const LoadNames>& names, const TensorInfo& info,
                      size_t device, DType dtype, std::shared_ptr<void> owner, std::byte* data,
-                     uint64_t nbytes, std::shared_ptr<const Tensor::HostCopier> copier) {
+                     uint64_t nbytes, std::shared_ptr<const Tensor::HostCopier> copier,
+                     bool dequantized = false) {
     Tensor t;
     t.names_owner_ = names;
     t.name_ = &info.name;
-    t.shape_ = &info.shape;
+    t.shape_ = dequantized && info.packed ? &info.packed->element_shape : &info.shape;
     t.device_ = &names->devices.at(device);
     t.dtype_ = dtype;
     t.owner_ = std::move(owner);

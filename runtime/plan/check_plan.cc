@@ -7,6 +7,7 @@
 
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
+#include "runtime/convert/gguf_blocks.h"
 #include "runtime/plan/schedule.h"
 
 namespace loadstone::planning {
@@ -60,9 +61,13 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
                                 ? convert::CanCast(src.dtype, tp.dtype)
                             : tp.conversion == Conversion::kRelayout
                                 ? tp.dtype == src.dtype && !src.plain_layout()
+                            : tp.conversion == Conversion::kDequantBlocks
+                                ? src.packed && convert::CanDequantGguf(src.packed->scheme, tp.dtype)
                                 : tp.conversion == Conversion::kDequantFp8Block;
-    if (!dtype_fits || static_cast<Wide>(tp.nbytes) * 8 !=
-                           static_cast<Wide>(src.numel()) * DTypeBits(tp.dtype)) {
+    const uint64_t elements =
+        tp.conversion == Conversion::kDequantBlocks ? src.element_count() : src.numel();
+    if (!dtype_fits ||
+        static_cast<Wide>(tp.nbytes) * 8 != static_cast<Wide>(elements) * DTypeBits(tp.dtype)) {
       return Refused(fmt::format("tensor '{}' is planned as {} bytes of {} by {}, which its {} "
                                  "bytes of {} cannot become",
                                  src.name, tp.nbytes, TorchName(tp.dtype),
@@ -93,6 +98,17 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
     return Refused("a read has a route that cannot be planned");
   }
   const TensorInfo& first = checkpoint.tensors()[plan.tensors[r.tensors.front()].source];
+  for (uint32_t t : r.tensors) {  // a dequantized packed tensor is read in whole blocks
+    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+    if (plan.tensors[t].conversion != Conversion::kDequantBlocks) continue;
+    const uint64_t lo = std::max(r.offset, src.offset);
+    const uint64_t hi = std::min(r.offset + r.length, src.offset + src.nbytes);
+    const uint64_t block = src.packed->block_bytes;
+    if (block == 0 || (lo - src.offset) % block != 0 || (hi - lo) % block != 0) {
+      return Refused(fmt::format("tensor '{}' is dequantized from a read that cuts its {} blocks",
+                                 src.name, src.packed->scheme));
+    }
+  }
   if (r.shared_buffer) {
     uint64_t at = r.offset;
     for (uint32_t t : r.tensors) {

@@ -20,6 +20,7 @@ namespace loadstone::planning {
 //   device or coalesced tensor, kMapped without ReadRouteOptions::mmap, kFreshPages for memory
 //   that is not fresh pages, a fresh-pages tensor read by the reader, a shared buffer that is not
 //   its tensors' bytes back to back;
+// - a dequantized packed tensor read in pieces that cut its blocks;
 // - memory given from elsewhere (TensorPlan::caller_memory, pinned) off the CPU, in fresh pages,
 //   mapped or in a shared buffer, or both at once.
 Status CheckPlanFor(const Checkpoint& checkpoint, const LoadPlan& plan);

@@ -14,6 +14,7 @@
 #include "io/formats/offload_folder.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
+#include "runtime/convert/gguf_blocks.h"
 #include "runtime/plan/fp8_pairs.h"
 #include "runtime/plan/schedule.h"
 #include "runtime/planner/planner.h"
@@ -29,24 +30,43 @@ struct Target {
   Conversion conversion = Conversion::kNone;
 };
 
+// Elements of `t` once loaded by `conversion`: a dequantized packed tensor has those of its
+// element shape; any other tensor those of its catalog shape (a packed one's bytes).
+uint64_t PlacedElements(const TensorInfo& t, Conversion conversion) {
+  return conversion == Conversion::kDequantBlocks ? t.element_count() : t.numel();
+}
+
 Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
   Target out{t.dtype, Conversion::kNone};
   std::optional<DType> target;
   if (auto special = options.special_dtypes.find(t.name); special != options.special_dtypes.end()) {
-    if (!convert::CanCast(t.dtype, special->second)) {
+    if (t.packed ? !convert::CanDequantGguf(t.packed->scheme, special->second)
+                 : !convert::CanCast(t.dtype, special->second)) {
+      if (t.packed) {
+        return Status::InvalidArgument(fmt::format(
+            "special dtype {} for tensor '{}' ({}-packed): loadstone dequantizes GGUF Q4_0 Q4_1 "
+            "Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks into f32, f16 or bf16 only",
+            TorchName(special->second), t.name, t.packed->scheme));
+      }
       return Status::InvalidArgument(fmt::format(
           "special dtype {} for tensor '{}' ({}): loadstone casts f32, f16, bf16, f64 and "
           "float8 tensors to f32, f16 or bf16 only",
           TorchName(special->second), t.name, TorchName(t.dtype)));
     }
     target = special->second;
-  } else if (options.dtype && IsFloatingPoint(t.dtype)) {
+  } else if (options.dtype && (IsFloatingPoint(t.dtype) || t.packed)) {
     target = *options.dtype;
     if (IsReducedFloat(*target)) {
       for (const std::string& pattern : options.keep_in_fp32) {
         if (MatchesModulePattern(t.name, pattern)) target = DType::kF32;
       }
     }
+  }
+  if (t.packed) {  // dequantized when it can be, else as stored (Plan warns)
+    if (target && !options.keep_packed && convert::CanDequantGguf(t.packed->scheme, *target)) {
+      out = {*target, Conversion::kDequantBlocks};
+    }
+    return out;
   }
   if (target && *target != t.dtype && convert::CanCast(t.dtype, *target)) {
     out = {*target, Conversion::kCast};
@@ -90,6 +110,23 @@ void WarnIneffective(const Checkpoint& checkpoint, const PlanOptions& options,
           pattern));
     }
   }
+  // Packed tensors a target dtype cannot reach: they load as stored, and the plan says so.
+  if (options.dtype && !options.keep_packed) {
+    std::map<std::string, size_t> stay_packed;  // scheme → tensors
+    std::string first;
+    for (const TensorInfo& t : checkpoint.tensors()) {
+      if (t.packed && !convert::CanDequantGguf(t.packed->scheme, *options.dtype)) {
+        if (first.empty()) first = t.name;
+        ++stay_packed[t.packed->scheme];
+      }
+    }
+    for (const auto& [scheme, count] : stay_packed) {
+      warnings->push_back(fmt::format(
+          "{} {}-packed tensor(s) (the first: '{}') stay packed: loadstone dequantizes GGUF Q4_0 "
+          "Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks only",
+          count, scheme, first));
+    }
+  }
   if (options.routes.mmap && options.routes.align_tensors) {
     warnings->push_back(
         "align_tensors does not apply to mapped tensors (mmap): they sit where the file has them; "
@@ -117,11 +154,13 @@ Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& o
     LOADSTONE_RETURN_IF_ERROR(plan.device_map.Add("", Device::Cpu()));
     return plan;
   }
-  planner::PlacedDTypes placed;
+  planner::PlacedTensors placed;
   if (options.dtype || !options.special_dtypes.empty()) {
     placed.reserve(targets.size());
     for (size_t i = 0; i < targets.size(); ++i) {
-      placed.emplace(checkpoint.tensors()[i].name, targets[i].dtype);
+      const TensorInfo& t = checkpoint.tensors()[i];
+      placed.emplace(t.name, planner::PlacedTensor{targets[i].dtype,
+                                                   PlacedElements(t, targets[i].conversion)});
     }
   }
   if (options.model) return planner::InferDeviceMapPlaced(*options.model, options, placed);
@@ -261,7 +300,7 @@ class TensorPlanner {
     tp.source = index;
     tp.dtype = targets_[index].dtype;
     tp.conversion = targets_[index].conversion;
-    tp.nbytes = t.numel() * DTypeBits(tp.dtype) / 8;
+    tp.nbytes = PlacedElements(t, tp.conversion) * DTypeBits(tp.dtype) / 8;
     plan_.placed_bytes += tp.nbytes;
     plan_.tensors.push_back(tp);
     device_of_.push_back(*device);

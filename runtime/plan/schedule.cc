@@ -224,8 +224,12 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
       small.push_back(i);
       continue;
     }
-    // A strided tensor is gathered from its whole span at once (Plan() bounds that span).
-    const uint64_t piece = src.strides.empty() ? options.max_chunk : src.nbytes;
+    // A strided tensor is gathered from its whole span at once (Plan() bounds that span); a
+    // dequantized packed one is read in whole blocks.
+    uint64_t piece = src.strides.empty() ? options.max_chunk : src.nbytes;
+    if (tp.conversion == Conversion::kDequantBlocks) {
+      piece = std::max<uint64_t>(1, options.max_chunk / src.packed->block_bytes) * src.packed->block_bytes;
+    }
     for (uint64_t done = 0; done < src.nbytes; done += piece) {
       keyed.push_back({i, {src.file, src.offset + done, std::min(piece, src.nbytes - done), {i},
                            route}});

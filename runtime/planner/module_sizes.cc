@@ -11,7 +11,8 @@ PyNum TensorSize(const Storage& storage, std::string_view full_name, std::string
   auto numel = PyNum::Int(static_cast<int64_t>(storage.numel));
   if (policy.placed) {
     if (auto it = policy.placed->find(full_name); it != policy.placed->end()) {
-      return numel * ElemByteSize(ElemType{it->second, CustomType::kNone});
+      return PyNum::Int(static_cast<int64_t>(it->second.numel)) *
+             ElemByteSize(ElemType{it->second.dtype, CustomType::kNone});
     }
   }
   if (!policy.special_dtypes.empty()) {

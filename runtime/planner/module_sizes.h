@@ -26,15 +26,21 @@ PyNum ElemByteSize(ElemType type);
 bool KeepsOwnSize(ElemType type);
 
 
-// Full tensor name → the dtype a load will place it as (PlacedDTypes in planner.h).
-using PlacedDTypes = std::unordered_map<std::string_view, DType>;
+// How a load will place a tensor: `numel` elements of `dtype` (a dequantized packed tensor has
+// the elements of its element shape, not of its bytes).
+struct PlacedTensor {
+  DType dtype = DType::kF32;
+  uint64_t numel = 0;
+};
+// Full tensor name → how a load will place it (InferDeviceMapPlaced in planner.h).
+using PlacedTensors = std::unordered_map<std::string_view, PlacedTensor>;
 
 struct SizePolicy {
   std::optional<DType> dtype;
   std::map<std::string, DType> special_dtypes;
   std::vector<std::string> keep_in_fp32;
-  // Tensors sized as numel x this dtype, before any rule above (null: none).
-  const PlacedDTypes* placed = nullptr;
+  // Tensors sized as their PlacedTensor says, before any rule above (null: none).
+  const PlacedTensors* placed = nullptr;
 };
 
 struct ModuleSizes {

@@ -230,7 +230,7 @@ Status PlaceModules(const ModuleTree::Impl& impl, const DeviceMapOptions& option
 }  // namespace
 
 Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapOptions& options,
-                                        const PlacedDTypes& placed) {
+                                        const PlacedTensors& placed) {
   const ModuleTree::Impl& impl = ModuleTreeAccess::Get(tree);
   const Platform& platform = device::OrDefault(options.platform);
   DevicePlan plan;

@@ -7,10 +7,10 @@
 
 namespace loadstone::planner {
 
-// InferDeviceMap, with each tensor named in `placed` sized as numel x that dtype (what the load
+// InferDeviceMap, with each tensor named in `placed` sized as its numel x dtype (what the load
 // will place) instead of by accelerate's min(dtype, stored) rule; other tensors keep the rule.
 Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapOptions& options,
-                                        const PlacedDTypes& placed);
+                                        const PlacedTensors& placed);
 
 }  // namespace loadstone::planner
 

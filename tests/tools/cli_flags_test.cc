@@ -391,6 +391,46 @@ TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, l
   CHECK_FALSE(std::filesystem::exists(dir.Path("q.safetensors")));
 }
 
+TEST_CASE("cli: --dtype dequantizes GGUF blocks, --keep-packed keeps them, plan --json says which",
+          "[tools][cli]") {
+  const std::string blocks =
+      std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gguf/dequant/blocks.gguf";
+  const auto plan = RunCli("plan " + blocks + " --device-map cpu --dtype bf16 --json");
+  INFO(plan.err);
+  REQUIRE(plan.code == 0);
+  const nlohmann::json doc = nlohmann::json::parse(plan.out);
+  REQUIRE(doc.at("quantized").size() == 20);
+  for (const auto& q : doc.at("quantized")) {
+    CHECK(q.at("mode") == "dequantize");
+    CHECK(q.at("dtype") == "BF16");
+  }
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& q : doc.at("quantized")) by_name[q.at("name")] = q;
+  CHECK(by_name.at("Q4_K.weight").at("scheme") == "Q4_K");
+  CHECK(by_name.at("Q4_K.weight").at("bytes") == 3 * 512 * 2);  // bf16 elements, not the blocks
+  const auto kept = nlohmann::json::parse(
+      RunCli("plan " + blocks + " --device-map cpu --dtype bf16 --keep-packed --json").out);
+  for (const auto& q : kept.at("quantized")) CHECK(q.at("mode") == "packed");
+  // A load: 20 tensors, bf16 in their element shapes (2 bytes an element: more than the file).
+  const auto load = RunCli("load " + blocks + " --dtype bf16 --json");
+  INFO(load.err);
+  REQUIRE(load.code == 0);
+  const nlohmann::json loaded = nlohmann::json::parse(load.out);
+  REQUIRE(loaded.at("tensors").size() == 20);
+  for (const auto& t : loaded.at("tensors")) CHECK(t.at("dtype") == "BF16");
+  for (const auto& t : loaded.at("tensors")) {
+    if (t.at("name") == "Q4_0.weight") CHECK(t.at("shape") == nlohmann::json::array({3, 64}));
+  }
+  CHECK(loaded.at("placed_bytes").get<uint64_t>() > loaded.at("bytes").get<uint64_t>());
+  // convert does not dequantize yet: refused, in one line, nothing written.
+  TempDir dir;
+  const auto convert = RunCli("convert " + blocks + " " + dir.Path("out.safetensors") + " --dtype f32");
+  CHECK(OneErrorLine(convert));
+  CHECK(convert.err.find("block-quantized: convert writes plain tensors and does not dequantize yet") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.Path("out.safetensors")));
+}
+
 TEST_CASE("cli: messages that say what a file or folder is and what to pass", "[tools][cli]") {
   TempDir dir;
   std::filesystem::create_directories(dir.Path("empty"));

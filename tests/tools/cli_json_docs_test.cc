@@ -171,10 +171,15 @@ TEST_CASE("cli json: inspect, plan and load print what docs/cli.md documents", "
       std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/offload/model/pytorch_model.bin";
   const auto disk_plan = RunCli("plan " + offload_bin + " --device-map auto --max-memory cpu=25000 "
                                 "--offload-folder " + dir.Path("offload") + " --json");
+  // A GGUF file whose blocks --dtype dequantizes: the quantized fields.
+  const std::string blocks =
+      std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gguf/dequant/blocks.gguf";
+  const auto quantized_plan = RunCli("plan " + blocks + " --dtype bf16 --json");
   REQUIRE(plan.code == 0);
   REQUIRE(described.code == 0);
   REQUIRE(disk_plan.code == 0);
-  CheckAgainstDocs("plan", {plan.out, described.out, disk_plan.out});
+  REQUIRE(quantized_plan.code == 0);
+  CheckAgainstDocs("plan", {plan.out, described.out, disk_plan.out, quantized_plan.out});
 
   const auto load = RunCli("load " + m.path + " --dtype bf16 --json");
   const auto mapped = RunCli("load " + m.path + " --mmap --json");

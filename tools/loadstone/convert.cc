@@ -199,9 +199,9 @@ int RunConvert(const ConvertArgs& args) {
   for (const TensorInfo& t : ckpt->tensors()) {
     if (t.packed) {
       return ReportError(Status::Unsupported(fmt::format(
-          "tensor '{}' is {}, block-quantized: convert writes plain tensors, and loadstone does "
-          "not dequantize {} yet; convert a checkpoint with float tensors",
-          t.name, t.packed->scheme, t.packed->scheme)));
+          "tensor '{}' is {}, block-quantized: convert writes plain tensors and does not "
+          "dequantize yet (load --dtype does); convert a checkpoint with float tensors",
+          t.name, t.packed->scheme)));
     }
   }
   PlanOptions options;

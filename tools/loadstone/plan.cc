@@ -37,7 +37,7 @@ std::string StringList(const std::vector<std::string>& items) {
 // `load_plan` (a checkpoint's plan): sizes are as the load places each tensor, and its routes
 // are shown; null: sized as accelerate sizes.
 void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings, bool explain,
-               const LoadPlan* load_plan, const std::vector<std::string>& checkpoint_names) {
+               const LoadPlan* load_plan, const std::vector<TensorInfo>& checkpoint_tensors) {
   const bool placed = load_plan != nullptr;
   std::string bytes = "{";
   std::string budgets = "{";
@@ -59,7 +59,7 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
     // the offload folder.
     nlohmann::ordered_json disk = nlohmann::ordered_json::array();
     for (const OffloadPlan& o : load_plan->offloaded) {
-      disk.push_back({{"name", checkpoint_names[o.source]},
+      disk.push_back({{"name", checkpoint_tensors[o.source].name},
                       {"dtype", SafetensorsName(o.dtype)},
                       {"bytes", o.nbytes},
                       {"in_place", o.in_place}});
@@ -69,6 +69,20 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
     uint64_t pinned = 0;
     for (const TensorPlan& t : load_plan->tensors) pinned += t.pinned ? t.nbytes : 0;
     std::cout << ", \"pinned_bytes\": " << pinned;
+    // Each quantized weight: its scheme, and whether it is dequantized (into what) or packed.
+    nlohmann::ordered_json quantized = nlohmann::ordered_json::array();
+    for (const TensorPlan& t : load_plan->tensors) {
+      const TensorInfo& src = checkpoint_tensors[t.source];
+      if (!src.packed) continue;
+      const bool decoded = t.conversion == Conversion::kDequantBlocks;
+      quantized.push_back({{"name", src.name},
+                           {"scheme", src.packed->scheme},
+                           {"mode", decoded ? "dequantize" : "packed"},
+                           {"dtype", decoded ? SafetensorsName(t.dtype) : std::string("U8")},
+                           {"bytes", t.nbytes}});
+    }
+    std::cout << ", \"quantized\": "
+              << quantized.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::cout << ", \"reads\": " << load_plan->reads.size()
               << ", \"routes\": " << RoutesJson(load_plan->RouteTotals()).dump();
   }
@@ -166,11 +180,9 @@ int RunPlan(const PlanArgs& args) {
   }
   PrintWarnings(warnings);
   if (args.json) {
-    std::vector<std::string> names;
-    if (in->checkpoint) {
-      for (const TensorInfo& t : in->checkpoint->tensors()) names.push_back(t.name);
-    }
-    PrintJson(plan, warnings, in->options.explain, load_plan ? &*load_plan : nullptr, names);
+    static const std::vector<TensorInfo> kNone;
+    PrintJson(plan, warnings, in->options.explain, load_plan ? &*load_plan : nullptr,
+              in->checkpoint ? in->checkpoint->tensors() : kNone);
   } else {
     PrintHuman(plan, in->source, in->options, load_plan ? &*load_plan : nullptr);
   }

@@ -93,6 +93,8 @@ void PlanFlags::Register(CLI::App* cmd, bool path_required) {
   cmd->add_flag("--no-fresh-pages", no_fresh_pages,
                 "Write CPU tensors into ordinary (kernel-zeroed) pages, not userfaultfd-filled ones");
   cmd->add_flag("--mmap", mmap, "Map tensors that need no conversion instead of reading them");
+  cmd->add_flag("--keep-packed", keep_packed,
+                "Quantized tensors stay packed as stored even with --dtype (else dequantized)");
   cmd->add_flag("--pin-memory", pin_memory,
                 "Put CPU tensors in pinned host memory of the GPU (fails without one)");
   cmd->add_option("--assume-gpus", assume_gpus,
@@ -165,6 +167,7 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   o.offload_buffers = o.offload_buffers || offload_buffers;
   if (!offload_folder.empty()) o.offload_folder = offload_folder;
   o.pin_cpu_tensors = pin_memory;
+  o.keep_packed = keep_packed;
   o.fallback_allocation = o.fallback_allocation || fallback_allocation;
   o.clean_result = !no_clean;
   o.explain = explain;

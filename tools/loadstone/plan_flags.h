@@ -48,6 +48,7 @@ struct PlanFlags {
   bool no_fresh_pages = false;
   bool mmap = false;
   bool pin_memory = false;  // PlanOptions::pin_cpu_tensors
+  bool keep_packed = false;  // PlanOptions::keep_packed
   std::string assume_gpus;  // COUNTxSIZE: plan (and load) on a simulated machine
 
   // `path_required`: load and bench need a checkpoint; plan takes one, a description or both.

@@ -7,7 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -16,6 +19,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
+#include "runtime/sim/simulated_platform.h"
 #include "testing/temp_dir.h"
 
 namespace loadstone {
@@ -135,4 +139,122 @@ TEST_CASE("gguf: every malformed file is refused, naming the rule it breaks") {
 }
 
 }  // namespace
+}  // namespace loadstone
+
+namespace loadstone {
+namespace {
+
+// The bytes of `t`, read straight from its file (the reference side of the comparison).
+std::vector<std::byte> FileBytes(const Checkpoint& ckpt, const TensorInfo& t) {
+  std::vector<std::byte> out(t.nbytes);
+  std::ifstream in(ckpt.files()[t.file].path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(t.offset));
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
+  REQUIRE(in.good());
+  return out;
+}
+
+std::vector<std::byte> HostBytes(const Tensor& t) {
+  std::vector<std::byte> out(t.nbytes());
+  REQUIRE(t.CopyToHost(out).ok());
+  return out;
+}
+
+}  // namespace
+
+// tests/fixtures/gguf/dequant (make_gguf_dequant_fixtures.py): every block type, loaded with a
+// target dtype, equals gguf.quants.dequantize (f32) and torch's cast of it (bf16, f16) bit for
+// bit — on the CPU and on a simulated GPU, in small reads that cut the tensors into pieces of
+// whole blocks; --keep-packed loads the bytes as stored.
+TEST_CASE("gguf: quantized blocks dequantize on load into the target dtype, or stay packed") {
+  const fs::path dir = kFixtures / "dequant";
+  auto ckpt = Checkpoint::Open((dir / "blocks.gguf").string());
+  REQUIRE(ckpt.ok());
+  auto expected = Checkpoint::Open((dir / "expected.safetensors").string());
+  REQUIRE(expected.ok());
+  const auto [suffix, dtype] = GENERATE(std::pair{".f32", DType::kF32},
+                                        std::pair{".bf16", DType::kBF16},
+                                        std::pair{".f16", DType::kF16});
+  const std::string map = GENERATE(as<std::string>{}, "cpu", "sim");
+  INFO(suffix << " on " << map);
+  PlanOptions opt;
+  opt.dtype = dtype;
+  opt.max_chunk = 4096;  // pieces of whole blocks: 4096 / 144 → 28 Q4_K blocks a read, and so on
+  opt.coalesce_below = 1;
+  if (map == "sim") {
+    opt.platform = SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30}, 8ULL << 30});
+    opt.device_map = "auto";
+  }
+  auto plan = Plan(*ckpt, opt);
+  REQUIRE(plan.ok());
+  for (const TensorPlan& tp : plan->tensors) {
+    CHECK(tp.conversion == Conversion::kDequantBlocks);
+    CHECK(tp.dtype == dtype);
+    CHECK(tp.nbytes == ckpt->tensors()[tp.source].element_count() * DTypeBits(dtype) / 8);
+  }
+  LoaderOptions lo;
+  lo.platform = opt.platform;
+  Loader loader(lo);
+  if (map == "sim") {
+    for (uint32_t i = 0; i < plan->tensors.size(); ++i) CHECK(plan->device_of(i).is_gpu());
+  }
+  LoadHandle load = loader.Load(*ckpt, *plan);
+  const Status loaded = load.Done().get();
+  INFO(loaded.ToString());
+  REQUIRE(loaded.ok());
+  REQUIRE(load.Tensors().size() == 20);
+  for (const Tensor& t : load.Tensors()) {
+    INFO(t.name());
+    const TensorInfo* want = expected->Find(t.name() + suffix);
+    REQUIRE(want != nullptr);
+    CHECK(t.dtype() == dtype);
+    CHECK(t.shape() == want->shape);  // the element shape, not the bytes'
+    CHECK(HostBytes(t) == FileBytes(*expected, *want));
+  }
+
+  PlanOptions packed = opt;
+  packed.keep_packed = true;
+  auto kept = Plan(*ckpt, packed);
+  REQUIRE(kept.ok());
+  LoadHandle raw = loader.Load(*ckpt, *kept);
+  REQUIRE(raw.Done().get().ok());
+  for (const Tensor& t : raw.Tensors()) {
+    INFO(t.name());
+    const TensorInfo* info = ckpt->Find(t.name());
+    CHECK(t.dtype() == DType::kU8);
+    CHECK(t.shape() == info->shape);
+    CHECK(HostBytes(t) == FileBytes(*ckpt, *info));
+  }
+}
+
+TEST_CASE("gguf: the device map sizes a dequantized weight by its target dtype") {
+  auto ckpt = Checkpoint::Open((kFixtures / "dequant" / "blocks.gguf").string());
+  REQUIRE(ckpt.ok());
+  PlanOptions opt;
+  opt.dtype = DType::kBF16;
+  auto plan = Plan(*ckpt, opt);
+  REQUIRE(plan.ok());
+  uint64_t elements = 0, stored = 0;
+  for (const TensorInfo& t : ckpt->tensors()) {
+    elements += t.element_count();
+    stored += t.nbytes;
+  }
+  CHECK(plan->placed_bytes == elements * 2);
+  CHECK(plan->read_bytes >= stored);  // and the alignment gaps read with coalesced neighbours
+  // A budget that holds the packed bytes but not the bf16 result sends the rest to the CPU.
+  SimulatedMachine machine{{1ULL << 30}, 8ULL << 30};
+  opt.platform = Platform::Simulated(machine);
+  opt.device_map = "auto";
+  opt.max_memory = MaxMemory{{"0", static_cast<int64_t>(stored * 2)}, {"cpu", int64_t{1} << 30}};
+  auto mapped = Plan(*ckpt, opt);
+  INFO(mapped.status().ToString());
+  REQUIRE(mapped.ok());
+  uint64_t on_gpu = 0;
+  for (uint32_t i = 0; i < mapped->tensors.size(); ++i) {
+    if (mapped->device_of(i).is_gpu()) on_gpu += mapped->tensors[i].nbytes;
+  }
+  CHECK(on_gpu <= stored * 2);
+  CHECK(on_gpu < elements * 2);  // not all of it fits: sized as placed, not as stored
+}
+
 }  // namespace loadstone
