@@ -118,37 +118,26 @@ void ScaleMin(Block s, uint32_t j, uint32_t* sc, uint32_t* m) {
 }
 
 // Q4_K: half d, dmin; u8 scales[12]; u8 qs[128] (sub-block 2c: low nibbles of qs[32c ..], 2c+1:
-// their high nibbles).
-void Q4_K(Block b, float* y) {
+// their high nibbles). Q5_K: the same with u8 qh[32] before qs (bit j of qh[l]: the fifth bit of
+// element 32j + l); `qh` is null for Q4_K.
+void Q45_K(Block b, Block qh, Block qs, float* y) {
   const float d = Half(b), dmin = Half(b + 2);
-  const Block scales = b + 4, qs = b + 16;
+  const Block scales = b + 4;
   for (uint32_t j = 0; j < 8; ++j) {
     uint32_t sc = 0, m = 0;
     ScaleMin(scales, j, &sc, &m);
     const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
     const Block q = qs + 32 * (j / 2);
     for (uint32_t l = 0; l < 32; ++l) {
-      const uint32_t v = (q[l] >> (4 * (j % 2))) & 0xF;
+      uint32_t v = (q[l] >> (4 * (j % 2))) & 0xF;
+      if (qh != nullptr) v |= ((qh[l] >> j) & 1) << 4;
       y[32 * j + l] = d1 * static_cast<float>(v) - m1;
     }
   }
 }
 
-// Q5_K: as Q4_K, with u8 qh[32] before qs (bit j of qh[l]: the fifth bit of element 32j + l).
-void Q5_K(Block b, float* y) {
-  const float d = Half(b), dmin = Half(b + 2);
-  const Block scales = b + 4, qh = b + 16, qs = b + 48;
-  for (uint32_t j = 0; j < 8; ++j) {
-    uint32_t sc = 0, m = 0;
-    ScaleMin(scales, j, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    const Block q = qs + 32 * (j / 2);
-    for (uint32_t l = 0; l < 32; ++l) {
-      const uint32_t v = ((q[l] >> (4 * (j % 2))) & 0xF) | (((qh[l] >> j) & 1) << 4);
-      y[32 * j + l] = d1 * static_cast<float>(v) - m1;
-    }
-  }
-}
+void Q4_K(Block b, float* y) { Q45_K(b, nullptr, b + 16, y); }
+void Q5_K(Block b, float* y) { Q45_K(b, b + 16, b + 48, y); }
 
 // Q6_K: u8 ql[128]; u8 qh[64]; i8 scales[16]; half d — d at the end. Element 128h + r takes
 // nibble r / 64 of ql[64h + r % 64] and bits 2 (r / 32) of qh[32h + r % 32], biased by 32.

@@ -10,20 +10,14 @@
 
 #include "loadstone/checkpoint.h"
 #include "runtime/convert/gguf_blocks.h"
+#include "testing/file_bytes.h"
 
 namespace loadstone::convert {
 namespace {
 
 const std::string kDir = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gguf/dequant/";
 
-std::vector<std::byte> BytesOf(const Checkpoint& ckpt, const TensorInfo& t) {
-  std::vector<std::byte> out(t.nbytes);
-  std::ifstream in(ckpt.files()[t.file].path, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(t.offset));
-  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
-  REQUIRE(in.good());
-  return out;
-}
+using loadstone::testing::FileBytes;
 
 }  // namespace
 
@@ -41,7 +35,7 @@ TEST_CASE("gguf blocks: every type decodes as gguf.quants does, into f32, bf16 a
     REQUIRE(type != nullptr);
     CHECK(type->block_bytes == t.packed->block_bytes);
     CHECK(type->block_elems == t.packed->block_elems);
-    const std::vector<std::byte> packed = BytesOf(*blocks, t);
+    const std::vector<std::byte> packed = FileBytes(*blocks, t);
     const uint64_t count = packed.size() / type->block_bytes;
     REQUIRE(count * type->block_bytes == packed.size());
     for (const auto& [suffix, dtype] :
@@ -50,7 +44,7 @@ TEST_CASE("gguf blocks: every type decodes as gguf.quants does, into f32, bf16 a
       const TensorInfo* want = expected->Find(t.name + suffix);
       REQUIRE(want != nullptr);
       CHECK(want->shape == t.packed->element_shape);
-      const std::vector<std::byte> reference = BytesOf(*expected, *want);
+      const std::vector<std::byte> reference = FileBytes(*expected, *want);
       std::vector<std::byte> out(reference.size(), std::byte{0xEE});
       REQUIRE(CanDequantGguf(t.packed->scheme, dtype));
       REQUIRE(count * type->block_elems * DTypeBits(dtype) / 8 == out.size());

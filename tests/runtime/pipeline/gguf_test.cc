@@ -20,6 +20,7 @@
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
 #include "runtime/sim/simulated_platform.h"
+#include "testing/file_bytes.h"
 #include "testing/temp_dir.h"
 
 namespace loadstone {
@@ -144,15 +145,7 @@ TEST_CASE("gguf: every malformed file is refused, naming the rule it breaks") {
 namespace loadstone {
 namespace {
 
-// The bytes of `t`, read straight from its file (the reference side of the comparison).
-std::vector<std::byte> FileBytes(const Checkpoint& ckpt, const TensorInfo& t) {
-  std::vector<std::byte> out(t.nbytes);
-  std::ifstream in(ckpt.files()[t.file].path, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(t.offset));
-  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(out.size()));
-  REQUIRE(in.good());
-  return out;
-}
+using testing::FileBytes;
 
 std::vector<std::byte> HostBytes(const Tensor& t) {
   std::vector<std::byte> out(t.nbytes());
