@@ -112,19 +112,18 @@ void WarnIneffective(const Checkpoint& checkpoint, const PlanOptions& options,
   }
   // Packed tensors a target dtype cannot reach: they load as stored, and the plan says so.
   if (options.dtype && !options.keep_packed) {
-    std::map<std::string, size_t> stay_packed;  // scheme → tensors
-    std::string first;
+    std::map<std::string, std::pair<size_t, std::string>> stay_packed;  // scheme → count, first
     for (const TensorInfo& t : checkpoint.tensors()) {
       if (t.packed && !convert::CanDequantGguf(t.packed->scheme, *options.dtype)) {
-        if (first.empty()) first = t.name;
-        ++stay_packed[t.packed->scheme];
+        auto& [count, first] = stay_packed[t.packed->scheme];
+        if (count++ == 0) first = t.name;
       }
     }
-    for (const auto& [scheme, count] : stay_packed) {
+    for (const auto& [scheme, seen] : stay_packed) {
       warnings->push_back(fmt::format(
           "{} {}-packed tensor(s) (the first: '{}') stay packed: loadstone dequantizes GGUF Q4_0 "
           "Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks only",
-          count, scheme, first));
+          seen.first, scheme, seen.second));
     }
   }
   if (options.routes.mmap && options.routes.align_tensors) {

@@ -411,6 +411,14 @@ TEST_CASE("cli: --dtype dequantizes GGUF blocks, --keep-packed keeps them, plan 
   const auto kept = nlohmann::json::parse(
       RunCli("plan " + blocks + " --device-map cpu --dtype bf16 --keep-packed --json").out);
   for (const auto& q : kept.at("quantized")) CHECK(q.at("mode") == "packed");
+  const auto human = RunCli("plan " + blocks + " --device-map cpu --dtype bf16");
+  CHECK(human.out.find("quantized (dequantized into BF16):") != std::string::npos);
+  CHECK(human.out.find("  Q6_K          2 dequantized      0 packed") != std::string::npos);
+  // A type loadstone does not decode stays packed, and the plan says so.
+  const std::string other = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gguf/quantized.gguf";
+  const auto q8k = RunCli("plan " + other + " --device-map cpu --dtype bf16");
+  CHECK(q8k.err.find("1 Q8_K-packed tensor(s) (the first: 'q8_k') stay packed") != std::string::npos);
+  CHECK(q8k.out.find("  Q8_K          0 dequantized      1 packed") != std::string::npos);
   // A load: 20 tensors, bf16 in their element shapes (2 bytes an element: more than the file).
   const auto load = RunCli("load " + blocks + " --dtype bf16 --json");
   INFO(load.err);

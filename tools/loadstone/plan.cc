@@ -3,6 +3,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -90,7 +91,7 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
 }
 
 void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOptions& o,
-                const LoadPlan* load_plan) {
+                const LoadPlan* load_plan, const std::vector<TensorInfo>& checkpoint_tensors) {
   const bool placed = load_plan != nullptr;
   std::cout << fmt::format("plan for {}: device_map={}, strategy={}\n", source,
                            o.explicit_map ? "explicit" : o.device_map,
@@ -150,6 +151,23 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
     std::cout << fmt::format("\npinned: {} CPU tensors, {}, in pinned host memory of the GPU\n",
                              pinned, HumanBytes(pinned_bytes));
   }
+  // Quantized tensors: per scheme, how many are dequantized (into what) and how many stay packed.
+  std::map<std::string, std::pair<size_t, size_t>> schemes;  // scheme → dequantized, packed
+  std::set<std::string> into;
+  for (const TensorPlan& t : load_plan->tensors) {
+    const std::optional<PackedLayout>& packed = checkpoint_tensors[t.source].packed;
+    if (!packed) continue;
+    const bool decoded = t.conversion == Conversion::kDequantBlocks;
+    (decoded ? schemes[packed->scheme].first : schemes[packed->scheme].second) += 1;
+    if (decoded) into.insert(std::string(SafetensorsName(t.dtype)));
+  }
+  if (!schemes.empty()) {
+    std::cout << (into.empty() ? std::string("\nquantized (packed, as stored):\n")
+                               : fmt::format("\nquantized (dequantized into {}):\n", fmt::join(into, ", ")));
+    for (const auto& [scheme, n] : schemes) {
+      std::cout << fmt::format("  {:<8} {:>6} dequantized {:>6} packed\n", scheme, n.first, n.second);
+    }
+  }
   std::cout << fmt::format("\nreads: {}\n", load_plan->reads.size());
   const auto totals = load_plan->RouteTotals();
   for (size_t r = 0; r < totals.size(); ++r) {
@@ -179,12 +197,12 @@ int RunPlan(const PlanArgs& args) {
     warnings.insert(warnings.end(), plan.warnings.begin(), plan.warnings.end());
   }
   PrintWarnings(warnings);
+  static const std::vector<TensorInfo> kNone;
+  const std::vector<TensorInfo>& tensors = in->checkpoint ? in->checkpoint->tensors() : kNone;
   if (args.json) {
-    static const std::vector<TensorInfo> kNone;
-    PrintJson(plan, warnings, in->options.explain, load_plan ? &*load_plan : nullptr,
-              in->checkpoint ? in->checkpoint->tensors() : kNone);
+    PrintJson(plan, warnings, in->options.explain, load_plan ? &*load_plan : nullptr, tensors);
   } else {
-    PrintHuman(plan, in->source, in->options, load_plan ? &*load_plan : nullptr);
+    PrintHuman(plan, in->source, in->options, load_plan ? &*load_plan : nullptr, tensors);
   }
   return 0;
 }
