@@ -26,8 +26,11 @@ foreach(part ${LOADSTONE_PARTS})
 endforeach()
 list(APPEND LOADSTONE_WHOLE "LINKER:--no-whole-archive")
 add_dependencies(loadstone ${LOADSTONE_PARTS})
+# -z nodelete: the SIGBUS handler io/mapped_copy.cc installs stays for the process's life, so the
+# library must too (a dlclose would leave the handler pointing at unmapped code).
 target_link_options(loadstone PRIVATE ${LOADSTONE_WHOLE}
-  "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/loadstone.map" "LINKER:--no-undefined")
+  "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/loadstone.map" "LINKER:--no-undefined"
+  "LINKER:-z,nodelete")
 target_link_libraries(loadstone PRIVATE ${LOADSTONE_PARTS} PUBLIC Threads::Threads)
 target_include_directories(loadstone PUBLIC
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>

@@ -21,7 +21,9 @@ struct Guard {
   sigjmp_buf jump;
   const std::byte* begin = nullptr;
   const std::byte* end = nullptr;
-  const std::byte* fault = nullptr;  // set by the handler before it jumps
+  // Set by the handler before it jumps; volatile, as a local changed between sigsetjmp and
+  // siglongjmp must be to be read after the jump.
+  const std::byte* volatile fault = nullptr;
 };
 
 // Read by the signal handler: initial-exec, so that reading it there never allocates.
@@ -29,7 +31,9 @@ __attribute__((tls_model("initial-exec"))) thread_local Guard* t_guard = nullptr
 
 std::mutex g_install_mu;
 bool g_installed = false;           // guarded by g_install_mu
-struct sigaction g_previous {};     // written once, before the handler can run
+// The disposition before ours: written (under g_install_mu) before ours is installed, so that the
+// handler never reads it unset, and rewritten only if another one slipped in between.
+struct sigaction g_previous {};
 
 void OnSigbus(int sig, siginfo_t* info, void* context) {
   Guard* guard = t_guard;
@@ -40,15 +44,16 @@ void OnSigbus(int sig, siginfo_t* info, void* context) {
     t_guard = nullptr;
     siglongjmp(guard->jump, 1);
   }
-  // Not a copy of ours: what would have happened without this handler.
-  if ((g_previous.sa_flags & SA_SIGINFO) != 0) {
-    g_previous.sa_sigaction(sig, info, context);
-    return;
-  }
+  // Not a copy of ours: what would have happened without this handler. SIG_DFL and SIG_IGN are
+  // tested first, whatever the flags say (a runtime may restore them with SA_SIGINFO still set).
   if (g_previous.sa_handler == SIG_IGN) {
     if (info->si_code <= 0) return;  // an ignored signal that was sent stays ignored
   } else if (g_previous.sa_handler != SIG_DFL) {
-    g_previous.sa_handler(sig);
+    if ((g_previous.sa_flags & SA_SIGINFO) != 0) {
+      g_previous.sa_sigaction(sig, info, context);
+    } else {
+      g_previous.sa_handler(sig);
+    }
     return;
   }
   // The default action: restored, then the faulting access runs again and takes it (a signal
@@ -108,13 +113,15 @@ Status PrepareMappedCopy() {
     ours.sa_sigaction = &OnSigbus;
     ours.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&ours.sa_mask);
-    struct sigaction previous {};
-    if (::sigaction(SIGBUS, &ours, &previous) != 0) {
+    struct sigaction before {}, replaced {};
+    if (::sigaction(SIGBUS, nullptr, &before) != 0 ||
+        (g_previous = before, ::sigaction(SIGBUS, &ours, &replaced) != 0)) {
       return Status::Unsupported(fmt::format(
           "copies from the page cache are not guarded: installing a SIGBUS handler failed ({})",
           std::strerror(errno)));
     }
-    g_previous = previous;
+    // Another thread of the program changed it between the two calls: chain to that one.
+    if (replaced.sa_handler != before.sa_handler) g_previous = replaced;
     g_installed = true;
   }
   if (!HandlerInForce()) {
@@ -126,6 +133,13 @@ Status PrepareMappedCopy() {
 }
 
 Status CopyFromMapping(std::byte* to, const std::byte* from, uint64_t n, uint64_t file_offset) {
+  // Checked per copy (one syscall per piece of 4 MiB or less): a handler that replaced ours during
+  // a load would otherwise let a lost page crash the process.
+  if (!HandlerInForce()) {
+    return Status::Unsupported(
+        "another SIGBUS handler replaced loadstone's during the load, so a copy out of the page "
+        "cache is no longer guarded (io/mapped_copy.h); load again");
+  }
   Guard guard;
   guard.begin = from;
   guard.end = from + n;

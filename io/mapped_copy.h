@@ -7,12 +7,17 @@
 // before ours, else to the default action (the process dies).
 //
 // Why copy from user space at all: the destination is then written with streaming
-// (non-temporal) stores, which skip reading each destination line before writing it. Into memory
-// that already exists (a hot swap of parameters), that is 15 GB/s against 9.5 for pread's kernel
-// copy on the same cores (bench/README.md, "Issue 16").
+// (non-temporal) stores, which skip reading each destination line before writing it: into memory
+// that already exists (a hot swap of parameters) that is well above what pread's kernel copy
+// reaches on the same cores (bench/README.md, "Issue 16, again").
+//
+// The handler stays installed for the life of the process: libloadstone.so is linked with
+// -z nodelete, so that a dlclose never leaves the handler pointing at unmapped code. Its
+// thread-local guard is initial-exec TLS (8 bytes of glibc's static surplus when dlopen'ed).
 //
 // An embedding program that replaces the SIGBUS handler after us without chaining to it turns the
-// guard off: PrepareMappedCopy then says so, and loads route around these copies.
+// guard off: PrepareMappedCopy then says so and loads route around these copies, and a copy that
+// finds it replaced mid-load fails (Unsupported) instead of risking the crash.
 #ifndef LOADSTONE_IO_MAPPED_COPY_H_
 #define LOADSTONE_IO_MAPPED_COPY_H_
 

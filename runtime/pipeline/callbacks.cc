@@ -162,26 +162,27 @@ void Callbacks::Close(Status result, std::function<void(Status)> finish) {
   closing_ = true;
   asio::post(*strand_, [this, result = std::move(result), finish = std::move(finish)]() mutable {
     // Callbacks added since Close() was called (by a callback, say) see every tensor before the
-    // end, like those added earlier.
+    // end, like those added earlier. The last check and closed_ are one critical section: an Add
+    // between them would queue a callback nobody runs.
+    Status end;
+    std::unordered_map<uint32_t, std::vector<TensorWaiter>> never_delivered;
     for (;;) {
       std::vector<Callback> late;
       Delivered all;
       {
         std::lock_guard closing(mu_);
-        if (added_while_closing_.empty()) break;
+        if (added_while_closing_.empty()) {
+          end = result.ok() && !failure_.ok() ? failure_ : result;  // failure_: this strand's
+          closed_ = true;
+          final_ = end;
+          never_delivered.swap(tensor_waiters_);
+          strand_.reset();  // this handler keeps the strand alive until it returns
+          break;
+        }
         late.swap(added_while_closing_);
         all = delivered_;
       }
       Run(late, all);
-    }
-    const Status end = result.ok() && !failure_.ok() ? failure_ : result;
-    std::unordered_map<uint32_t, std::vector<TensorWaiter>> never_delivered;
-    {
-      std::lock_guard closing(mu_);
-      closed_ = true;
-      final_ = end;
-      never_delivered.swap(tensor_waiters_);
-      strand_.reset();  // this handler keeps the strand alive until it returns
     }
     for (const auto& [index, waiters] : never_delivered) {
       for (const TensorWaiter& waiter : waiters) {

@@ -120,7 +120,10 @@ Result<Destinations::Memory> Destinations::Pinned(uint64_t bytes, uint64_t skew)
     std::shared_ptr<std::byte> data;
     std::shared_ptr<HostMemoryBudget> budget;
     uint64_t bytes = 0;
-    ~Block() { budget->Give(bytes); }
+    ~Block() {
+      data.reset();  // freed first, then counted as free
+      budget->Give(bytes);
+    }
   };
   const uint64_t size = std::max<uint64_t>(bytes + skew, 1);
   LOADSTONE_RETURN_IF_ERROR(TakeHostBudget(budget_.get(), size));

@@ -62,7 +62,11 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
                             : tp.conversion == Conversion::kRelayout
                                 ? tp.dtype == src.dtype && !src.plain_layout()
                             : tp.conversion == Conversion::kDequantBlocks
-                                ? src.packed && convert::CanDequantGguf(src.packed->scheme, tp.dtype)
+                                ? src.packed && convert::CanDequantGguf(src.packed->scheme, tp.dtype) &&
+                                      convert::FindGgufBlockType(src.packed->scheme)->block_bytes ==
+                                          src.packed->block_bytes &&
+                                      convert::FindGgufBlockType(src.packed->scheme)->block_elems ==
+                                          src.packed->block_elems
                                 : tp.conversion == Conversion::kDequantFp8Block;
     const uint64_t elements =
         tp.conversion == Conversion::kDequantBlocks ? src.element_count() : src.numel();

@@ -228,7 +228,11 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
     // dequantized packed one is read in whole blocks.
     uint64_t piece = src.strides.empty() ? options.max_chunk : src.nbytes;
     if (tp.conversion == Conversion::kDequantBlocks) {
-      piece = std::max<uint64_t>(1, options.max_chunk / src.packed->block_bytes) * src.packed->block_bytes;
+      // Whole blocks, and few enough that the decoded piece fits max_chunk too: for a GPU it is
+      // decoded into host memory first (Placer::Dequantize), up to 8x the bytes read.
+      const uint64_t out_block = uint64_t{src.packed->block_elems} * (DTypeBits(tp.dtype) / 8);
+      piece = std::max<uint64_t>(1, options.max_chunk / std::max<uint64_t>(out_block, src.packed->block_bytes)) *
+              src.packed->block_bytes;
     }
     for (uint64_t done = 0; done < src.nbytes; done += piece) {
       keyed.push_back({i, {src.file, src.offset + done, std::min(piece, src.nbytes - done), {i},

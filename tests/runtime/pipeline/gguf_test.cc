@@ -172,7 +172,9 @@ TEST_CASE("gguf: quantized blocks dequantize on load into the target dtype, or s
   INFO(suffix << " on " << map);
   PlanOptions opt;
   opt.dtype = dtype;
-  opt.max_chunk = 4096;  // pieces of whole blocks: 4096 / 144 → 28 Q4_K blocks a read, and so on
+  // Pieces of whole blocks whose decoded size fits 4 KiB too: 8 Q4_K blocks a read into bf16, 4
+  // into f32, and so on.
+  opt.max_chunk = 4096;
   opt.coalesce_below = 1;
   if (map == "sim") {
     opt.platform = SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30}, 8ULL << 30});
@@ -180,6 +182,12 @@ TEST_CASE("gguf: quantized blocks dequantize on load into the target dtype, or s
   }
   auto plan = Plan(*ckpt, opt);
   REQUIRE(plan.ok());
+  for (const ReadChunk& r : plan->reads) {
+    const TensorInfo& src = ckpt->tensors()[plan->tensors[r.tensors.front()].source];
+    if (r.tensors.size() > 1) continue;  // small tensors coalesced whole
+    CHECK(r.length % src.packed->block_bytes == 0);
+    CHECK(r.length / src.packed->block_bytes * src.packed->block_elems * DTypeBits(dtype) / 8 <= 4096);
+  }
   for (const TensorPlan& tp : plan->tensors) {
     CHECK(tp.conversion == Conversion::kDequantBlocks);
     CHECK(tp.dtype == dtype);
@@ -218,6 +226,29 @@ TEST_CASE("gguf: quantized blocks dequantize on load into the target dtype, or s
     CHECK(t.shape() == info->shape);
     CHECK(HostBytes(t) == FileBytes(*ckpt, *info));
   }
+}
+
+TEST_CASE("gguf: a hand-made plan whose read cuts a block is refused before any read") {
+  auto ckpt = Checkpoint::Open((kFixtures / "dequant" / "blocks.gguf").string());
+  REQUIRE(ckpt.ok());
+  PlanOptions opt;
+  opt.dtype = DType::kF32;
+  opt.max_chunk = 4096;
+  opt.coalesce_below = 1;
+  auto plan = Plan(*ckpt, opt);
+  REQUIRE(plan.ok());
+  auto cut = std::find_if(plan->reads.begin(), plan->reads.end(), [&](const ReadChunk& r) {
+    return r.tensors.size() == 1 && r.length > 1 &&
+           ckpt->tensors()[plan->tensors[r.tensors[0]].source].packed->block_bytes > 1;
+  });
+  REQUIRE(cut != plan->reads.end());
+  // Moves one byte from this read to the next one of the same tensor (or drops it): either way
+  // the piece no longer ends on a block.
+  cut->length -= 1;
+  Loader loader;
+  const Status s = loader.Load(*ckpt, *plan).Done().get();
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()), Catch::Contains("cuts its") || Catch::Contains("read exactly once"));
 }
 
 TEST_CASE("gguf: the device map sizes a dequantized weight by its target dtype") {
