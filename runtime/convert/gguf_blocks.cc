@@ -2,10 +2,10 @@
 
 #include <array>
 #include <bit>
-#include <cstring>
 
 #include <fmt/format.h>
 
+#include "runtime/convert/cast.h"
 #include "runtime/convert/float_bits.h"
 
 namespace loadstone::convert {
@@ -206,16 +206,9 @@ Status DequantGgufBlocks(std::string_view scheme, DType to, const std::byte* src
   std::array<float, kQK> y{};
   for (uint64_t i = 0; i < blocks; ++i) {
     decoder->decode(reinterpret_cast<Block>(src + i * bytes), y.data());
-    std::byte* out = dst + i * elems * out_elem;
-    if (to == DType::kF32) {
-      std::memcpy(out, y.data(), elems * sizeof(float));
-      continue;
-    }
-    for (uint32_t e = 0; e < elems; ++e) {
-      const uint32_t f = std::bit_cast<uint32_t>(y[e]);
-      const uint16_t h = to == DType::kBF16 ? F32ToBF16Bits(f) : F32ToF16Bits(f);
-      std::memcpy(out + 2 * e, &h, 2);
-    }
+    // Encoded as every f32 source is (a copy into f32).
+    LOADSTONE_RETURN_IF_ERROR(CastBuffer(DType::kF32, to, reinterpret_cast<const std::byte*>(y.data()),
+                                         dst + i * elems * out_elem, elems));
   }
   return Status::OK();
 }

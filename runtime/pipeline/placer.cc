@@ -57,18 +57,22 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
     hi = lo + plain.size();
   }
   const bool fresh = destinations_.Fresh(t);
+  // Writes `count` output units of `unit` bytes at `to`, produce(out, at, n) making units
+  // at .. at + n: straight into the memory, or through fresh pages a block at a time.
+  auto write_units = [&](std::byte* to, uint64_t count, uint64_t unit, const auto& produce) {
+    if (!fresh) return produce(to, 0, count);
+    return destinations_.fresh_pages().WriteConverted(
+        to, count * unit, [&](std::byte* out, uint64_t offset, uint64_t n) {
+          return produce(out, offset / unit, n / unit);
+        });
+  };
   if (tp.conversion == Conversion::kDequantBlocks) {
     LOADSTONE_ASSIGN_OR_RETURN(const Blocks b, BlocksOf(t, lo, hi));
-    std::byte* to = data + b.first * b.out_bytes;
-    auto decode = [&](std::byte* out, uint64_t at, uint64_t count) {
-      return convert::DequantGgufBlocks(src.packed->scheme, tp.dtype, from + at * b.in_bytes, out,
-                                        count);
-    };
-    if (!fresh) return decode(to, 0, b.count);
-    return destinations_.fresh_pages().WriteConverted(
-        to, b.count * b.out_bytes, [&](std::byte* out, uint64_t offset, uint64_t n) {
-          return decode(out, offset / b.out_bytes, n / b.out_bytes);
-        });
+    return write_units(data + b.first * b.out_bytes, b.count, b.out_bytes,
+                       [&](std::byte* out, uint64_t at, uint64_t count) {
+                         return convert::DequantGgufBlocks(src.packed->scheme, tp.dtype,
+                                                           from + at * b.in_bytes, out, count);
+                       });
   }
   if (tp.conversion == Conversion::kNone || tp.conversion == Conversion::kRelayout) {
     std::byte* to = data + (lo - src.offset);
@@ -86,13 +90,7 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
                                           Fp8Layout(t, scales))
                : convert::CastBuffer(src.dtype, tp.dtype, in, to, count);
   };
-  std::byte* to = data + first * dst_elem;
-  const uint64_t count = (hi - lo) / src_elem;
-  if (!fresh) return convert(to, 0, count);
-  return destinations_.fresh_pages().WriteConverted(
-      to, count * dst_elem, [&](std::byte* out, uint64_t offset, uint64_t n) {
-        return convert(out, offset / dst_elem, n / dst_elem);
-      });
+  return write_units(data + first * dst_elem, (hi - lo) / src_elem, dst_elem, convert);
 }
 
 Result<Placer::Blocks> Placer::BlocksOf(uint32_t t, uint64_t lo, uint64_t hi) const {

@@ -42,6 +42,13 @@ Status CheckFp8(const Checkpoint& checkpoint, const LoadPlan& plan, const Tensor
   return Status::OK();
 }
 
+// A packed tensor that DequantGgufBlocks decodes into `dtype`, its layout the decoder's own.
+bool DecodesAsPacked(const TensorInfo& src, DType dtype) {
+  if (!src.packed || !convert::CanDequantGguf(src.packed->scheme, dtype)) return false;
+  const convert::GgufBlockType* type = convert::FindGgufBlockType(src.packed->scheme);
+  return type->block_bytes == src.packed->block_bytes && type->block_elems == src.packed->block_elems;
+}
+
 // Each planned tensor: its source, target and scales exist, it is planned once, and its size,
 // dtype and conversion agree with the catalog.
 Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
@@ -62,11 +69,7 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
                             : tp.conversion == Conversion::kRelayout
                                 ? tp.dtype == src.dtype && !src.plain_layout()
                             : tp.conversion == Conversion::kDequantBlocks
-                                ? src.packed && convert::CanDequantGguf(src.packed->scheme, tp.dtype) &&
-                                      convert::FindGgufBlockType(src.packed->scheme)->block_bytes ==
-                                          src.packed->block_bytes &&
-                                      convert::FindGgufBlockType(src.packed->scheme)->block_elems ==
-                                          src.packed->block_elems
+                                ? DecodesAsPacked(src, tp.dtype)
                                 : tp.conversion == Conversion::kDequantFp8Block;
     const uint64_t elements =
         tp.conversion == Conversion::kDequantBlocks ? src.element_count() : src.numel();
@@ -80,13 +83,13 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
     if (tp.fresh_pages && plan.targets[tp.device] != Device::Cpu()) {
       return Refused(fmt::format("tensor '{}' is in fresh pages but not on the CPU", src.name));
     }
-    if (tp.memory_given() &&
-        (plan.targets[tp.device] != Device::Cpu() || tp.fresh_pages || (tp.caller_memory && tp.pinned))) {
+    const bool both = tp.caller_memory && tp.pinned;
+    if (tp.memory_given() && (plan.targets[tp.device] != Device::Cpu() || tp.fresh_pages || both)) {
       return Refused(fmt::format("tensor '{}' is in {} memory, but {}", src.name,
                                  tp.pinned ? "pinned" : "the caller's",
                                  tp.fresh_pages ? "also in fresh pages"
-                                 : tp.caller_memory && tp.pinned ? "both the caller's and pinned"
-                                                                 : "not on the CPU"));
+                                 : both         ? "both the caller's and pinned"
+                                                : "not on the CPU"));
     }
     if (tp.conversion == Conversion::kDequantFp8Block) {
       LOADSTONE_RETURN_IF_ERROR(CheckFp8(checkpoint, plan, tp));

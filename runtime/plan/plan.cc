@@ -40,14 +40,13 @@ Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
   Target out{t.dtype, Conversion::kNone};
   std::optional<DType> target;
   if (auto special = options.special_dtypes.find(t.name); special != options.special_dtypes.end()) {
-    if (t.packed ? !convert::CanDequantGguf(t.packed->scheme, special->second)
-                 : !convert::CanCast(t.dtype, special->second)) {
-      if (t.packed) {
-        return Status::InvalidArgument(fmt::format(
-            "special dtype {} for tensor '{}' ({}-packed): loadstone dequantizes GGUF Q4_0 Q4_1 "
-            "Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks into f32, f16 or bf16 only",
-            TorchName(special->second), t.name, t.packed->scheme));
-      }
+    if (t.packed && !convert::CanDequantGguf(t.packed->scheme, special->second)) {
+      return Status::InvalidArgument(fmt::format(
+          "special dtype {} for tensor '{}' ({}-packed): loadstone dequantizes GGUF Q4_0 Q4_1 "
+          "Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks into f32, f16 or bf16 only",
+          TorchName(special->second), t.name, t.packed->scheme));
+    }
+    if (!t.packed && !convert::CanCast(t.dtype, special->second)) {
       return Status::InvalidArgument(fmt::format(
           "special dtype {} for tensor '{}' ({}): loadstone casts f32, f16, bf16, f64 and "
           "float8 tensors to f32, f16 or bf16 only",

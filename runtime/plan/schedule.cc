@@ -230,9 +230,9 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
     if (tp.conversion == Conversion::kDequantBlocks) {
       // Whole blocks, and few enough that the decoded piece fits max_chunk too: for a GPU it is
       // decoded into host memory first (Placer::Dequantize), up to 8x the bytes read.
+      const uint64_t in_block = src.packed->block_bytes;
       const uint64_t out_block = uint64_t{src.packed->block_elems} * (DTypeBits(tp.dtype) / 8);
-      piece = std::max<uint64_t>(1, options.max_chunk / std::max<uint64_t>(out_block, src.packed->block_bytes)) *
-              src.packed->block_bytes;
+      piece = std::max<uint64_t>(1, options.max_chunk / std::max(out_block, in_block)) * in_block;
     }
     for (uint64_t done = 0; done < src.nbytes; done += piece) {
       keyed.push_back({i, {src.file, src.offset + done, std::min(piece, src.nbytes - done), {i},
