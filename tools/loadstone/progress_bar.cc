@@ -72,7 +72,10 @@ InterruptToCancel::InterruptToCancel() {
   struct sigaction action{};
   action.sa_handler = OnInterrupt;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESETHAND;  // a second Ctrl-C is the default: the process ends
+  // SA_RESETHAND: a second Ctrl-C is the default, the process ends. SA_RESTART: a write to the
+  // terminal that the signal interrupts is restarted; without it the write fails with EINTR,
+  // std::cerr turns bad and every later line (the "cancelled" summary) is silently dropped.
+  action.sa_flags = SA_RESETHAND | SA_RESTART;
   ::sigaction(SIGINT, &action, nullptr);
 }
 
@@ -81,7 +84,11 @@ InterruptToCancel::~InterruptToCancel() { ::sigaction(SIGINT, &g_previous, nullp
 bool InterruptToCancel::interrupted() const { return g_interrupted.load(); }
 
 void DrawProgress(const Progress& progress) {
-  std::cerr << "\r" << RenderProgress(progress, TerminalColumns()) << "\x1b[K" << std::flush;
+  // One write per frame: a terminal never shows half a frame.
+  std::string frame = "\r";
+  frame += RenderProgress(progress, TerminalColumns());
+  frame += "\x1b[K";
+  std::cerr << frame << std::flush;
 }
 
 WaitResult WaitWithProgress(LoadHandle& load, bool show, const InterruptToCancel* interrupt) {

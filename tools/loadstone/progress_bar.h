@@ -22,7 +22,8 @@ int TerminalColumns();
 
 // SIGINT, while one lives, asks the running load to cancel instead of killing the process; a
 // second Ctrl-C kills it as usual; an ignored SIGINT (a background job) stays ignored. Its
-// destruction restores what SIGINT did before. Not nestable.
+// destruction restores what SIGINT did before. A system call the signal interrupts is restarted
+// (SA_RESTART), so that output to the terminal goes on. Not nestable.
 class InterruptToCancel {
  public:
   InterruptToCancel();
