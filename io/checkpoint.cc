@@ -12,6 +12,7 @@
 
 #include "io/file.h"
 #include "io/formats/gguf.h"
+#include "io/formats/bnb_state.h"
 #include "io/formats/hf_config.h"
 #include "io/formats/hf_index.h"
 #include "io/formats/hf_layout.h"
@@ -355,6 +356,11 @@ Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved) {
       return Status::Corruption(fmt::format("tensor '{}' appears twice", impl->tensors[i].name));
     }
   }
+  LOADSTONE_RETURN_IF_ERROR(io::CatalogBnb4(
+      impl->files, &impl->tensors, [&impl](std::string_view name) -> TensorInfo* {
+        const auto it = impl->by_name.find(name);
+        return it == impl->by_name.end() ? nullptr : &impl->tensors[it->second];
+      }));
   if (!resolved.config_dir.empty()) {
     const std::string config_path = (std::filesystem::path(resolved.config_dir) / "config.json").string();
     std::error_code ec;

@@ -43,14 +43,37 @@ struct CheckpointFile {
   uint64_t bytes = 0;  // file size when the header was read
 };
 
-// How a block-quantized tensor is stored when it is cataloged packed (a GGUF Q4_K, ...): the
-// TensorInfo is then U8 with the shape of its bytes (the last dimension in bytes: whole blocks),
-// and this says what those bytes are.
+// A bitsandbytes 4-bit weight's quant state (shared/specs/quant.md, "bitsandbytes 4-bit"), read
+// at Open from the tensors transformers saves beside the packed weight `W`: the JSON of
+// `W.quant_state.bitsandbytes__nf4|fp4`, `W.quant_map` and, when nested, `W.nested_quant_map` and
+// `W.nested_absmax` (small: 16 + 256 values and one per 256 blocks). The per-block absmax
+// `W.absmax` is a tensor of the load: the plan reads it before the weight.
+struct Bnb4State {
+  bool fp4 = false;                   // quant_type "fp4"; else "nf4"
+  std::array<float, 16> code{};       // W.quant_map, the value of each nibble
+  DType dtype = DType::kBF16;         // the weight's dtype before quantization
+  std::string absmax;                 // W.absmax: f32 per block, or u8 codes when nested
+  bool nested = false;                // absmax_b = nested_code[u8[b]] * nested_absmax[b / nb] + offset
+  uint32_t nested_blocksize = 0;      // nb
+  float nested_offset = 0;
+  std::array<float, 256> nested_code{};   // W.nested_quant_map
+  std::vector<float> nested_absmax;       // W.nested_absmax
+  // Every tensor of the state (absmax first, then quant_map, the nested ones, the JSON): loaded
+  // as stored, never cast.
+  std::vector<std::string> companions;
+};
+
+// How a block-quantized tensor is stored when it is cataloged packed (a GGUF Q4_K, a bitsandbytes
+// nf4 weight, ...): the TensorInfo then has the dtype and shape of its bytes as the file stores
+// them (GGUF: U8, the last dimension in bytes, whole blocks; bitsandbytes: [ceil(n / 2), 1] of
+// its quant_storage dtype, two 4-bit codes a byte), and this says what those bytes are.
 struct PackedLayout {
-  std::string scheme;                  // the producer's name for it: "Q4_0", "Q4_K", ...
+  // The producer's name for it: "Q4_0", "Q4_K", ... (GGUF); "bnb-nf4", "bnb-fp4" (bitsandbytes).
+  std::string scheme;
   std::vector<uint64_t> element_shape;  // its shape in elements, PyTorch order
-  uint32_t block_elems = 0;            // elements per block
-  uint32_t block_bytes = 0;            // bytes per block
+  uint32_t block_elems = 0;            // elements per block (bitsandbytes: per absmax)
+  uint32_t block_bytes = 0;            // bytes per block (bitsandbytes: the last may be partial)
+  std::shared_ptr<const Bnb4State> bnb4;  // set for "bnb-nf4" and "bnb-fp4"
 };
 
 struct TensorInfo {

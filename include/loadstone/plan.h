@@ -41,10 +41,29 @@ enum class Conversion {
   // completes (for a GPU target, before the device copies the result: no device kernel yet).
   // Its reads hold whole blocks; its shape once loaded is PackedLayout::element_shape.
   kDequantBlocks,
+  // A bitsandbytes 4-bit weight (TensorInfo::packed with PackedLayout::bnb4: "bnb-nf4",
+  // "bnb-fp4") decoded into `dtype` with its per-block absmax (TensorPlan::scale: planned and read
+  // before it, loaded as stored) by a CPU worker as its read completes (specs/quant.md;
+  // runtime/convert/bnb4.h). Two codes a byte: any piece of whole bytes decodes on its own. Its
+  // shape once loaded is PackedLayout::element_shape. CPU targets only, for now (no device
+  // kernel; Plan refuses another device).
+  kDequantBnb4,
 };
 
-// "none", "cast", "fp8-block-dequant", "relayout", "block-dequant".
+// "none", "cast", "fp8-block-dequant", "relayout", "block-dequant", "bnb4-dequant".
 std::string_view ConversionName(Conversion conversion);
+
+// True for the conversions whose result has the packed tensor's element shape (PackedLayout):
+// kDequantBlocks and kDequantBnb4.
+constexpr bool Unpacks(Conversion conversion) {
+  return conversion == Conversion::kDequantBlocks || conversion == Conversion::kDequantBnb4;
+}
+
+// True for the conversions that read another planned tensor (TensorPlan::scale) while they
+// convert: kDequantFp8Block and kDequantBnb4.
+constexpr bool UsesScales(Conversion conversion) {
+  return conversion == Conversion::kDequantFp8Block || conversion == Conversion::kDequantBnb4;
+}
 
 struct TensorPlan {
   size_t source = 0;             // index into Checkpoint::tensors()
@@ -54,6 +73,7 @@ struct TensorPlan {
   uint64_t nbytes = 0;           // bytes once loaded
   // kDequantFp8Block: the scales (an index into LoadPlan::tensors, planned and read before this
   // tensor, loaded as stored) and the rows x columns of the weight that one scale covers.
+  // kDequantBnb4: `scale` is its absmax tensor, as stored; no block rows and columns.
   uint32_t scale = 0;
   uint64_t block_rows = 0;
   uint64_t block_cols = 0;
@@ -211,9 +231,10 @@ struct PlanOptions : DeviceMapOptions {
   // and the load's backend line says so.
   bool pin_cpu_tensors = false;
   // Quantized tensors stay packed, as stored, even with a target dtype (for engines with their
-  // own kernels): sized and placed by their stored bytes. Without it a target dtype dequantizes
-  // every packed tensor loadstone can decode (Conversion::kDequantBlocks; keep_in_fp32 applies
-  // to the result); the others stay packed, with a plan warning naming them.
+  // own kernels): sized and placed by their stored bytes, with their companions (absmax, quant
+  // state). Without it a target dtype dequantizes every packed tensor loadstone can decode
+  // (Conversion::kDequantBlocks, kDequantBnb4; keep_in_fp32 applies to the result; the
+  // companions load as stored); the others stay packed, with a plan warning naming them.
   bool keep_packed = false;
   // Largest single read; larger tensors are read in pieces of this size.
   uint64_t max_chunk = 16ULL << 20;

@@ -184,7 +184,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   }
   loadstone::Tensor tensor = TensorAccess::Make(
       tensor_names, src, static_cast<size_t>(device + 1), tp.dtype, slot.buffer,
-      slot.data, tp.nbytes, std::move(copier), tp.conversion == Conversion::kDequantBlocks);
+      slot.data, tp.nbytes, std::move(copier), Unpacks(tp.conversion));
   slot.promise.set_value(std::move(tensor));
   tensors_done.fetch_add(1, std::memory_order_relaxed);
   if (auto waiting = waiting_for_scales_.extract(index)) {

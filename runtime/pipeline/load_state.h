@@ -152,10 +152,11 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   int DeviceOf(uint32_t t) const { return destinations_.DeviceOf(t); }
   // Tensor `t` is written into fresh pages by the workers.
   bool Fresh(uint32_t t) const { return destinations_.Fresh(t); }
-  // The memory of tensor `t`'s float8 scales when it is dequantized with them, else null.
+  // The memory of tensor `t`'s scales (float8 scales, a bitsandbytes absmax) when it is
+  // dequantized with them, else null.
   const std::byte* ScalesOf(uint32_t t) const {
     const TensorPlan& tp = plan.tensors[t];
-    return tp.conversion == Conversion::kDequantFp8Block ? tensors[tp.scale].data : nullptr;
+    return UsesScales(tp.conversion) ? tensors[tp.scale].data : nullptr;
   }
   // Where an unstaged read lands: its (first) tensor's memory at the read's offset in it — the
   // read's own tensor, or the start of its shared buffer.

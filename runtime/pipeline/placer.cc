@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/convert/bnb4.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/gguf_blocks.h"
 #include "runtime/convert/relayout.h"
@@ -72,6 +73,16 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
                        [&](std::byte* out, uint64_t at, uint64_t count) {
                          return convert::DequantGgufBlocks(src.packed->scheme, tp.dtype,
                                                            from + at * b.in_bytes, out, count);
+                       });
+  }
+  if (tp.conversion == Conversion::kDequantBnb4) {  // two codes a byte, the last maybe a pad
+    const uint64_t first = (lo - src.offset) * 2;
+    const uint64_t count = std::min((hi - lo) * 2, src.element_count() - first);
+    const uint64_t out_elem = DTypeBits(tp.dtype) / 8;
+    return write_units(data + first * out_elem, count, out_elem,
+                       [&](std::byte* out, uint64_t at, uint64_t n) {
+                         return convert::DequantBnb4(*src.packed, tp.dtype, from + at / 2,
+                                                     first + at, n, scales, out);
                        });
   }
   if (tp.conversion == Conversion::kNone || tp.conversion == Conversion::kRelayout) {

@@ -31,7 +31,8 @@ class Placer {
       : checkpoint_(checkpoint), plan_(plan), destinations_(destinations) {}
 
   // Writes the piece [lo, hi) of tensor `t`'s file bytes, at `from`, into its memory `data`,
-  // converted as planned; `scales`: the memory of its float8 scales (kDequantFp8Block).
+  // converted as planned; `scales`: the memory of its float8 scales (kDequantFp8Block) or of its
+  // absmax (kDequantBnb4).
   Status PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales, const std::byte* from,
                     uint64_t lo, uint64_t hi) const;
   // The whole of a shared-buffer read (ReadChunk::shared_buffer), `staged`, into `buffer`.

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/convert/bnb4.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/convert/gguf_blocks.h"
@@ -49,6 +50,20 @@ bool DecodesAsPacked(const TensorInfo& src, DType dtype) {
   return type->block_bytes == src.packed->block_bytes && type->block_elems == src.packed->block_elems;
 }
 
+// A bitsandbytes 4-bit weight's absmax: the catalog's, as stored, beside it on the CPU.
+Status CheckBnb4(const Checkpoint& checkpoint, const LoadPlan& plan, const TensorPlan& tp) {
+  const TensorInfo& src = checkpoint.tensors()[tp.source];
+  const TensorPlan& absmax = plan.tensors[tp.scale];
+  const TensorInfo* want = checkpoint.Find(src.packed->bnb4->absmax);
+  if (want == nullptr || &checkpoint.tensors()[absmax.source] != want ||
+      absmax.conversion != Conversion::kNone || absmax.device != tp.device ||
+      plan.targets[tp.device] != Device::Cpu()) {
+    return Refused(fmt::format("tensor '{}' is dequantized without its absmax beside it on the CPU",
+                               src.name));
+  }
+  return Status::OK();
+}
+
 // Each planned tensor: its source, target and scales exist, it is planned once, and its size,
 // dtype and conversion agree with the catalog.
 Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
@@ -70,9 +85,10 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
                                 ? tp.dtype == src.dtype && !src.plain_layout()
                             : tp.conversion == Conversion::kDequantBlocks
                                 ? DecodesAsPacked(src, tp.dtype)
+                            : tp.conversion == Conversion::kDequantBnb4
+                                ? src.packed && src.packed->bnb4 && convert::CanDequantBnb4(tp.dtype)
                                 : tp.conversion == Conversion::kDequantFp8Block;
-    const uint64_t elements =
-        tp.conversion == Conversion::kDequantBlocks ? src.element_count() : src.numel();
+    const uint64_t elements = Unpacks(tp.conversion) ? src.element_count() : src.numel();
     if (!dtype_fits ||
         static_cast<Wide>(tp.nbytes) * 8 != static_cast<Wide>(elements) * DTypeBits(tp.dtype)) {
       return Refused(fmt::format("tensor '{}' is planned as {} bytes of {} by {}, which its {} "
@@ -93,6 +109,9 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
     }
     if (tp.conversion == Conversion::kDequantFp8Block) {
       LOADSTONE_RETURN_IF_ERROR(CheckFp8(checkpoint, plan, tp));
+    }
+    if (tp.conversion == Conversion::kDequantBnb4) {
+      LOADSTONE_RETURN_IF_ERROR(CheckBnb4(checkpoint, plan, tp));
     }
   }
   return Status::OK();

@@ -37,10 +37,10 @@ std::optional<std::array<uint64_t, 2>> ScaleGrid(const TensorInfo& scale) {
 
 }  // namespace
 
-Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
+Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
                                                 const PlanOptions& options,
                                                 std::array<uint64_t, 2> block) {
-  std::map<size_t, Fp8Pair> pairs;
+  std::map<size_t, ScalePair> pairs;
   if (!options.dtype) return pairs;
   const auto& infos = checkpoint.tensors();
   const auto [block_rows, block_cols] = block;
@@ -54,7 +54,7 @@ Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
     const bool deepseek = scale != nullptr;
     if (!deepseek) scale = checkpoint.Find(weight.name + "_scale");
     if (scale == nullptr) continue;
-    Fp8Pair pair{static_cast<size_t>(scale - infos.data()), 0, 0};
+    ScalePair pair{static_cast<size_t>(scale - infos.data()), 0, 0};
     const auto grid = ScaleGrid(*scale);
     if (weight.shape.size() == 2 && grid) {
       if (deepseek) {

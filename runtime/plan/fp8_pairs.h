@@ -13,7 +13,9 @@
 
 namespace loadstone::planning {
 
-struct Fp8Pair {
+// A weight and the tensor its dequantization reads: float8 scales with the block one covers, or
+// (Plan adds these) a bitsandbytes 4-bit weight's absmax, with no block.
+struct ScalePair {
   size_t scale = 0;  // index into Checkpoint::tensors
   uint64_t block_rows = 0, block_cols = 0;
 };
@@ -23,7 +25,7 @@ struct Fp8Pair {
 // `block` exactly; compressed-tensors' `W_scale` (f32, bf16 or f16) says by its shape whether
 // it is per tensor, channel, group or block. Errors: InvalidArgument for a scale that fits no
 // rule (naming both tensors and the fix) or a block with a zero side.
-Result<std::map<size_t, Fp8Pair>> PairFp8Scales(const Checkpoint& checkpoint,
+Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
                                                 const PlanOptions& options,
                                                 std::array<uint64_t, 2> block);
 

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "io/formats/offload_folder.h"
+#include "runtime/convert/bnb4.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/convert/gguf_blocks.h"
@@ -33,18 +34,28 @@ struct Target {
 // Elements of `t` once loaded by `conversion`: a dequantized packed tensor has those of its
 // element shape; any other tensor those of its catalog shape (a packed one's bytes).
 uint64_t PlacedElements(const TensorInfo& t, Conversion conversion) {
-  return conversion == Conversion::kDequantBlocks ? t.element_count() : t.numel();
+  return Unpacks(conversion) ? t.element_count() : t.numel();
 }
+
+// The conversion that decodes packed tensor `t` into `to`, or kNone when loadstone cannot.
+Conversion DequantOf(const TensorInfo& t, DType to) {
+  if (t.packed->bnb4) return convert::CanDequantBnb4(to) ? Conversion::kDequantBnb4 : Conversion::kNone;
+  return convert::CanDequantGguf(t.packed->scheme, to) ? Conversion::kDequantBlocks
+                                                       : Conversion::kNone;
+}
+
+constexpr std::string_view kDecodable =
+    "GGUF Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks and bitsandbytes nf4/fp4 weights";
 
 Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
   Target out{t.dtype, Conversion::kNone};
   std::optional<DType> target;
   if (auto special = options.special_dtypes.find(t.name); special != options.special_dtypes.end()) {
-    if (t.packed && !convert::CanDequantGguf(t.packed->scheme, special->second)) {
+    if (t.packed && DequantOf(t, special->second) == Conversion::kNone) {
       return Status::InvalidArgument(fmt::format(
-          "special dtype {} for tensor '{}' ({}-packed): loadstone dequantizes GGUF Q4_0 Q4_1 "
-          "Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks into f32, f16 or bf16 only",
-          TorchName(special->second), t.name, t.packed->scheme));
+          "special dtype {} for tensor '{}' ({}-packed): loadstone dequantizes {} into f32, f16 "
+          "or bf16 only",
+          TorchName(special->second), t.name, t.packed->scheme, kDecodable));
     }
     if (!t.packed && !convert::CanCast(t.dtype, special->second)) {
       return Status::InvalidArgument(fmt::format(
@@ -62,8 +73,8 @@ Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
     }
   }
   if (t.packed) {  // dequantized when it can be, else as stored (Plan warns)
-    if (target && !options.keep_packed && convert::CanDequantGguf(t.packed->scheme, *target)) {
-      out = {*target, Conversion::kDequantBlocks};
+    if (target && !options.keep_packed && DequantOf(t, *target) != Conversion::kNone) {
+      out = {*target, DequantOf(t, *target)};
     }
     return out;
   }
@@ -113,16 +124,15 @@ void WarnIneffective(const Checkpoint& checkpoint, const PlanOptions& options,
   if (options.dtype && !options.keep_packed) {
     std::map<std::string, std::pair<size_t, std::string>> stay_packed;  // scheme → count, first
     for (const TensorInfo& t : checkpoint.tensors()) {
-      if (t.packed && !convert::CanDequantGguf(t.packed->scheme, *options.dtype)) {
+      if (t.packed && DequantOf(t, *options.dtype) == Conversion::kNone) {
         auto& [count, first] = stay_packed[t.packed->scheme];
         if (count++ == 0) first = t.name;
       }
     }
     for (const auto& [scheme, seen] : stay_packed) {
       warnings->push_back(fmt::format(
-          "{} {}-packed tensor(s) (the first: '{}') stay packed: loadstone dequantizes GGUF Q4_0 "
-          "Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks only",
-          seen.first, scheme, seen.second));
+          "{} {}-packed tensor(s) (the first: '{}') stay packed: loadstone dequantizes {} only",
+          seen.first, scheme, seen.second, kDecodable));
     }
   }
   if (options.routes.mmap && options.routes.align_tensors) {
@@ -207,17 +217,17 @@ Status CheckOptions(const PlanOptions& options) {
   return Status::OK();
 }
 
-// What each tensor becomes (float8 scales: as stored; a scaled float8 weight that is converted:
-// dequantized), known before any device is.
+// What each tensor becomes (float8 scales and quant-state tensors: as stored; a scaled float8
+// weight that is converted: dequantized), known before any device is.
 Result<std::vector<Target>> Targets(const std::vector<TensorInfo>& infos, const PlanOptions& options,
-                                    const std::map<size_t, planning::Fp8Pair>& fp8_pairs,
-                                    const std::vector<bool>& is_scale) {
+                                    const std::map<size_t, planning::ScalePair>& scale_pairs,
+                                    const std::vector<bool>& keep_stored) {
   PlanOptions as_stored = options;
   as_stored.dtype.reset();
   std::vector<Target> targets(infos.size());
   for (size_t i = 0; i < infos.size(); ++i) {
-    LOADSTONE_ASSIGN_OR_RETURN(targets[i], TargetOf(infos[i], is_scale[i] ? as_stored : options));
-    if (fp8_pairs.contains(i) && targets[i].conversion != Conversion::kNone) {
+    LOADSTONE_ASSIGN_OR_RETURN(targets[i], TargetOf(infos[i], keep_stored[i] ? as_stored : options));
+    if (scale_pairs.contains(i) && !infos[i].packed && targets[i].conversion != Conversion::kNone) {
       targets[i].conversion = Conversion::kDequantFp8Block;
     }
   }
@@ -231,16 +241,16 @@ class TensorPlanner {
  public:
   TensorPlanner(const Checkpoint& checkpoint, const PlanOptions& options,
                 const std::vector<Target>& targets,
-                const std::map<size_t, planning::Fp8Pair>& fp8_pairs,
+                const std::map<size_t, planning::ScalePair>& scale_pairs,
                 const std::vector<bool>& is_scale, LoadPlan* plan)
       : infos_(checkpoint.tensors()), format_(checkpoint.format()),
         file_of_([&checkpoint](const TensorInfo& t) { return checkpoint.files()[t.file].path; }),
         options_(options), targets_(targets),
-        fp8_pairs_(fp8_pairs), is_scale_(is_scale), plan_(*plan) {
+        scale_pairs_(scale_pairs), is_scale_(is_scale), plan_(*plan) {
     for (const BufferPlacement& b : plan_.devices.buffers) {
       if (b.device) buffer_device_.emplace(b.name, *b.device);
     }
-    for (const auto& [w, pair] : fp8_pairs_) weight_of_scale_[pair.scale] = w;
+    for (const auto& [w, pair] : scale_pairs_) weight_of_scale_[pair.scale] = w;
   }
 
   Status AddAll(const std::vector<size_t>& order) {
@@ -250,11 +260,11 @@ class TensorPlanner {
       if (!Included(index)) continue;
       // Scales are planned just before their weight; alone when only they are included.
       if (is_scale_[index] && Included(weight_of_scale_[index])) continue;
-      const auto pair = fp8_pairs_.find(index);
-      if (pair == fp8_pairs_.end()) {
+      const auto pair = scale_pairs_.find(index);
+      if (pair == scale_pairs_.end()) {
         LOADSTONE_RETURN_IF_ERROR(Add(index).status());
       } else {
-        LOADSTONE_RETURN_IF_ERROR(AddFp8Pair(index, pair->second));
+        LOADSTONE_RETURN_IF_ERROR(AddScalePair(index, pair->second));
       }
     }
     return Status::OK();
@@ -294,6 +304,13 @@ class TensorPlanner {
           t.name, t.nbytes, materialised, planning::kMaxRelayoutSpan));
     }
     if (device->type == Device::Type::kDisk) return Offload(index);
+    if (targets_[index].conversion == Conversion::kDequantBnb4 && *device != Device::Cpu()) {
+      return Status::Unsupported(fmt::format(
+          "tensor '{}' is a bitsandbytes {} weight mapped to {}: loadstone dequantizes "
+          "bitsandbytes weights on the CPU only for now (no device kernel yet); map it to cpu, or "
+          "keep it packed (keep_packed, --keep-packed) for a kernel of the engine's own",
+          t.name, t.packed->scheme.substr(4), device->ToString()));
+    }
     TensorPlan tp;
     tp.source = index;
     tp.dtype = targets_[index].dtype;
@@ -351,20 +368,20 @@ class TensorPlanner {
   }
 
   // A weight with scales: the scales first, as stored; a dequantized weight points at them.
-  Status AddFp8Pair(size_t index, const planning::Fp8Pair& pair) {
+  Status AddScalePair(size_t index, const planning::ScalePair& pair) {
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, Add(pair.scale));
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, Add(index));
     if (targets_[index].conversion == Conversion::kNone) return Status::OK();
     if (s == kOffloaded || w == kOffloaded) {
       return Status::Unsupported(fmt::format(
-          "float8 tensor '{}' and its scales '{}' are split between disk and a device; map them "
-          "together",
+          "quantized tensor '{}' and its scales '{}' are split between disk and a device; map "
+          "them together",
           infos_[index].name, infos_[pair.scale].name));
     }
     TensorPlan& weight = plan_.tensors[w];
     if (device_of_[w] != device_of_[s]) {
       return Status::Unsupported(fmt::format(
-          "float8 tensor '{}' is mapped to {} but its scales '{}' to {}; map them together",
+          "quantized tensor '{}' is mapped to {} but its scales '{}' to {}; map them together",
           infos_[index].name, device_of_[w].ToString(), infos_[pair.scale].name,
           device_of_[s].ToString()));
     }
@@ -381,7 +398,7 @@ class TensorPlanner {
   const std::function<std::string(const TensorInfo&)> file_of_;
   const PlanOptions& options_;
   const std::vector<Target>& targets_;
-  const std::map<size_t, planning::Fp8Pair>& fp8_pairs_;
+  const std::map<size_t, planning::ScalePair>& scale_pairs_;
   const std::vector<bool>& is_scale_;
   LoadPlan& plan_;
   std::unordered_map<std::string_view, Device> buffer_device_;  // placed apart from the map
@@ -400,17 +417,26 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
                    : checkpoint.config().weight_block_size
                        ? *checkpoint.config().weight_block_size
                        : std::array<uint64_t, 2>{128, 128};
-  LOADSTONE_ASSIGN_OR_RETURN(const auto fp8_pairs,
+  LOADSTONE_ASSIGN_OR_RETURN(auto scale_pairs,
                              planning::PairFp8Scales(checkpoint, options, plan.fp8_block));
   std::vector<bool> is_scale(infos.size());
-  for (const auto& [w, pair] : fp8_pairs) is_scale[pair.scale] = true;
+  std::vector<bool> keep_stored(infos.size());  // scales and every quant-state tensor
+  for (size_t w = 0; w < infos.size(); ++w) {  // a bitsandbytes weight's absmax goes first
+    if (!infos[w].packed || !infos[w].packed->bnb4) continue;
+    const Bnb4State& state = *infos[w].packed->bnb4;
+    scale_pairs[w] = {static_cast<size_t>(checkpoint.Find(state.absmax) - infos.data()), 0, 0};
+    for (const std::string& c : state.companions) {
+      keep_stored[static_cast<size_t>(checkpoint.Find(c) - infos.data())] = true;
+    }
+  }
+  for (const auto& [w, pair] : scale_pairs) is_scale[pair.scale] = keep_stored[pair.scale] = true;
   LOADSTONE_ASSIGN_OR_RETURN(const std::vector<Target> targets,
-                             Targets(infos, options, fp8_pairs, is_scale));
+                             Targets(infos, options, scale_pairs, keep_stored));
   LOADSTONE_ASSIGN_OR_RETURN(plan.devices, MapDevices(checkpoint, options, targets));
   plan.warnings = std::move(plan.devices.warnings);
   plan.devices.warnings.clear();
   WarnIneffective(checkpoint, options, &plan.warnings);
-  TensorPlanner planner(checkpoint, options, targets, fp8_pairs, is_scale, &plan);
+  TensorPlanner planner(checkpoint, options, targets, scale_pairs, is_scale, &plan);
   LOADSTONE_RETURN_IF_ERROR(planner.AddAll(planning::PriorityOrder(infos)));
   plan.offload_folder = options.offload_folder;
   CountUsage(plan, planner.device_of(), &plan.devices.usage);

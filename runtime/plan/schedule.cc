@@ -217,7 +217,7 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
     const ReadRoute route = RouteOf(plan, i);
     // A dequantized weight and its scales are never coalesced: the scales' read then comes
     // before every read of the weight, whose conversion waits for them.
-    const bool fp8_pair = tp.conversion == Conversion::kDequantFp8Block || is_scale[tp.source];
+    const bool fp8_pair = UsesScales(tp.conversion) || is_scale[tp.source];
     // Small: below coalesce_below, and never above max_chunk (no read is longer than that).
     const uint64_t small_below = std::min(options.coalesce_below, options.max_chunk);
     if (src.nbytes < small_below && !fp8_pair && route != ReadRoute::kMapped) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -255,12 +256,24 @@ void OrderByShard(const std::vector<std::pair<uint32_t, uint32_t>>& tensor_rank,
 
 Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
   const std::vector<TensorInfo>& infos = checkpoint.tensors();
+  // A quantized weight's quant-state tensors ("W.absmax", ...) are not parameters of the model
+  // (accelerate sizes a bitsandbytes Linear4bit by its packed weight alone): they are left out
+  // of the tree and go wherever their weight's map entry, a dotted prefix of theirs, sends it.
+  std::unordered_set<std::string_view> companions;
+  for (const TensorInfo& t : infos) {
+    if (!t.packed || !t.packed->bnb4) continue;
+    for (const std::string& c : t.packed->bnb4->companions) companions.insert(c);
+  }
   // Natural order makes every module's tensors contiguous, so the tree is built with a stack.
-  std::vector<size_t> order(infos.size());
+  std::vector<size_t> order;
+  order.reserve(infos.size());
   {
     std::vector<std::string> keys(infos.size());
-    for (size_t i = 0; i < infos.size(); ++i) keys[i] = NaturalKey(infos[i].name);
-    std::iota(order.begin(), order.end(), size_t{0});
+    for (size_t i = 0; i < infos.size(); ++i) {
+      if (companions.contains(infos[i].name)) continue;
+      keys[i] = NaturalKey(infos[i].name);
+      order.push_back(i);
+    }
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
   }
   auto impl = std::make_shared<Impl>();

@@ -75,11 +75,11 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
     for (const TensorPlan& t : load_plan->tensors) {
       const TensorInfo& src = checkpoint_tensors[t.source];
       if (!src.packed) continue;
-      const bool decoded = t.conversion == Conversion::kDequantBlocks;
+      const bool decoded = Unpacks(t.conversion);
       quantized.push_back({{"name", src.name},
                            {"scheme", src.packed->scheme},
                            {"mode", decoded ? "dequantize" : "packed"},
-                           {"dtype", decoded ? SafetensorsName(t.dtype) : std::string("U8")},
+                           {"dtype", std::string(SafetensorsName(decoded ? t.dtype : src.dtype))},
                            {"bytes", t.nbytes}});
     }
     std::cout << ", \"quantized\": "
@@ -157,7 +157,7 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
   for (const TensorPlan& t : load_plan->tensors) {
     const std::optional<PackedLayout>& packed = checkpoint_tensors[t.source].packed;
     if (!packed) continue;
-    const bool decoded = t.conversion == Conversion::kDequantBlocks;
+    const bool decoded = Unpacks(t.conversion);
     (decoded ? schemes[packed->scheme].first : schemes[packed->scheme].second) += 1;
     if (decoded) into.insert(std::string(SafetensorsName(t.dtype)));
   }

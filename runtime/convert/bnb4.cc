@@ -1,0 +1,92 @@
+#include "runtime/convert/bnb4.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "runtime/convert/float_bits.h"
+
+namespace loadstone::convert {
+namespace {
+
+float AbsmaxOf(const Bnb4State& s, const std::byte* absmax, uint64_t block) {
+  if (!s.nested) {
+    float a;
+    std::memcpy(&a, absmax + block * 4, 4);
+    return a;
+  }
+  const auto code = static_cast<uint8_t>(absmax[block]);
+  const float scaled = s.nested_code[code] * s.nested_absmax[block / s.nested_blocksize];
+  return scaled + s.nested_offset;
+}
+
+// The f32 value of each nibble in a block whose absmax is `a`.
+std::array<uint32_t, 16> BlockValues(const Bnb4State& s, float a) {
+  std::array<uint32_t, 16> v{};
+  for (uint32_t k = 0; k < 16; ++k) {
+    const float x = s.fp4 ? (k & 8 ? -(s.code[k & 7] * a) : s.code[k & 7] * a) : s.code[k] * a;
+    v[k] = std::bit_cast<uint32_t>(x);
+  }
+  return v;
+}
+
+template <typename Out, Out (*Encode)(uint32_t)>
+void Decode(const Bnb4State& s, uint64_t blocksize, const std::byte* packed, uint64_t first,
+            uint64_t count, const std::byte* absmax, std::byte* dst) {
+  const uint64_t base = first & ~uint64_t{1};  // the element of packed[0]'s high nibble
+  for (uint64_t e = first, end = first + count; e < end;) {
+    const uint64_t block = e / blocksize;
+    const uint64_t run_end = std::min(end, (block + 1) * blocksize);
+    std::array<Out, 16> lut;
+    const auto values = BlockValues(s, AbsmaxOf(s, absmax, block));
+    for (size_t k = 0; k < 16; ++k) lut[k] = Encode(values[k]);
+    for (; e < run_end; ++e) {
+      const auto byte = static_cast<uint8_t>(packed[(e - base) / 2]);
+      std::memcpy(dst + (e - first) * sizeof(Out), &lut[(e & 1) ? byte & 0x0F : byte >> 4],
+                  sizeof(Out));  // any alignment
+    }
+  }
+}
+
+constexpr uint32_t Identity(uint32_t f) { return f; }
+
+}  // namespace
+
+bool CanDequantBnb4(DType to) {
+  return to == DType::kF32 || to == DType::kF16 || to == DType::kBF16;
+}
+
+Status DequantBnb4(const PackedLayout& layout, DType to, const std::byte* packed, uint64_t first,
+                   uint64_t count, const std::byte* absmax, std::byte* dst) {
+  if (!layout.bnb4 || layout.block_elems == 0) {
+    return Status::InvalidArgument(fmt::format("'{}' is not a bitsandbytes 4-bit layout", layout.scheme));
+  }
+  if (!CanDequantBnb4(to)) {
+    return Status::InvalidArgument(fmt::format(
+        "cannot dequantize {} into {}: float32, float16 or bfloat16 only", layout.scheme, TorchName(to)));
+  }
+  uint64_t elements = 1;
+  for (uint64_t d : layout.element_shape) elements *= d;
+  if (first > elements || count > elements - first) {
+    return Status::InvalidArgument(fmt::format("elements [{}, {}) of a {} weight of {}", first,
+                                               first + count, layout.scheme, elements));
+  }
+  const Bnb4State& s = *layout.bnb4;
+  switch (to) {
+    case DType::kF32:
+      Decode<uint32_t, Identity>(s, layout.block_elems, packed, first, count, absmax, dst);
+      break;
+    case DType::kF16:
+      Decode<uint16_t, F32ToF16Bits>(s, layout.block_elems, packed, first, count, absmax, dst);
+      break;
+    default:
+      Decode<uint16_t, F32ToBF16Bits>(s, layout.block_elems, packed, first, count, absmax, dst);
+      break;
+  }
+  return Status::OK();
+}
+
+}  // namespace loadstone::convert

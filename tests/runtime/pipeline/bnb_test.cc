@@ -1,0 +1,372 @@
+// bitsandbytes 4-bit checkpoints (tests/fixtures/make_bnb_fixtures.py: bitsandbytes 0.48.2's
+// quantize_4bit, saved as transformers saves a Linear4bit) loaded and dequantized on the CPU,
+// against the values bitsandbytes' kernels decode them to (expected.safetensors), bit for bit;
+// kept packed, byte for byte; sharded with the companions in the other shard; hostile states.
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "io/reader.h"
+#include "io/reader_wrapper.h"
+#include "loadstone/checkpoint.h"
+#include "loadstone/loader.h"
+#include "loadstone/plan.h"
+#include "loadstone/writer.h"
+#include "runtime/pipeline/test_platform.h"
+#include "testing/file_bytes.h"
+#include "testing/temp_dir.h"
+
+namespace loadstone {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FileBytes;
+using testing::TempDir;
+const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/bnb";
+
+const std::vector<std::string> kCases = {"nf4",  "fp4",    "fp4_neg_zero", "nested", "fp4_nested",
+                                         "bs32", "bs4096", "storage_bf16", "odd"};
+
+Checkpoint Open(const fs::path& path) {
+  auto ckpt = Checkpoint::Open(path.string());
+  INFO(ckpt.status().ToString());
+  REQUIRE(ckpt.ok());
+  return *ckpt;
+}
+
+std::string Suffix(DType dtype) {
+  return dtype == DType::kF32 ? "f32" : dtype == DType::kBF16 ? "bf16" : "f16";
+}
+
+// The loaded tensor `name` has the bytes of expected.safetensors' `name.<dtype>`.
+void CheckDecoded(LoadHandle& load, const Checkpoint& expected, const std::string& name,
+                  DType dtype) {
+  INFO(name << " as " << Suffix(dtype));
+  const TensorInfo* want = expected.Find(name + "." + Suffix(dtype));
+  REQUIRE(want != nullptr);
+  const Tensor& got = load.Tensor(name).get();
+  CHECK(got.dtype() == dtype);
+  CHECK(got.shape() == want->shape);
+  REQUIRE(got.nbytes() == want->nbytes);
+  const std::vector<std::byte> bytes = FileBytes(expected, *want);
+  CHECK(std::memcmp(got.data(), bytes.data(), bytes.size()) == 0);
+}
+
+TEST_CASE("bnb4: the catalog reads each weight's quant state", "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const TensorInfo* nested = ckpt.Find("nested.weight");
+  REQUIRE(nested != nullptr);
+  REQUIRE(nested->packed);
+  CHECK(nested->packed->scheme == "bnb-nf4");
+  CHECK(nested->packed->element_shape == std::vector<uint64_t>{66, 515});
+  CHECK(nested->element_count() == 66 * 515);
+  CHECK(nested->packed->block_elems == 64);
+  const Bnb4State& s = *nested->packed->bnb4;
+  CHECK(s.nested);
+  CHECK(s.nested_blocksize == 256);
+  CHECK(s.nested_absmax.size() == 3);  // 532 blocks in nested blocks of 256
+  CHECK(s.dtype == DType::kBF16);
+  CHECK(s.absmax == "nested.weight.absmax");
+  CHECK(s.companions.size() == 5);
+  const TensorInfo* storage = ckpt.Find("storage_bf16.weight");
+  REQUIRE(storage->packed);
+  CHECK(storage->dtype == DType::kBF16);  // quant_storage: the bytes as bf16
+  CHECK(ckpt.Find("fp4.weight")->packed->scheme == "bnb-fp4");
+  CHECK(ckpt.Find("odd.weight")->packed->element_shape == std::vector<uint64_t>{5, 7});
+  CHECK_FALSE(ckpt.Find("nf4.weight.absmax")->packed);
+}
+
+TEST_CASE("bnb4: every case dequantizes as bitsandbytes decodes it, bit for bit", "[bnb]") {
+  const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
+  // Reads of a few KiB cut the larger weights into pieces that start inside a block.
+  const uint64_t max_chunk = GENERATE(uint64_t{16} << 20, uint64_t{4096});
+  INFO(Suffix(dtype) << ", max_chunk " << max_chunk);
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  PlanOptions opt;
+  opt.dtype = dtype;
+  opt.max_chunk = max_chunk;
+  auto plan = Plan(ckpt, opt);
+  INFO(plan.status().ToString());
+  REQUIRE(plan.ok());
+  size_t dequantized = 0;
+  for (const TensorPlan& tp : plan->tensors) {
+    dequantized += tp.conversion == Conversion::kDequantBnb4;
+    // Every quant-state tensor as stored, whatever the target dtype.
+    const std::string& name = ckpt.tensors()[tp.source].name;
+    if (name.find(".weight.") != std::string::npos) CHECK(tp.conversion == Conversion::kNone);
+  }
+  CHECK(dequantized == kCases.size());
+  CHECK_THAT(plan->ToString(), Catch::Contains("9 bitsandbytes 4-bit dequants"));
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  for (const std::string& c : kCases) CheckDecoded(load, expected, c + ".weight", dtype);
+  for (const char* table : {"nf4.weight.quant_map", "nested.weight.nested_absmax",
+                                   "nested.weight.absmax"}) {
+    INFO(table);
+    const Tensor& got = load.Tensor(table).get();
+    const std::vector<std::byte> bytes = FileBytes(ckpt, *ckpt.Find(table));
+    REQUIRE(got.nbytes() == bytes.size());
+    CHECK(std::memcmp(got.data(), bytes.data(), bytes.size()) == 0);
+  }
+  const Status done = load.Done().get();
+  INFO(done.ToString());
+  CHECK(done.ok());
+}
+
+TEST_CASE("bnb4: FP4 code 8 is -0.0 (the fixture holds it)", "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  PlanOptions opt;
+  opt.dtype = DType::kF32;
+  auto plan = Plan(ckpt, opt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Tensor& w = load.Tensor("fp4_neg_zero.weight").get();
+  const std::vector<std::byte> packed = FileBytes(ckpt, *ckpt.Find("fp4_neg_zero.weight"));
+  size_t code8 = 0;
+  for (size_t e = 0; e < w.nbytes() / 4; ++e) {
+    const auto byte = static_cast<uint8_t>(packed[e / 2]);
+    if (((e % 2) ? byte & 0x0F : byte >> 4) != 8) continue;
+    ++code8;
+    uint32_t bits;
+    std::memcpy(&bits, w.data() + 4 * e, 4);
+    CHECK(bits == 0x80000000u);
+  }
+  CHECK(code8 >= 20);
+  REQUIRE(load.Done().get().ok());
+}
+
+TEST_CASE("bnb4: keep_in_fp32 applies to the dequantized weight", "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  PlanOptions opt;
+  opt.dtype = DType::kBF16;
+  opt.keep_in_fp32 = {"nested"};
+  auto plan = Plan(ckpt, opt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  CheckDecoded(load, expected, "nested.weight", DType::kF32);
+  CheckDecoded(load, expected, "nf4.weight", DType::kBF16);
+  REQUIRE(load.Done().get().ok());
+}
+
+TEST_CASE("bnb4: keep_packed places every packed tensor and companion as stored", "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  PlanOptions opt;
+  opt.dtype = DType::kBF16;
+  opt.keep_packed = true;
+  auto plan = Plan(ckpt, opt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  for (const TensorInfo& t : ckpt.tensors()) {
+    INFO(t.name);
+    const Tensor& got = load.Tensor(t.name).get();
+    CHECK(got.dtype() == t.dtype);
+    CHECK(got.shape() == t.shape);
+    const std::vector<std::byte> bytes = FileBytes(ckpt, t);
+    REQUIRE(got.nbytes() == bytes.size());
+    CHECK(std::memcmp(got.data(), bytes.data(), bytes.size()) == 0);
+  }
+  REQUIRE(load.Done().get().ok());
+}
+
+// Counts the bytes each file of a load is asked for.
+class CountingReader final : public io::ReaderWrapper {
+ public:
+  CountingReader(std::unique_ptr<io::Reader> inner, std::map<uint32_t, uint64_t>* bytes,
+                 std::mutex* mu)
+      : ReaderWrapper(std::move(inner)), bytes_(bytes), mu_(mu) {}
+  void Submit(std::span<const io::ReadRequest> requests) override {
+    {
+      std::lock_guard lock(*mu_);
+      for (const io::ReadRequest& r : requests) (*bytes_)[r.file] += r.length;
+    }
+    ReaderWrapper::Submit(requests);
+  }
+
+ private:
+  std::map<uint32_t, uint64_t>* bytes_;
+  std::mutex* mu_;
+};
+
+TEST_CASE("bnb4: a sharded checkpoint whose companions sit in the other shard loads unmerged",
+          "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "sharded");
+  REQUIRE(ckpt.files().size() == 2);
+  const TensorInfo* nested = ckpt.Find("nested.weight");
+  const TensorInfo* absmax = ckpt.Find("nested.weight.absmax");
+  REQUIRE((nested->packed && absmax != nullptr));
+  CHECK(nested->file != absmax->file);
+  CHECK(ckpt.Find("fp4.weight")->file != ckpt.Find("fp4.weight.absmax")->file);
+  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  PlanOptions opt;
+  opt.dtype = DType::kBF16;
+  auto plan = Plan(ckpt, opt);
+  REQUIRE(plan.ok());
+  // The absmax is read before any piece of its weight, from whichever shard holds it.
+  for (const TensorPlan& tp : plan->tensors) {
+    if (tp.conversion != Conversion::kDequantBnb4) continue;
+    size_t first_weight_read = plan->reads.size(), absmax_read = plan->reads.size();
+    for (size_t r = 0; r < plan->reads.size(); ++r) {
+      for (uint32_t t : plan->reads[r].tensors) {
+        if (&plan->tensors[t] == &tp) first_weight_read = std::min(first_weight_read, r);
+        if (t == tp.scale) absmax_read = std::min(absmax_read, r);
+      }
+    }
+    CHECK(absmax_read < first_weight_read);
+  }
+  std::map<uint32_t, uint64_t> bytes;
+  std::mutex mu;
+  testing::ReaderSwitch counting([&](const std::vector<std::string>& paths,
+                                     const io::ReaderOptions& options,
+                                     std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+    LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
+    return std::unique_ptr<io::Reader>(new CountingReader(std::move(inner), &bytes, &mu));
+  });
+  Loader loader(counting.Options());
+  LoadHandle load = loader.Load(ckpt, *plan);
+  CheckDecoded(load, expected, "nested.weight", DType::kBF16);
+  CheckDecoded(load, expected, "fp4.weight", DType::kBF16);
+  REQUIRE(load.Done().get().ok());
+  // Each shard's own tensors, read from that shard; none of it twice, nothing written elsewhere.
+  for (uint32_t f = 0; f < 2; ++f) {
+    uint64_t in_file = 0;
+    for (const TensorInfo& t : ckpt.tensors()) in_file += t.file == f ? t.nbytes : 0;
+    INFO("shard " << f);
+    CHECK(bytes[f] >= in_file);
+    CHECK(bytes[f] < in_file + 8192);  // at most alignment around the reads
+  }
+}
+
+TEST_CASE("bnb4: a weight mapped to a GPU is refused with the reason", "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  PlanOptions opt;
+  opt.dtype = DType::kBF16;
+  opt.device_map = "cuda:0";
+  auto plan = Plan(ckpt, opt);
+  REQUIRE_FALSE(plan.ok());
+  CHECK(plan.status().code() == StatusCode::kUnsupported);
+  CHECK_THAT(std::string(plan.status().message()),
+             Catch::Contains("bitsandbytes") && Catch::Contains("on the CPU only") &&
+                 Catch::Contains("keep_packed"));
+  opt.keep_packed = true;  // packed, it goes anywhere
+  CHECK(Plan(ckpt, opt).ok());
+}
+
+// The fixture's tensors with `edit` applied, written as one safetensors file.
+std::string Hostile(const TempDir& dir, const std::function<void(std::vector<TensorToWrite>*,
+                                                                   std::vector<std::vector<std::byte>>*)>& edit) {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorToWrite> tensors;
+  data.reserve(ckpt.tensors().size() + 4);
+  for (const TensorInfo& t : ckpt.tensors()) {
+    if (t.name.rfind("nf4.weight", 0) != 0) continue;  // one weight and its state
+    data.push_back(FileBytes(ckpt, t));
+    tensors.push_back({t.name, t.dtype, t.shape, data.back(), {}});
+  }
+  edit(&tensors, &data);
+  const std::string path = dir.Path("hostile.safetensors");
+  REQUIRE(WriteSafetensors(path, tensors).ok());
+  return path;
+}
+
+TensorToWrite* Named(std::vector<TensorToWrite>* tensors, const std::string& name) {
+  for (TensorToWrite& t : *tensors) {
+    if (t.name == name) return &t;
+  }
+  FAIL("no tensor " << name);
+  return nullptr;
+}
+
+void SetState(std::vector<TensorToWrite>* tensors, std::vector<std::vector<std::byte>>* data,
+              const std::string& json) {
+  TensorToWrite* state = Named(tensors, "nf4.weight.quant_state.bitsandbytes__nf4");
+  data->emplace_back(reinterpret_cast<const std::byte*>(json.data()),
+                     reinterpret_cast<const std::byte*>(json.data()) + json.size());
+  state->data = data->back();
+  state->shape = {json.size()};
+}
+
+TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
+  using Edit = std::function<void(std::vector<TensorToWrite>*, std::vector<std::vector<std::byte>>*)>;
+  const nlohmann::json good = {{"quant_type", "nf4"}, {"blocksize", 64}, {"dtype", "bfloat16"},
+                               {"shape", {16, 24}}};
+  auto with = [&](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json doc = good;
+    doc[key] = value;
+    return doc.dump();
+  };
+  struct Case {
+    std::string what;
+    Edit edit;
+    StatusCode code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"not JSON", [](auto* t, auto* d) { SetState(t, d, "{\"quant_type\": "); },
+       StatusCode::kCorruption, "nf4.weight.quant_state"},
+      {"blocksize 48", [&](auto* t, auto* d) { SetState(t, d, with("blocksize", 48)); },
+       StatusCode::kCorruption, "blocksize"},
+      {"fp4 under an nf4 name", [&](auto* t, auto* d) { SetState(t, d, with("quant_type", "fp4")); },
+       StatusCode::kCorruption, "quant_type 'fp4'"},
+      {"a dtype bnb never writes", [&](auto* t, auto* d) { SetState(t, d, with("dtype", "int8")); },
+       StatusCode::kCorruption, "dtype"},
+      {"a shape the bytes do not hold", [&](auto* t, auto* d) { SetState(t, d, with("shape", {16, 25})); },
+       StatusCode::kCorruption, "its quant state's shape needs 200"},
+      {"a shape that overflows", [&](auto* t, auto* d) {
+         SetState(t, d, with("shape", {uint64_t{1} << 40, uint64_t{1} << 40}));
+       }, StatusCode::kCorruption, "2^62"},
+      {"nested without its tables", [&](auto* t, auto* d) {
+         nlohmann::json doc = good;
+         doc["nested_blocksize"] = 256;
+         doc["nested_dtype"] = "float32";
+         doc["nested_offset"] = 0.5;
+         SetState(t, d, doc.dump());
+       }, StatusCode::kCorruption, "nf4.weight.absmax"},
+      {"no absmax", [](auto* t, auto*) {
+         std::erase_if(*t, [](const TensorToWrite& x) { return x.name == "nf4.weight.absmax"; });
+       }, StatusCode::kNotFound, "nf4.weight.absmax"},
+      {"absmax too short", [](auto* t, auto*) {
+         TensorToWrite* a = Named(t, "nf4.weight.absmax");
+         a->shape = {5};
+         a->data = a->data.subspan(0, 20);
+       }, StatusCode::kCorruption, "needs float32 of 6"},
+      {"a quant_map that is not NF4", [](auto* t, auto* d) {
+         TensorToWrite* m = Named(t, "nf4.weight.quant_map");
+         d->emplace_back(m->data.begin(), m->data.end());
+         const float other = 0.5f;
+         std::memcpy(d->back().data() + 4, &other, 4);
+         m->data = d->back();
+       }, StatusCode::kCorruption, "code 1"},
+      {"no weight", [](auto* t, auto*) {
+         std::erase_if(*t, [](const TensorToWrite& x) { return x.name == "nf4.weight"; });
+       }, StatusCode::kNotFound, "'nf4.weight'"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    TempDir dir;
+    const std::string path = Hostile(dir, c.edit);
+    auto ckpt = Checkpoint::Open(path);
+    REQUIRE_FALSE(ckpt.ok());
+    INFO(ckpt.status().ToString());
+    CHECK(ckpt.status().code() == c.code);
+    CHECK_THAT(std::string(ckpt.status().message()), Catch::Contains(c.says));
+  }
+  // The untouched weight opens: the edits above are what is refused.
+  TempDir dir;
+  CHECK(Checkpoint::Open(Hostile(dir, [](auto*, auto*) {})).ok());
+}
+
+}  // namespace
+}  // namespace loadstone
