@@ -174,8 +174,10 @@ Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_
   }
   for (const TensorInfo& t : checkpoint.tensors()) {
     if (include && !include->contains(t.name)) continue;
-    // Integer and bool tensors never cast; float8 weights neither (diffusers skips e4m3fn).
-    if (!IsFloatingPoint(t.dtype) || DTypeBits(t.dtype) < 16) continue;
+    // Integer and bool tensors never cast; float8 weights neither (diffusers skips e4m3fn). A
+    // packed quantized weight (GGUF blocks, bitsandbytes) is dequantized into the target.
+    const bool packed = t.packed.has_value();
+    if (!packed && (!IsFloatingPoint(t.dtype) || DTypeBits(t.dtype) < 16)) continue;
     std::optional<DType> target;
     if (target_all) {
       target = KeptInFp32(t.name, keep_in_fp32) ? DType::kF32 : *target_all;
@@ -183,9 +185,12 @@ Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_
       LOADSTONE_ASSIGN_OR_RETURN(const DType param, FromScalarType(m->second.scalar_type()));
       if (IsFloatingPoint(param)) target = param;
     }
-    if (!target || *target == t.dtype) continue;
+    if (!target || (!packed && *target == t.dtype)) continue;
     if (IsCastTarget(*target)) {
       rule.special.emplace(t.name, *target);
+    } else if (packed) {  // decoded into f32, then cast by LibTorch
+      rule.special.emplace(t.name, DType::kF32);
+      LOADSTONE_ASSIGN_OR_RETURN(rule.after[t.name], ToScalarType(*target));
     } else {
       LOADSTONE_ASSIGN_OR_RETURN(rule.after[t.name], ToScalarType(*target));
     }
@@ -467,13 +472,24 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
   std::unordered_map<std::string, at::Tensor> target(state.begin(), state.end());
   LoadReport report;
   std::unordered_set<std::string> include;
+  // A packed weight loaded into a floating-point parameter is dequantized: it has its element
+  // shape, and its quant-state tensors (absmax, ...) are part of it, not unexpected keys.
+  auto dequantized = [&](const TensorInfo& t) {
+    const auto it = target.find(t.name);
+    return t.packed && it != target.end() && it->second.is_floating_point();
+  };
+  std::unordered_set<std::string> consumed;
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    if (!dequantized(t) || !t.packed->bnb4) continue;
+    consumed.insert(t.packed->bnb4->companions.begin(), t.packed->bnb4->companions.end());
+  }
   for (const TensorInfo& t : checkpoint.tensors()) {
     auto it = target.find(t.name);
     if (it == target.end()) {
-      report.unexpected_keys.push_back(t.name);
+      if (!consumed.contains(t.name)) report.unexpected_keys.push_back(t.name);
       continue;
     }
-    const std::vector<int64_t> found = Sizes(t.shape);
+    const std::vector<int64_t> found = Sizes(dequantized(t) ? t.packed->element_shape : t.shape);
     if (it->second.sizes().vec() != found) {
       if (!options.ignore_mismatched_sizes) {
         return Status::InvalidArgument(fmt::format(

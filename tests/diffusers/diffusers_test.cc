@@ -6,6 +6,7 @@
 // ones; the forward passes run on the CPU over the loaded memory.
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -561,6 +562,51 @@ TEST_CASE("missing, unexpected and mismatched keys are reported like diffusers",
   CHECK_THAT(std::string(strict.status().message()),
              Catch::Contains("Missing key(s) in state_dict: \"norm_out.bias\"") &&
                  Catch::Contains("Unexpected key(s) in state_dict: \"norm_out.shift\""));
+}
+
+// Two Linear layers shaped as the bitsandbytes fixture's sharded checkpoint
+// (tests/fixtures/make_bnb_fixtures.py): an nf4 weight with nested absmax and an fp4 one, each
+// with its quant state in the other shard.
+struct BnbShardedModelImpl : torch::nn::Module {
+  BnbShardedModelImpl()
+      : nested(register_module("nested", torch::nn::Linear(torch::nn::LinearOptions(515, 66).bias(false)))),
+        fp4(register_module("fp4", torch::nn::Linear(torch::nn::LinearOptions(40, 8).bias(false)))) {}
+  torch::nn::Linear nested, fp4;
+};
+TORCH_MODULE(BnbShardedModel);
+
+TEST_CASE("sharded_quantized_checkpoint: bitsandbytes shards load into a dequantized model unmerged",
+          "[diffusers]") {
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/bnb";
+  auto expected = libtorch::LoadStateDict(fixtures + "/expected.safetensors");
+  REQUIRE_OK(expected);
+  struct Case {
+    std::optional<c10::ScalarType> torch_dtype;
+    std::vector<std::string> keep_in_fp32;
+    const char* nested_as;
+    const char* fp4_as;
+  };
+  for (const Case& c : {Case{std::nullopt, {}, "f32", "f32"},  // each to its parameter's dtype
+                        Case{at::kBFloat16, {}, "bf16", "bf16"},
+                        Case{at::kHalf, {"nested"}, "f32", "f16"}}) {
+    INFO(c.nested_as << " / " << c.fp4_as);
+    torch::manual_seed(3);
+    BnbShardedModel model;
+    TorchLoadOptions opt;
+    opt.dtype = c.torch_dtype;
+    opt.keep_in_fp32_modules = c.keep_in_fp32;
+    opt.strict = true;  // the quant-state tensors are part of their weights, not unexpected
+    auto report = LoadInto(*model, fixtures + "/sharded", opt);
+    REQUIRE_OK(report);
+    CHECK(report->missing_keys.empty());
+    CHECK(report->unexpected_keys.empty());
+    const torch::Tensor want_nested = expected->at(std::string("nested.weight.") + c.nested_as);
+    const torch::Tensor want_fp4 = expected->at(std::string("fp4.weight.") + c.fp4_as);
+    REQUIRE(model->nested->weight.scalar_type() == want_nested.scalar_type());
+    REQUIRE(model->fp4->weight.scalar_type() == want_fp4.scalar_type());
+    CHECK(torch::equal(model->nested->weight, want_nested));
+    CHECK(torch::equal(model->fp4->weight, want_fp4));
+  }
 }
 
 TEST_CASE("LoadStateDict hands over loadstone's memory", "[diffusers]") {
