@@ -356,7 +356,7 @@ Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved) {
       return Status::Corruption(fmt::format("tensor '{}' appears twice", impl->tensors[i].name));
     }
   }
-  LOADSTONE_RETURN_IF_ERROR(io::CatalogBnb4(
+  LOADSTONE_RETURN_IF_ERROR(io::CatalogBitsandbytes(
       impl->files, &impl->tensors, [&impl](std::string_view name) -> TensorInfo* {
         const auto it = impl->by_name.find(name);
         return it == impl->by_name.end() ? nullptr : &impl->tensors[it->second];
@@ -410,6 +410,11 @@ uint64_t TensorInfo::element_count() const {
   uint64_t n = 1;
   for (uint64_t d : packed->element_shape) n *= d;
   return n;
+}
+
+const std::vector<std::string>& PackedLayout::companions() const {
+  static const std::vector<std::string> kNone;
+  return bnb4 ? bnb4->companions : bnb8 ? bnb8->companions : kNone;
 }
 
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}

@@ -480,8 +480,7 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
   };
   std::unordered_set<std::string> consumed;
   for (const TensorInfo& t : checkpoint.tensors()) {
-    if (!dequantized(t) || !t.packed->bnb4) continue;
-    consumed.insert(t.packed->bnb4->companions.begin(), t.packed->bnb4->companions.end());
+    if (dequantized(t)) consumed.insert(t.packed->companions().begin(), t.packed->companions().end());
   }
   for (const TensorInfo& t : checkpoint.tensors()) {
     auto it = target.find(t.name);

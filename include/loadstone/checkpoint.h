@@ -63,17 +63,32 @@ struct Bnb4State {
   std::vector<std::string> companions;
 };
 
+// A bitsandbytes LLM.int8 weight `M.weight` (I8 [out, in]): its row absmax `M.SCB` (f32 [out], a
+// sibling of the weight) and `M.weight_format` (u8 scalar; 0 = "row", the only layout loadstone
+// dequantizes), read at Open.
+struct BnbInt8State {
+  std::string scb;           // M.SCB
+  uint8_t weight_format = 0;  // 0 when the checkpoint has no M.weight_format
+  std::vector<std::string> companions;  // M.SCB, then M.weight_format when present
+};
+
 // How a block-quantized tensor is stored when it is cataloged packed (a GGUF Q4_K, a bitsandbytes
 // nf4 weight, ...): the TensorInfo then has the dtype and shape of its bytes as the file stores
 // them (GGUF: U8, the last dimension in bytes, whole blocks; bitsandbytes: [ceil(n / 2), 1] of
 // its quant_storage dtype, two 4-bit codes a byte), and this says what those bytes are.
 struct PackedLayout {
-  // The producer's name for it: "Q4_0", "Q4_K", ... (GGUF); "bnb-nf4", "bnb-fp4" (bitsandbytes).
+  // The producer's name for it: "Q4_0", "Q4_K", ... (GGUF); "bnb-nf4", "bnb-fp4", "bnb-int8"
+  // (bitsandbytes; an int8 weight's bytes are its elements, its shape its element shape).
   std::string scheme;
   std::vector<uint64_t> element_shape;  // its shape in elements, PyTorch order
   uint32_t block_elems = 0;            // elements per block (bitsandbytes: per absmax)
   uint32_t block_bytes = 0;            // bytes per block (bitsandbytes: the last may be partial)
-  std::shared_ptr<const Bnb4State> bnb4;  // set for "bnb-nf4" and "bnb-fp4"
+  std::shared_ptr<const Bnb4State> bnb4;      // set for "bnb-nf4" and "bnb-fp4"
+  std::shared_ptr<const BnbInt8State> bnb8;   // set for "bnb-int8"
+
+  // The tensors of its quant state (bitsandbytes: absmax or SCB first, then the tables), which
+  // belong to it and load as stored; empty for GGUF blocks.
+  const std::vector<std::string>& companions() const;
 };
 
 struct TensorInfo {

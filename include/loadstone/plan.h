@@ -44,25 +44,32 @@ enum class Conversion {
   // A bitsandbytes 4-bit weight (TensorInfo::packed with PackedLayout::bnb4: "bnb-nf4",
   // "bnb-fp4") decoded into `dtype` with its per-block absmax (TensorPlan::scale: planned and read
   // before it, loaded as stored) by a CPU worker as its read completes (specs/quant.md;
-  // runtime/convert/bnb4.h). Two codes a byte: any piece of whole bytes decodes on its own. Its
+  // runtime/convert/bitsandbytes.h). Two codes a byte: any piece of whole bytes decodes on its own. Its
   // shape once loaded is PackedLayout::element_shape. CPU targets only, for now (no device
   // kernel; Plan refuses another device).
   kDequantBnb4,
+  // A bitsandbytes LLM.int8 weight (PackedLayout::bnb8, "row" format) decoded into `dtype` with
+  // its row absmax (TensorPlan::scale: the SCB tensor, as stored), elementwise, by a CPU worker
+  // (runtime/convert/bitsandbytes.h). CPU targets only, for now.
+  kDequantBnb8,
 };
 
-// "none", "cast", "fp8-block-dequant", "relayout", "block-dequant", "bnb4-dequant".
+// "none", "cast", "fp8-block-dequant", "relayout", "block-dequant", "bnb4-dequant",
+// "bnb8-dequant".
 std::string_view ConversionName(Conversion conversion);
 
 // True for the conversions whose result has the packed tensor's element shape (PackedLayout):
-// kDequantBlocks and kDequantBnb4.
+// kDequantBlocks, kDequantBnb4 and kDequantBnb8.
 constexpr bool Unpacks(Conversion conversion) {
-  return conversion == Conversion::kDequantBlocks || conversion == Conversion::kDequantBnb4;
+  return conversion == Conversion::kDequantBlocks || conversion == Conversion::kDequantBnb4 ||
+         conversion == Conversion::kDequantBnb8;
 }
 
 // True for the conversions that read another planned tensor (TensorPlan::scale) while they
-// convert: kDequantFp8Block and kDequantBnb4.
+// convert: kDequantFp8Block, kDequantBnb4 and kDequantBnb8.
 constexpr bool UsesScales(Conversion conversion) {
-  return conversion == Conversion::kDequantFp8Block || conversion == Conversion::kDequantBnb4;
+  return conversion == Conversion::kDequantFp8Block || conversion == Conversion::kDequantBnb4 ||
+         conversion == Conversion::kDequantBnb8;
 }
 
 struct TensorPlan {
@@ -73,7 +80,8 @@ struct TensorPlan {
   uint64_t nbytes = 0;           // bytes once loaded
   // kDequantFp8Block: the scales (an index into LoadPlan::tensors, planned and read before this
   // tensor, loaded as stored) and the rows x columns of the weight that one scale covers.
-  // kDequantBnb4: `scale` is its absmax tensor, as stored; no block rows and columns.
+  // kDequantBnb4 / kDequantBnb8: `scale` is its absmax / SCB tensor, as stored; no block rows
+  // and columns.
   uint32_t scale = 0;
   uint64_t block_rows = 0;
   uint64_t block_cols = 0;

@@ -1,5 +1,9 @@
 #include "io/formats/bnb_state.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -8,8 +12,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "io/file.h"
 #include "io/formats/json_util.h"
@@ -70,7 +72,9 @@ std::optional<DType> StateDType(const std::string& name) {
 }
 
 Result<StateDoc> ParseState(const nlohmann::json& doc, const std::string& what) {
-  auto fail = [&](std::string_view why) { return Status::Corruption(fmt::format("{}: {}", what, why)); };
+  auto fail = [&](std::string_view why) {
+    return Status::Corruption(fmt::format("{}: {}", what, why));
+  };
   if (!doc.is_object()) return fail("not a JSON object");
   StateDoc s;
   const auto qt = doc.find("quant_type");
@@ -82,8 +86,8 @@ Result<StateDoc> ParseState(const nlohmann::json& doc, const std::string& what) 
   }
   s.blocksize = bs->get<uint64_t>();
   const auto dt = doc.find("dtype");
-  const auto dtype = dt != doc.end() && dt->is_string() ? StateDType(dt->get<std::string>())
-                                                        : std::nullopt;
+  const auto dtype =
+      dt != doc.end() && dt->is_string() ? StateDType(dt->get<std::string>()) : std::nullopt;
   if (!dtype) return fail("dtype is not \"float32\", \"float16\" or \"bfloat16\"");
   s.dtype = *dtype;
   const auto shape = doc.find("shape");
@@ -91,7 +95,8 @@ Result<StateDoc> ParseState(const nlohmann::json& doc, const std::string& what) 
     return fail("shape is not an array of 1 to 8 dimensions");
   }
   for (const auto& d : *shape) {
-    if (!d.is_number_unsigned() || d.get<uint64_t>() == 0) return fail("shape has a dimension that is not a positive integer");
+    if (!d.is_number_unsigned() || d.get<uint64_t>() == 0)
+      return fail("shape has a dimension that is not a positive integer");
     s.shape.push_back(d.get<uint64_t>());
   }
   const bool any_nested = doc.contains("nested_blocksize") || doc.contains("nested_dtype") ||
@@ -125,7 +130,8 @@ class Cataloger {
     const std::string weight_name = state_tensor.name.substr(0, marker);
     const std::string type = state_tensor.name.substr(marker + kStateMarker.size());
     if (type != "nf4" && type != "fp4") {
-      return Refused(state_tensor, fmt::format("names quant type '{}'; bitsandbytes 4-bit is nf4 or fp4", type));
+      return Refused(state_tensor,
+                     fmt::format("names quant type '{}'; bitsandbytes 4-bit is nf4 or fp4", type));
     }
     if ((state_tensor.dtype != DType::kU8 && state_tensor.dtype != DType::kI8) ||
         state_tensor.shape.size() != 1 || !state_tensor.plain_layout()) {
@@ -133,16 +139,19 @@ class Cataloger {
     }
     if (state_tensor.nbytes > kMaxQuantStateJsonBytes) {
       return Refused(state_tensor, fmt::format("holds {} bytes; a quant state is at most {}",
-                                              state_tensor.nbytes, kMaxQuantStateJsonBytes));
+                                               state_tensor.nbytes, kMaxQuantStateJsonBytes));
     }
     LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> text, reads_.Bytes(state_tensor));
     const std::string what = Where(state_tensor);
     LOADSTONE_ASSIGN_OR_RETURN(
         nlohmann::json doc,
-        ParseJsonStrict(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), what));
-    LOADSTONE_ASSIGN_OR_RETURN(StateDoc s, InterpretJson(what, [&] { return ParseState(doc, what); }));
+        ParseJsonStrict(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
+                        what));
+    LOADSTONE_ASSIGN_OR_RETURN(StateDoc s,
+                               InterpretJson(what, [&] { return ParseState(doc, what); }));
     if (s.quant_type != type) {
-      return Refused(state_tensor, fmt::format("says quant_type '{}' under a '{}' name", s.quant_type, type));
+      return Refused(state_tensor,
+                     fmt::format("says quant_type '{}' under a '{}' name", s.quant_type, type));
     }
 
     TensorInfo* weight = find_(weight_name);
@@ -156,7 +165,8 @@ class Cataloger {
     const uint64_t blocks = (elements + s.blocksize - 1) / s.blocksize;
     if (!weight->plain_layout() || weight->packed || weight->nbytes != (elements + 1) / 2) {
       return Refused(*weight, fmt::format("holds {} bytes; its quant state's shape needs {} (two "
-                                          "4-bit codes a byte)", weight->nbytes, (elements + 1) / 2));
+                                          "4-bit codes a byte)",
+                                          weight->nbytes, (elements + 1) / 2));
     }
 
     auto state = std::make_shared<Bnb4State>();
@@ -179,8 +189,8 @@ class Cataloger {
       const uint64_t nested_blocks = (blocks + s.nested_blocksize - 1) / s.nested_blocksize;
       if (nested_blocks * 4 > kMaxNestedAbsmaxBytes) {
         return Status::Unsupported(fmt::format(
-            "{}: {} nested absmax values are more than the {} bytes loadstone reads at open",
-            what, nested_blocks, kMaxNestedAbsmaxBytes));
+            "{}: {} nested absmax values are more than the {} bytes loadstone reads at open", what,
+            nested_blocks, kMaxNestedAbsmaxBytes));
       }
       LOADSTONE_ASSIGN_OR_RETURN(const TensorInfo* nmap, Companion(nested_map, DType::kF32, 256));
       LOADSTONE_ASSIGN_OR_RETURN(state->nested_code, reads_.Floats<256>(*nmap));
@@ -229,7 +239,8 @@ class Cataloger {
     if (!t->plain_layout()) {
       return Status::Unsupported(fmt::format(
           "{} is stored strided or big-endian; loadstone reads bitsandbytes tables stored "
-          "contiguous and little-endian", Where(*t)));
+          "contiguous and little-endian",
+          Where(*t)));
     }
     if (t->dtype != dtype || t->numel() != count) {
       return Refused(*t, fmt::format("is {} of {} elements; its quant state needs {} of {}",
@@ -253,16 +264,85 @@ class Cataloger {
   const std::vector<CheckpointFile>& files_;
   const std::function<TensorInfo*(std::string_view)>& find_;
   SmallReads reads_;
+
+ public:
+  // The LLM.int8 weight beside `scb` ("M.SCB"): M.weight I8 [out, in], M.SCB F32 [out], and
+  // M.weight_format (a u8 scalar) when there is one.
+  Status CatalogInt8(const TensorInfo& scb, std::string_view module) {
+    TensorInfo* weight = find_(std::string(module) + "weight");
+    if (weight == nullptr) {
+      return Status::NotFound(fmt::format(
+          "bitsandbytes int8 row absmax {} has no '{}weight' beside it: every shard of the "
+          "checkpoint is needed",
+          Where(scb), module));
+    }
+    if (weight->dtype != DType::kI8 || weight->shape.size() != 2 || !weight->plain_layout() ||
+        weight->packed) {
+      return Refused(*weight,
+                     fmt::format("is {} {}-D beside '{}'; an LLM.int8 weight is a 2-D "
+                                 "int8 tensor stored contiguous",
+                                 TorchName(weight->dtype), weight->shape.size(), scb.name));
+    }
+    if (scb.dtype != DType::kF32 || scb.shape != std::vector<uint64_t>{weight->shape[0]} ||
+        !scb.plain_layout()) {
+      return Refused(scb, fmt::format("is {} {}; the int8 weight '{}' needs float32 [{}] (one "
+                                      "absmax per row)",
+                                      TorchName(scb.dtype), ShapeText(scb.shape), weight->name,
+                                      weight->shape[0]));
+    }
+    auto state = std::make_shared<BnbInt8State>();
+    state->scb = scb.name;
+    state->companions = {scb.name};
+    const std::string format_name = std::string(module) + "weight_format";
+    if (const TensorInfo* format = find_(format_name)) {
+      if ((format->dtype != DType::kU8 && format->dtype != DType::kI64 &&
+           format->dtype != DType::kI32) ||
+          format->numel() != 1 || !format->plain_layout()) {
+        return Refused(*format, "is not one integer (bitsandbytes writes a uint8 scalar)");
+      }
+      LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw, reads_.Bytes(*format));
+      uint64_t value = 0;
+      std::memcpy(&value, raw.data(), std::min<size_t>(raw.size(), sizeof(value)));
+      if (value > 255)
+        return Refused(*format, fmt::format("holds {}; a format index is 0 to 3", value));
+      state->weight_format = static_cast<uint8_t>(value);
+      state->companions.push_back(format_name);
+    }
+    PackedLayout layout;
+    layout.scheme = "bnb-int8";
+    layout.element_shape = weight->shape;
+    layout.block_elems = static_cast<uint32_t>(std::min<uint64_t>(weight->shape[1], UINT32_MAX));
+    layout.block_bytes = layout.block_elems;
+    layout.bnb8 = std::move(state);
+    weight->packed = std::move(layout);
+    return Status::OK();
+  }
+
+ private:
+  static std::string ShapeText(const std::vector<uint64_t>& shape) {
+    return fmt::format("[{}]", fmt::join(shape, ", "));
+  }
 };
 
 }  // namespace
 
 const std::array<float, 16>& Nf4Code() {
-  static constexpr std::array<float, 16> kCode = {
-      -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
-      -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
-      0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
-      0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+  static constexpr std::array<float, 16> kCode = {-1.0f,
+                                                  -0.6961928009986877f,
+                                                  -0.5250730514526367f,
+                                                  -0.39491748809814453f,
+                                                  -0.28444138169288635f,
+                                                  -0.18477343022823334f,
+                                                  -0.09105003625154495f,
+                                                  0.0f,
+                                                  0.07958029955625534f,
+                                                  0.16093020141124725f,
+                                                  0.24611230194568634f,
+                                                  0.33791524171829224f,
+                                                  0.44070982933044434f,
+                                                  0.5626170039176941f,
+                                                  0.7229568362236023f,
+                                                  1.0f};
   return kCode;
 }
 
@@ -272,13 +352,17 @@ const std::array<float, 8>& Fp4Magnitudes() {
   return kMagnitude;
 }
 
-Status CatalogBnb4(const std::vector<CheckpointFile>& files, std::vector<TensorInfo>* tensors,
-                   const std::function<TensorInfo*(std::string_view)>& find) {
+Status CatalogBitsandbytes(const std::vector<CheckpointFile>& files,
+                           std::vector<TensorInfo>* tensors,
+                           const std::function<TensorInfo*(std::string_view)>& find) {
   Cataloger cataloger(files, find);
   for (const TensorInfo& t : *tensors) {
-    const size_t marker = t.name.rfind(kStateMarker);
-    if (marker == std::string::npos) continue;
-    LOADSTONE_RETURN_IF_ERROR(cataloger.Catalog(t, marker));
+    if (const size_t marker = t.name.rfind(kStateMarker); marker != std::string::npos) {
+      LOADSTONE_RETURN_IF_ERROR(cataloger.Catalog(t, marker));
+    } else if (t.name == "SCB" || t.name.ends_with(".SCB")) {
+      LOADSTONE_RETURN_IF_ERROR(
+          cataloger.CatalogInt8(t, std::string_view(t.name).substr(0, t.name.size() - 3)));
+    }
   }
   return Status::OK();
 }

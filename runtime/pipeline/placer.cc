@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/convert/bnb4.h"
+#include "runtime/convert/bitsandbytes.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/gguf_blocks.h"
 #include "runtime/convert/relayout.h"
@@ -83,6 +83,15 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
                        [&](std::byte* out, uint64_t at, uint64_t n) {
                          return convert::DequantBnb4(*src.packed, tp.dtype, from + at / 2,
                                                      first + at, n, scales, out);
+                       });
+  }
+  if (tp.conversion == Conversion::kDequantBnb8) {  // one code a byte, a row absmax each row
+    const uint64_t first = lo - src.offset;
+    const uint64_t out_elem = DTypeBits(tp.dtype) / 8;
+    return write_units(data + first * out_elem, hi - lo, out_elem,
+                       [&](std::byte* out, uint64_t at, uint64_t n) {
+                         return convert::DequantBnbInt8(tp.dtype, from + at, first + at, n,
+                                                        src.shape[1], scales, out);
                        });
   }
   if (tp.conversion == Conversion::kNone || tp.conversion == Conversion::kRelayout) {

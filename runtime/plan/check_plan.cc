@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/convert/bnb4.h"
+#include "runtime/convert/bitsandbytes.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/convert/gguf_blocks.h"
@@ -50,11 +50,12 @@ bool DecodesAsPacked(const TensorInfo& src, DType dtype) {
   return type->block_bytes == src.packed->block_bytes && type->block_elems == src.packed->block_elems;
 }
 
-// A bitsandbytes 4-bit weight's absmax: the catalog's, as stored, beside it on the CPU.
-Status CheckBnb4(const Checkpoint& checkpoint, const LoadPlan& plan, const TensorPlan& tp) {
+// A bitsandbytes weight's absmax (4-bit) or SCB (int8): the catalog's, as stored, beside it on
+// the CPU.
+Status CheckBnb(const Checkpoint& checkpoint, const LoadPlan& plan, const TensorPlan& tp) {
   const TensorInfo& src = checkpoint.tensors()[tp.source];
   const TensorPlan& absmax = plan.tensors[tp.scale];
-  const TensorInfo* want = checkpoint.Find(src.packed->bnb4->absmax);
+  const TensorInfo* want = checkpoint.Find(src.packed->companions().front());
   if (want == nullptr || &checkpoint.tensors()[absmax.source] != want ||
       absmax.conversion != Conversion::kNone || absmax.device != tp.device ||
       plan.targets[tp.device] != Device::Cpu()) {
@@ -87,6 +88,10 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
                                 ? DecodesAsPacked(src, tp.dtype)
                             : tp.conversion == Conversion::kDequantBnb4
                                 ? src.packed && src.packed->bnb4 && convert::CanDequantBnb4(tp.dtype)
+                            : tp.conversion == Conversion::kDequantBnb8
+                                ? src.packed && src.packed->bnb8 &&
+                                      src.packed->bnb8->weight_format == 0 &&
+                                      convert::CanDequantBnb4(tp.dtype)
                                 : tp.conversion == Conversion::kDequantFp8Block;
     const uint64_t elements = Unpacks(tp.conversion) ? src.element_count() : src.numel();
     if (!dtype_fits ||
@@ -110,8 +115,8 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
     if (tp.conversion == Conversion::kDequantFp8Block) {
       LOADSTONE_RETURN_IF_ERROR(CheckFp8(checkpoint, plan, tp));
     }
-    if (tp.conversion == Conversion::kDequantBnb4) {
-      LOADSTONE_RETURN_IF_ERROR(CheckBnb4(checkpoint, plan, tp));
+    if (tp.conversion == Conversion::kDequantBnb4 || tp.conversion == Conversion::kDequantBnb8) {
+      LOADSTONE_RETURN_IF_ERROR(CheckBnb(checkpoint, plan, tp));
     }
   }
   return Status::OK();

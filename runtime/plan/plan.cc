@@ -12,7 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "io/formats/offload_folder.h"
-#include "runtime/convert/bnb4.h"
+#include "runtime/convert/bitsandbytes.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/convert/gguf_blocks.h"
@@ -40,12 +40,14 @@ uint64_t PlacedElements(const TensorInfo& t, Conversion conversion) {
 // The conversion that decodes packed tensor `t` into `to`, or kNone when loadstone cannot.
 Conversion DequantOf(const TensorInfo& t, DType to) {
   if (t.packed->bnb4) return convert::CanDequantBnb4(to) ? Conversion::kDequantBnb4 : Conversion::kNone;
+  if (t.packed->bnb8) return convert::CanDequantBnb4(to) ? Conversion::kDequantBnb8 : Conversion::kNone;
   return convert::CanDequantGguf(t.packed->scheme, to) ? Conversion::kDequantBlocks
                                                        : Conversion::kNone;
 }
 
 constexpr std::string_view kDecodable =
-    "GGUF Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks and bitsandbytes nf4/fp4 weights";
+    "GGUF Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks and bitsandbytes nf4/fp4/int8 "
+    "weights";
 
 Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
   Target out{t.dtype, Conversion::kNone};
@@ -73,6 +75,13 @@ Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
     }
   }
   if (t.packed) {  // dequantized when it can be, else as stored (Plan warns)
+    if (target && !options.keep_packed && t.packed->bnb8 && t.packed->bnb8->weight_format != 0) {
+      return Status::Unsupported(fmt::format(
+          "tensor '{}' is an LLM.int8 weight in bitsandbytes' weight_format {} (a GPU tile layout, "
+          "not \"row\"): loadstone dequantizes row-format weights only; save it from bitsandbytes "
+          "in row format, or keep it packed (keep_packed, --keep-packed)",
+          t.name, t.packed->bnb8->weight_format));
+    }
     if (target && !options.keep_packed && DequantOf(t, *target) != Conversion::kNone) {
       out = {*target, DequantOf(t, *target)};
     }
@@ -304,7 +313,9 @@ class TensorPlanner {
           t.name, t.nbytes, materialised, planning::kMaxRelayoutSpan));
     }
     if (device->type == Device::Type::kDisk) return Offload(index);
-    if (targets_[index].conversion == Conversion::kDequantBnb4 && *device != Device::Cpu()) {
+    if ((targets_[index].conversion == Conversion::kDequantBnb4 ||
+         targets_[index].conversion == Conversion::kDequantBnb8) &&
+        *device != Device::Cpu()) {
       return Status::Unsupported(fmt::format(
           "tensor '{}' is a bitsandbytes {} weight mapped to {}: loadstone dequantizes "
           "bitsandbytes weights on the CPU only for now (no device kernel yet); map it to cpu, or "
@@ -421,13 +432,14 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
                              planning::PairFp8Scales(checkpoint, options, plan.fp8_block));
   std::vector<bool> is_scale(infos.size());
   std::vector<bool> keep_stored(infos.size());  // scales and every quant-state tensor
+  auto index_of = [&](const std::string& name) {
+    return static_cast<size_t>(checkpoint.Find(name) - infos.data());
+  };
   for (size_t w = 0; w < infos.size(); ++w) {  // a bitsandbytes weight's absmax goes first
-    if (!infos[w].packed || !infos[w].packed->bnb4) continue;
-    const Bnb4State& state = *infos[w].packed->bnb4;
-    scale_pairs[w] = {static_cast<size_t>(checkpoint.Find(state.absmax) - infos.data()), 0, 0};
-    for (const std::string& c : state.companions) {
-      keep_stored[static_cast<size_t>(checkpoint.Find(c) - infos.data())] = true;
-    }
+    const std::optional<PackedLayout>& packed = infos[w].packed;
+    if (!packed || packed->companions().empty()) continue;
+    scale_pairs[w] = {index_of(packed->companions().front()), 0, 0};
+    for (const std::string& c : packed->companions()) keep_stored[index_of(c)] = true;
   }
   for (const auto& [w, pair] : scale_pairs) is_scale[pair.scale] = keep_stored[pair.scale] = true;
   LOADSTONE_ASSIGN_OR_RETURN(const std::vector<Target> targets,

@@ -18,6 +18,7 @@ std::string_view ConversionName(Conversion conversion) {
     case Conversion::kRelayout: return "relayout";
     case Conversion::kDequantBlocks: return "block-dequant";
     case Conversion::kDequantBnb4: return "bnb4-dequant";
+    case Conversion::kDequantBnb8: return "bnb8-dequant";
   }
   return "?";
 }
@@ -46,7 +47,7 @@ RouteCounts LoadPlan::RouteTotals() const {
 
 std::string LoadPlan::ToString() const {
   std::map<std::string, std::pair<size_t, uint64_t>> per_target;
-  size_t casts = 0, dequants = 0, relayouts = 0, block_dequants = 0, bnb4_dequants = 0;
+  size_t casts = 0, dequants = 0, relayouts = 0, block_dequants = 0, bnb_dequants = 0;
   for (const TensorPlan& t : tensors) {
     auto& entry =
         per_target[fmt::format("{} {}", targets[t.device].ToString(), SafetensorsName(t.dtype))];
@@ -56,14 +57,14 @@ std::string LoadPlan::ToString() const {
     dequants += t.conversion == Conversion::kDequantFp8Block;
     relayouts += t.conversion == Conversion::kRelayout;
     block_dequants += t.conversion == Conversion::kDequantBlocks;
-    bnb4_dequants += t.conversion == Conversion::kDequantBnb4;
+    bnb_dequants += t.conversion == Conversion::kDequantBnb4 || t.conversion == Conversion::kDequantBnb8;
   }
   std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts",
                                 tensors.size(), read_bytes, placed_bytes, casts);
   if (dequants > 0) out += fmt::format(", {} float8 block dequants", dequants);
   if (relayouts > 0) out += fmt::format(", {} relayouts (strided or big-endian)", relayouts);
   if (block_dequants > 0) out += fmt::format(", {} quantized-block dequants", block_dequants);
-  if (bnb4_dequants > 0) out += fmt::format(", {} bitsandbytes 4-bit dequants", bnb4_dequants);
+  if (bnb_dequants > 0) out += fmt::format(", {} bitsandbytes dequants", bnb_dequants);
   out += "\n";
   out += fmt::format("  device map: {}\n", devices.device_map.ToJson());
   for (const std::string& w : warnings) out += fmt::format("  warning: {}\n", w);

@@ -256,13 +256,12 @@ void OrderByShard(const std::vector<std::pair<uint32_t, uint32_t>>& tensor_rank,
 
 Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
   const std::vector<TensorInfo>& infos = checkpoint.tensors();
-  // A quantized weight's quant-state tensors ("W.absmax", ...) are not parameters of the model
-  // (accelerate sizes a bitsandbytes Linear4bit by its packed weight alone): they are left out
+  // A quantized weight's quant-state tensors ("W.absmax", "M.SCB", ...) are not parameters of the
+  // model (accelerate sizes a bitsandbytes layer by its packed weight alone): they are left out
   // of the tree and go wherever their weight's map entry, a dotted prefix of theirs, sends it.
   std::unordered_set<std::string_view> companions;
   for (const TensorInfo& t : infos) {
-    if (!t.packed || !t.packed->bnb4) continue;
-    for (const std::string& c : t.packed->bnb4->companions) companions.insert(c);
+    if (t.packed) companions.insert(t.packed->companions().begin(), t.packed->companions().end());
   }
   // Natural order makes every module's tensors contiguous, so the tree is built with a stack.
   std::vector<size_t> order;

@@ -1,17 +1,16 @@
 // InterruptToCancel: Ctrl-C asks for a cancel and leaves the program's output working.
+#include "tools/loadstone/progress_bar.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
 #include <thread>
 #include <vector>
-
-#include <catch2/catch.hpp>
-
-#include "tools/loadstone/progress_bar.h"
 
 namespace loadstone::cli {
 namespace {

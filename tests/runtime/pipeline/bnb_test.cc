@@ -1,17 +1,17 @@
-// bitsandbytes 4-bit checkpoints (tests/fixtures/make_bnb_fixtures.py: bitsandbytes 0.48.2's
-// quantize_4bit, saved as transformers saves a Linear4bit) loaded and dequantized on the CPU,
-// against the values bitsandbytes' kernels decode them to (expected.safetensors), bit for bit;
-// kept packed, byte for byte; sharded with the companions in the other shard; hostile states.
+// bitsandbytes checkpoints (tests/fixtures/make_bnb_fixtures.py: bitsandbytes 0.48.2's
+// quantize_4bit saved as transformers saves a Linear4bit, and Linear8bitLt's own state dicts)
+// loaded and dequantized on the CPU, against the values bitsandbytes decodes them to
+// (expected*.safetensors), bit for bit; kept packed, byte for byte; sharded with the companions
+// in the other shard; hostile states.
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 
 #include "io/reader.h"
 #include "io/reader_wrapper.h"
@@ -104,12 +104,12 @@ TEST_CASE("bnb4: every case dequantizes as bitsandbytes decodes it, bit for bit"
     if (name.find(".weight.") != std::string::npos) CHECK(tp.conversion == Conversion::kNone);
   }
   CHECK(dequantized == kCases.size());
-  CHECK_THAT(plan->ToString(), Catch::Contains("9 bitsandbytes 4-bit dequants"));
+  CHECK_THAT(plan->ToString(), Catch::Contains("9 bitsandbytes dequants"));
   Loader loader;
   LoadHandle load = loader.Load(ckpt, *plan);
   for (const std::string& c : kCases) CheckDecoded(load, expected, c + ".weight", dtype);
-  for (const char* table : {"nf4.weight.quant_map", "nested.weight.nested_absmax",
-                                   "nested.weight.absmax"}) {
+  for (const char* table :
+       {"nf4.weight.quant_map", "nested.weight.nested_absmax", "nested.weight.absmax"}) {
     INFO(table);
     const Tensor& got = load.Tensor(table).get();
     const std::vector<std::byte> bytes = FileBytes(ckpt, *ckpt.Find(table));
@@ -178,6 +178,93 @@ TEST_CASE("bnb4: keep_packed places every packed tensor and companion as stored"
     CHECK(std::memcmp(got.data(), bytes.data(), bytes.size()) == 0);
   }
   REQUIRE(load.Done().get().ok());
+}
+
+TEST_CASE("bnb int8: LLM.int8 weights dequantize as int8_vectorwise_dequant, bit for bit",
+          "[bnb]") {
+  const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
+  INFO(Suffix(dtype));
+  const Checkpoint ckpt = Open(kFixtures / "bnb8.safetensors");
+  const TensorInfo* w = ckpt.Find("int8b.weight");
+  REQUIRE((w->packed && w->packed->bnb8));
+  CHECK(w->packed->scheme == "bnb-int8");
+  CHECK(w->packed->bnb8->scb == "int8b.SCB");
+  CHECK(w->packed->companions() == std::vector<std::string>{"int8b.SCB", "int8b.weight_format"});
+  const Checkpoint expected = Open(kFixtures / "expected8.safetensors");
+  PlanOptions opt;
+  opt.dtype = dtype;
+  auto plan = Plan(ckpt, opt);
+  INFO(plan.status().ToString());
+  REQUIRE(plan.ok());
+  CHECK_THAT(plan->ToString(), Catch::Contains("2 bitsandbytes dequants"));
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  CheckDecoded(load, expected, "int8a.weight", dtype);
+  CheckDecoded(load, expected, "int8b.weight", dtype);
+  // The SCB and the format as stored; the bias is an ordinary tensor, cast.
+  CHECK(load.Tensor("int8b.SCB").get().dtype() == DType::kF32);
+  CHECK(load.Tensor("int8b.weight_format").get().dtype() == DType::kU8);
+  CHECK(load.Tensor("int8b.bias").get().dtype() == dtype);
+  REQUIRE(load.Done().get().ok());
+}
+
+TEST_CASE("bnb int8: a weight in a GPU tile format stays packed or is refused, never misread",
+          "[bnb]") {
+  TempDir dir;
+  const Checkpoint source = Open(kFixtures / "bnb8.safetensors");
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorToWrite> tensors;
+  data.reserve(source.tensors().size());
+  for (const TensorInfo& t : source.tensors()) {
+    data.push_back(FileBytes(source, t));
+    if (t.name == "int8a.weight_format") data.back()[0] = std::byte{1};  // col32
+    tensors.push_back({t.name, t.dtype, t.shape, data.back(), {}});
+  }
+  const std::string path = dir.Path("col32.safetensors");
+  REQUIRE(WriteSafetensors(path, tensors).ok());
+  const Checkpoint ckpt = Open(path);
+  CHECK(ckpt.Find("int8a.weight")->packed->bnb8->weight_format == 1);
+  PlanOptions opt;
+  opt.dtype = DType::kBF16;
+  auto refused = Plan(ckpt, opt);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kUnsupported);
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("'int8a.weight'") && Catch::Contains("weight_format 1"));
+  opt.keep_packed = true;
+  CHECK(Plan(ckpt, opt).ok());
+}
+
+TEST_CASE("bnb int8: an SCB without its weight, or of the wrong shape, is refused", "[bnb]") {
+  const Checkpoint source = Open(kFixtures / "bnb8.safetensors");
+  for (const std::string edit : {"no weight", "short SCB", "float weight"}) {
+    INFO(edit);
+    TempDir dir;
+    std::vector<std::vector<std::byte>> data;
+    std::vector<TensorToWrite> tensors;
+    data.reserve(source.tensors().size());
+    for (const TensorInfo& t : source.tensors()) {
+      if (edit == "no weight" && t.name == "int8a.weight") continue;
+      data.push_back(FileBytes(source, t));
+      TensorToWrite w{t.name, t.dtype, t.shape, data.back(), {}};
+      if (edit == "short SCB" && t.name == "int8a.SCB") {
+        w.shape = {7};
+        w.data = w.data.subspan(0, 28);
+      }
+      if (edit == "float weight" && t.name == "int8a.weight") {
+        w.dtype = DType::kU8;
+      }
+      tensors.push_back(w);
+    }
+    const std::string path = dir.Path("bad.safetensors");
+    REQUIRE(WriteSafetensors(path, tensors).ok());
+    auto ckpt = Checkpoint::Open(path);
+    REQUIRE_FALSE(ckpt.ok());
+    INFO(ckpt.status().ToString());
+    CHECK(ckpt.status().code() ==
+          (edit == "no weight" ? StatusCode::kNotFound : StatusCode::kCorruption));
+    CHECK_THAT(std::string(ckpt.status().message()), Catch::Contains("int8a."));
+  }
 }
 
 // Counts the bytes each file of a load is asked for.
@@ -256,16 +343,17 @@ TEST_CASE("bnb4: a weight mapped to a GPU is refused with the reason", "[bnb]") 
   auto plan = Plan(ckpt, opt);
   REQUIRE_FALSE(plan.ok());
   CHECK(plan.status().code() == StatusCode::kUnsupported);
-  CHECK_THAT(std::string(plan.status().message()),
-             Catch::Contains("bitsandbytes") && Catch::Contains("on the CPU only") &&
-                 Catch::Contains("keep_packed"));
+  CHECK_THAT(std::string(plan.status().message()), Catch::Contains("bitsandbytes") &&
+                                                       Catch::Contains("on the CPU only") &&
+                                                       Catch::Contains("keep_packed"));
   opt.keep_packed = true;  // packed, it goes anywhere
   CHECK(Plan(ckpt, opt).ok());
 }
 
 // The fixture's tensors with `edit` applied, written as one safetensors file.
-std::string Hostile(const TempDir& dir, const std::function<void(std::vector<TensorToWrite>*,
-                                                                   std::vector<std::vector<std::byte>>*)>& edit) {
+std::string Hostile(const TempDir& dir,
+                    const std::function<void(std::vector<TensorToWrite>*,
+                                             std::vector<std::vector<std::byte>>*)>& edit) {
   const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
   std::vector<std::vector<std::byte>> data;
   std::vector<TensorToWrite> tensors;
@@ -299,9 +387,10 @@ void SetState(std::vector<TensorToWrite>* tensors, std::vector<std::vector<std::
 }
 
 TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
-  using Edit = std::function<void(std::vector<TensorToWrite>*, std::vector<std::vector<std::byte>>*)>;
-  const nlohmann::json good = {{"quant_type", "nf4"}, {"blocksize", 64}, {"dtype", "bfloat16"},
-                               {"shape", {16, 24}}};
+  using Edit =
+      std::function<void(std::vector<TensorToWrite>*, std::vector<std::vector<std::byte>>*)>;
+  const nlohmann::json good = {
+      {"quant_type", "nf4"}, {"blocksize", 64}, {"dtype", "bfloat16"}, {"shape", {16, 24}}};
   auto with = [&](const std::string& key, const nlohmann::json& value) {
     nlohmann::json doc = good;
     doc[key] = value;
@@ -318,40 +407,56 @@ TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
        StatusCode::kCorruption, "nf4.weight.quant_state"},
       {"blocksize 48", [&](auto* t, auto* d) { SetState(t, d, with("blocksize", 48)); },
        StatusCode::kCorruption, "blocksize"},
-      {"fp4 under an nf4 name", [&](auto* t, auto* d) { SetState(t, d, with("quant_type", "fp4")); },
+      {"fp4 under an nf4 name",
+       [&](auto* t, auto* d) { SetState(t, d, with("quant_type", "fp4")); },
        StatusCode::kCorruption, "quant_type 'fp4'"},
       {"a dtype bnb never writes", [&](auto* t, auto* d) { SetState(t, d, with("dtype", "int8")); },
        StatusCode::kCorruption, "dtype"},
-      {"a shape the bytes do not hold", [&](auto* t, auto* d) { SetState(t, d, with("shape", {16, 25})); },
+      {"a shape the bytes do not hold",
+       [&](auto* t, auto* d) {
+         SetState(t, d, with("shape", {16, 25}));
+       },
        StatusCode::kCorruption, "its quant state's shape needs 200"},
-      {"a shape that overflows", [&](auto* t, auto* d) {
+      {"a shape that overflows",
+       [&](auto* t, auto* d) {
          SetState(t, d, with("shape", {uint64_t{1} << 40, uint64_t{1} << 40}));
-       }, StatusCode::kCorruption, "2^62"},
-      {"nested without its tables", [&](auto* t, auto* d) {
+       },
+       StatusCode::kCorruption, "2^62"},
+      {"nested without its tables",
+       [&](auto* t, auto* d) {
          nlohmann::json doc = good;
          doc["nested_blocksize"] = 256;
          doc["nested_dtype"] = "float32";
          doc["nested_offset"] = 0.5;
          SetState(t, d, doc.dump());
-       }, StatusCode::kCorruption, "nf4.weight.absmax"},
-      {"no absmax", [](auto* t, auto*) {
+       },
+       StatusCode::kCorruption, "nf4.weight.absmax"},
+      {"no absmax",
+       [](auto* t, auto*) {
          std::erase_if(*t, [](const TensorToWrite& x) { return x.name == "nf4.weight.absmax"; });
-       }, StatusCode::kNotFound, "nf4.weight.absmax"},
-      {"absmax too short", [](auto* t, auto*) {
+       },
+       StatusCode::kNotFound, "nf4.weight.absmax"},
+      {"absmax too short",
+       [](auto* t, auto*) {
          TensorToWrite* a = Named(t, "nf4.weight.absmax");
          a->shape = {5};
          a->data = a->data.subspan(0, 20);
-       }, StatusCode::kCorruption, "needs float32 of 6"},
-      {"a quant_map that is not NF4", [](auto* t, auto* d) {
+       },
+       StatusCode::kCorruption, "needs float32 of 6"},
+      {"a quant_map that is not NF4",
+       [](auto* t, auto* d) {
          TensorToWrite* m = Named(t, "nf4.weight.quant_map");
          d->emplace_back(m->data.begin(), m->data.end());
          const float other = 0.5f;
          std::memcpy(d->back().data() + 4, &other, 4);
          m->data = d->back();
-       }, StatusCode::kCorruption, "code 1"},
-      {"no weight", [](auto* t, auto*) {
+       },
+       StatusCode::kCorruption, "code 1"},
+      {"no weight",
+       [](auto* t, auto*) {
          std::erase_if(*t, [](const TensorToWrite& x) { return x.name == "nf4.weight"; });
-       }, StatusCode::kNotFound, "'nf4.weight'"},
+       },
+       StatusCode::kNotFound, "'nf4.weight'"},
   };
   for (const Case& c : cases) {
     INFO(c.what);

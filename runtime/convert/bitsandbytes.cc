@@ -1,11 +1,11 @@
-#include "runtime/convert/bnb4.h"
+#include "runtime/convert/bitsandbytes.h"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "runtime/convert/float_bits.h"
 
@@ -53,6 +53,26 @@ void Decode(const Bnb4State& s, uint64_t blocksize, const std::byte* packed, uin
 
 constexpr uint32_t Identity(uint32_t f) { return f; }
 
+// bitsandbytes multiplies by 7.874015718698502e-3, which torch rounds to the f32 nearest 1/127.
+constexpr float kInv127 = static_cast<float>(7.874015718698502e-3);
+
+template <typename Out, Out (*Encode)(uint32_t)>
+void DecodeInt8(const std::byte* codes, uint64_t first, uint64_t count, uint64_t cols,
+                const std::byte* scb, std::byte* dst) {
+  for (uint64_t e = first, end = first + count; e < end;) {
+    const uint64_t row = e / cols;
+    const uint64_t run_end = std::min(end, (row + 1) * cols);
+    float absmax;
+    std::memcpy(&absmax, scb + row * 4, 4);
+    for (; e < run_end; ++e) {
+      const float x =
+          (static_cast<float>(static_cast<int8_t>(codes[e - first])) * absmax) * kInv127;
+      const Out v = Encode(std::bit_cast<uint32_t>(x));
+      std::memcpy(dst + (e - first) * sizeof(Out), &v, sizeof(Out));
+    }
+  }
+}
+
 }  // namespace
 
 bool CanDequantBnb4(DType to) {
@@ -62,11 +82,13 @@ bool CanDequantBnb4(DType to) {
 Status DequantBnb4(const PackedLayout& layout, DType to, const std::byte* packed, uint64_t first,
                    uint64_t count, const std::byte* absmax, std::byte* dst) {
   if (!layout.bnb4 || layout.block_elems == 0) {
-    return Status::InvalidArgument(fmt::format("'{}' is not a bitsandbytes 4-bit layout", layout.scheme));
+    return Status::InvalidArgument(
+        fmt::format("'{}' is not a bitsandbytes 4-bit layout", layout.scheme));
   }
   if (!CanDequantBnb4(to)) {
-    return Status::InvalidArgument(fmt::format(
-        "cannot dequantize {} into {}: float32, float16 or bfloat16 only", layout.scheme, TorchName(to)));
+    return Status::InvalidArgument(
+        fmt::format("cannot dequantize {} into {}: float32, float16 or bfloat16 only",
+                    layout.scheme, TorchName(to)));
   }
   uint64_t elements = 1;
   for (uint64_t d : layout.element_shape) elements *= d;
@@ -84,6 +106,27 @@ Status DequantBnb4(const PackedLayout& layout, DType to, const std::byte* packed
       break;
     default:
       Decode<uint16_t, F32ToBF16Bits>(s, layout.block_elems, packed, first, count, absmax, dst);
+      break;
+  }
+  return Status::OK();
+}
+
+Status DequantBnbInt8(DType to, const std::byte* codes, uint64_t first, uint64_t count,
+                      uint64_t cols, const std::byte* scb, std::byte* dst) {
+  if (!CanDequantBnb4(to) || cols == 0) {
+    return Status::InvalidArgument(fmt::format(
+        "cannot dequantize an int8 weight of {} columns into {}: float32, float16 or bfloat16 only",
+        cols, TorchName(to)));
+  }
+  switch (to) {
+    case DType::kF32:
+      DecodeInt8<uint32_t, Identity>(codes, first, count, cols, scb, dst);
+      break;
+    case DType::kF16:
+      DecodeInt8<uint16_t, F32ToF16Bits>(codes, first, count, cols, scb, dst);
+      break;
+    default:
+      DecodeInt8<uint16_t, F32ToBF16Bits>(codes, first, count, cols, scb, dst);
       break;
   }
   return Status::OK();
