@@ -8,7 +8,10 @@ tensor's dtype, shape and CRC-32 with the producer's. Then the casts and the str
 the same files with --dtype bf16 (and a 40 MiB safetensors checkpoint the reference wrote, so
 that tensors are loaded in pieces and batches) and compare with ml_dtypes' casts of the f32
 output; and a folder output with --max-shard-size, its shards and index as Hugging Face names
-them, the index's weight_map covering every tensor once.
+them, the index's weight_map covering every tensor once. Last, quantized checkpoints with
+--dtype: GGUF blocks (tests/fixtures/gguf/dequant) and bitsandbytes nf4/fp4/int8
+(tests/fixtures/bnb, sharded included) come out dequantized, their quant state dropped, equal bit
+for bit to what the producers decode them to (the fixtures' expected*.safetensors).
 
 Usage: convert_check.py --loadstone PATH
 """
@@ -114,6 +117,41 @@ def check_bf16(label, f32_out, bf16_out):
             check(h.dtype == t.dtype and np.array_equal(h, t), f"{label}: {name} changed")
 
 
+def check_quantized(loadstone, tmp):
+    """Quantized inputs converted with --dtype against the producers' decodes."""
+    bnb = os.path.join(FIXTURES, "bnb")
+    cases = [  # input, expected values, suffix → dtype flag, the plain tensors kept as they are
+        (os.path.join(FIXTURES, "gguf", "dequant", "blocks.gguf"),
+         os.path.join(FIXTURES, "gguf", "dequant", "expected.safetensors"), []),
+        (os.path.join(bnb, "bnb4.safetensors"), os.path.join(bnb, "expected.safetensors"), []),
+        (os.path.join(bnb, "sharded"), os.path.join(bnb, "expected.safetensors"), []),
+        (os.path.join(bnb, "bnb8.safetensors"), os.path.join(bnb, "expected8.safetensors"),
+         ["int8a.bias", "int8b.bias"]),
+    ]
+    for src, expected_path, plain in cases:
+        expected = load_file(expected_path)
+        for suffix in ("f32", "bf16", "f16"):
+            label = f"{os.path.relpath(src, FIXTURES)} --dtype {suffix}"
+            out = os.path.join(tmp, "q.safetensors")
+            if not convert(loadstone, src, out, "--dtype", suffix):
+                continue
+            got = tensors_of(out)
+            weights = {k[: -len(suffix) - 1] for k in expected if k.endswith("." + suffix)}
+            if os.path.basename(src) == "sharded":
+                weights = {"nested.weight", "fp4.weight"}
+            check(set(got) == weights | set(plain), f"{label}: tensors {sorted(got)}")
+            for name in weights:
+                want = expected[f"{name}.{suffix}"]
+                t = got.get(name)
+                check(t is not None and t.dtype == want.dtype and t.shape == want.shape and
+                      np.array_equal(t.view(np.uint8), want.view(np.uint8)),
+                      f"{label}: {name} differs from the producer's decode")
+    # Without --dtype GGUF blocks would lose their type as bytes: refused.
+    r = subprocess.run([loadstone, "convert", os.path.join(FIXTURES, "gguf", "dequant", "blocks.gguf"),
+                        os.path.join(tmp, "refused.safetensors")], capture_output=True, text=True)
+    check(r.returncode == 1 and "give --dtype" in r.stderr, f"gguf without --dtype: {r.stderr}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--loadstone", required=True)
@@ -177,6 +215,7 @@ def main():
                 want = t.astype(np.float16) if t.dtype == np.float32 else t
                 check(got[name].dtype == want.dtype and np.array_equal(
                     got[name].view(np.uint8), want.view(np.uint8)), f"sharded: {name} differs")
+        check_quantized(args.loadstone, tmp)
     if failures:
         print("\n".join(failures))
         print(f"FAILED: {len(failures)} mismatches")

@@ -387,7 +387,14 @@ TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, l
   const std::string gguf = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gguf/quantized.gguf";
   const auto packed = RunCli("convert " + gguf + " " + dir.Path("q.safetensors"));
   CHECK(OneErrorLine(packed));
-  CHECK(packed.err.find("tensor 'q8_0' is Q8_0, block-quantized") != std::string::npos);
+  CHECK(packed.err.find("tensor 'q2_k' is Q2_K-packed, which --dtype would dequantize") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.Path("q.safetensors")));
+  // A type loadstone does not decode (Q8_K) is refused with --dtype too.
+  const auto q8k = RunCli("convert " + gguf + " " + dir.Path("q.safetensors") + " --dtype bf16");
+  CHECK(OneErrorLine(q8k));
+  CHECK(q8k.err.find("tensor 'q8_k' is Q8_K-packed, which loadstone does not dequantize") !=
+        std::string::npos);
   CHECK_FALSE(std::filesystem::exists(dir.Path("q.safetensors")));
 }
 
@@ -426,6 +433,16 @@ TEST_CASE("cli: bitsandbytes weights: inspect shows the scheme, plan --json the 
     CHECK(t.at("shape") == nlohmann::json::array({5, 7}));
   }
   CHECK(decoded == 1);
+  // convert: dequantized with --dtype, the quant state dropped (values:
+  // tests/reference/convert_check.py); without it, copied as stored with its state.
+  TempDir dir;
+  const auto plain = RunCli("convert " + bnb4 + " " + dir.Path("plain.safetensors") + " --dtype bf16 --json");
+  INFO(plain.err);
+  REQUIRE(plain.code == 0);
+  CHECK(nlohmann::json::parse(plain.out).at("tensors") == 9);
+  const auto stored = RunCli("convert " + bnb4 + " " + dir.Path("stored.safetensors") + " --json");
+  REQUIRE(stored.code == 0);
+  CHECK(nlohmann::json::parse(stored.out).at("tensors") == 42);
   // On a GPU it must stay packed for now: said, in one line.
   const auto gpu = RunCli("plan " + bnb4 + " --device-map cuda:0 --assume-gpus 1x8GiB --dtype bf16");
   CHECK(OneErrorLine(gpu));
@@ -471,13 +488,18 @@ TEST_CASE("cli: --dtype dequantizes GGUF blocks, --keep-packed keeps them, plan 
     if (t.at("name") == "Q4_0.weight") CHECK(t.at("shape") == nlohmann::json::array({3, 64}));
   }
   CHECK(loaded.at("placed_bytes").get<uint64_t>() > loaded.at("bytes").get<uint64_t>());
-  // convert does not dequantize yet: refused, in one line, nothing written.
+  // convert dequantizes with --dtype (values: tests/reference/convert_check.py); without it
+  // the blocks would lose their type as bytes: refused, in one line, nothing written.
   TempDir dir;
   const auto convert = RunCli("convert " + blocks + " " + dir.Path("out.safetensors") + " --dtype f32");
-  CHECK(OneErrorLine(convert));
-  CHECK(convert.err.find("block-quantized: convert writes plain tensors and does not dequantize yet") !=
+  INFO(convert.err);
+  CHECK(convert.code == 0);
+  CHECK(std::filesystem::exists(dir.Path("out.safetensors")));
+  const auto as_bytes = RunCli("convert " + blocks + " " + dir.Path("bytes.safetensors"));
+  CHECK(OneErrorLine(as_bytes));
+  CHECK(as_bytes.err.find("written as bytes it would lose its type; give --dtype f32, f16 or bf16") !=
         std::string::npos);
-  CHECK_FALSE(std::filesystem::exists(dir.Path("out.safetensors")));
+  CHECK_FALSE(std::filesystem::exists(dir.Path("bytes.safetensors")));
 }
 
 TEST_CASE("cli: messages that say what a file or folder is and what to pass", "[tools][cli]") {

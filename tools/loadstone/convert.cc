@@ -1,9 +1,10 @@
 // loadstone convert IN OUT [--dtype D] [--max-shard-size 5GB] [--variant V] [--from-variant V]
 //                          [--subfolder S] [read flags] [--json]
 //
-// Any checkpoint loadstone reads (safetensors, PyTorch .bin, unquantized GGUF) to one
-// safetensors file (OUT ends in .safetensors) or a Hugging Face folder: shards split as Hugging
-// Face splits them, their index, the input's config.json. Streamed: the tensors are loaded by
+// Any checkpoint loadstone reads (safetensors, PyTorch .bin, GGUF) to one safetensors file (OUT
+// ends in .safetensors) or a Hugging Face folder: shards split as Hugging Face splits them, their
+// index, the input's config.json. With --dtype, quantized weights (GGUF blocks, bitsandbytes)
+// are written dequantized and their quant state dropped: a plain checkpoint. Streamed: the tensors are loaded by
 // the ordinary pipeline in batches of at most kBatchBytes (a large tensor in flat pieces, each
 // a view of its file: Checkpoint::WithTensors), written as the writer asks for them, and let go;
 // memory stays near the staging pool plus two batches, whatever the model's size.
@@ -51,12 +52,14 @@ struct ConvertArgs {
 };
 
 // One load unit: `count` elements of output tensor `tensor` from element `first`, as a view of
-// the source file (`view`), or the whole tensor with its own layout.
+// the source file (`view`), or the whole tensor with its own layout; `with` are the tensors its
+// conversion reads (a bitsandbytes weight's quant state), loaded beside it under their names.
 struct Unit {
   size_t tensor = 0;
   uint64_t first = 0;         // first element
   uint64_t out_bytes = 0;     // bytes it has once converted
   TensorInfo view;
+  std::vector<TensorInfo> with;
 };
 
 struct Batch {
@@ -78,11 +81,17 @@ class Feeder {
         interrupt_(interrupt),
         first_unit_(ckpt.tensors().size(), SIZE_MAX) {}
 
-  // Lays out the units of output tensor `tensor` (source `src`, `out_bytes` once converted) in
-  // the order the writer will ask for them.
-  void AddTensor(size_t tensor, const TensorInfo& src, uint64_t out_bytes) {
+  // Lays out the units of output tensor `tensor` (source `src`, `out_bytes` once converted;
+  // `decoded`: a packed tensor dequantized) in the order the writer will ask for them.
+  void AddTensor(size_t tensor, const TensorInfo& src, uint64_t out_bytes, bool decoded) {
     if (out_bytes == 0) return;
     first_unit_[tensor] = units_.size();
+    if (decoded) return AddDecoded(tensor, src, out_bytes);
+    if (src.packed) {  // a quantized tensor copied as stored: its bytes, its state beside it
+      TensorInfo bytes = src;
+      bytes.packed.reset();
+      return AddTensor(tensor, bytes, out_bytes, false);
+    }
     const uint64_t numel = src.numel();
     const uint64_t in_elem = DTypeBits(src.dtype) / 8, out_elem = out_bytes / numel;
     if (out_bytes <= kPieceBytes || !src.strides.empty()) {  // strided: whole (the plan bounds it)
@@ -138,11 +147,40 @@ class Feeder {
   size_t batches() const { return batches_.size(); }
 
  private:
+  // A packed tensor decoded: GGUF blocks in pieces of whole blocks, each a packed view of its
+  // own; a bitsandbytes weight whole, with its quant state (its absmax covers it whole), so its
+  // decoded size is what one unit holds.
+  void AddDecoded(size_t tensor, const TensorInfo& src, uint64_t out_bytes) {
+    const PackedLayout& packed = *src.packed;
+    if (!packed.companions().empty()) {
+      Unit unit{tensor, 0, out_bytes, src, {}};
+      for (const std::string& c : packed.companions()) unit.with.push_back(*ckpt_.Find(c));
+      units_.push_back(std::move(unit));
+      return;
+    }
+    const uint64_t elements = src.element_count();
+    const uint64_t out_block = out_bytes / elements * packed.block_elems;
+    const uint64_t per = std::max<uint64_t>(1, kPieceBytes / out_block);  // blocks a piece
+    const uint64_t blocks = src.nbytes / packed.block_bytes;
+    for (uint64_t b = 0; b < blocks; b += per) {
+      const uint64_t n = std::min(per, blocks - b);
+      TensorInfo view = src;
+      view.offset = src.offset + b * packed.block_bytes;
+      view.nbytes = n * packed.block_bytes;
+      view.shape = {view.nbytes};
+      view.packed->element_shape = {n * packed.block_elems};
+      units_.push_back({tensor, b * packed.block_elems, n * out_block, std::move(view), {}});
+    }
+  }
+
   Status Start(size_t b) {
     Batch& batch = batches_[b];
     if (batch.plan) return Status::OK();
     std::vector<TensorInfo> views;
-    for (size_t u : batch.units) views.push_back(units_[u].view);
+    for (size_t u : batch.units) {
+      views.push_back(units_[u].view);
+      views.insert(views.end(), units_[u].with.begin(), units_[u].with.end());
+    }
     LOADSTONE_ASSIGN_OR_RETURN(Checkpoint catalog, ckpt_.WithTensors(std::move(views)));
     batch.catalog = std::move(catalog);
     PlanOptions options;
@@ -196,14 +234,6 @@ int RunConvert(const ConvertArgs& args) {
   auto ckpt = Checkpoint::Open(args.in, args.open);
   if (!ckpt.ok()) return ReportError(ckpt.status());
   PrintWarnings(ckpt->warnings());
-  for (const TensorInfo& t : ckpt->tensors()) {
-    if (t.packed) {
-      return ReportError(Status::Unsupported(fmt::format(
-          "tensor '{}' is {}, block-quantized: convert writes plain tensors and does not "
-          "dequantize yet (load --dtype does); convert a checkpoint with float tensors",
-          t.name, t.packed->scheme)));
-    }
-  }
   PlanOptions options;
   if (!args.dtype.empty()) {
     auto dtype = ParseCastTarget(args.dtype, "--dtype");
@@ -217,14 +247,33 @@ int RunConvert(const ConvertArgs& args) {
   auto whole = Plan(*ckpt, options);
   if (!whole.ok()) return ReportError(whole.status());
   std::vector<DType> out_dtype(ckpt->tensors().size());
+  std::vector<bool> decoded(ckpt->tensors().size()), dropped(ckpt->tensors().size());
   for (const TensorPlan& tp : whole->tensors) {
+    const TensorInfo& t = ckpt->tensors()[tp.source];
     out_dtype[tp.source] = tp.dtype;
+    decoded[tp.source] = Unpacks(tp.conversion);
+    // A quantized tensor is written dequantized (its quant state then belongs to nothing), or as
+    // stored with its quant state — unless its bytes alone would lose what they are (GGUF).
+    if (decoded[tp.source]) {
+      for (const std::string& c : t.packed->companions()) {
+        dropped[static_cast<size_t>(ckpt->Find(c) - ckpt->tensors().data())] = true;
+      }
+    } else if (t.packed && t.packed->companions().empty()) {
+      return ReportError(Status::Unsupported(fmt::format(
+          "tensor '{}' is {}-packed, which {}: safetensors has no dtype for GGUF blocks, so "
+          "written as bytes it would lose its type; {}",
+          t.name, t.packed->scheme,
+          options.dtype ? "loadstone does not dequantize" : "--dtype would dequantize",
+          options.dtype ? "convert a checkpoint of types it decodes"
+                        : "give --dtype f32, f16 or bf16")));
+    }
     // A dequantized weight needs its scales in the same load and whole rows, and its output
     // would have to drop the scales: not what batches of flat pieces do. Said, not done wrong.
     if (tp.conversion == Conversion::kDequantFp8Block) {
       return ReportError(Status::Unsupported(fmt::format(
           "tensor '{}' is a scaled float8 weight, which --dtype would dequantize: convert does "
-          "not dequantize yet; leave --dtype out to copy it and its scales as stored",
+          "not dequantize float8 weights yet; leave --dtype out to copy it and its scales as "
+          "stored",
           ckpt->tensors()[tp.source].name)));
     }
   }
@@ -259,9 +308,12 @@ int RunConvert(const ConvertArgs& args) {
     p.eta_seconds = p.bytes_placed > 0 ? p.seconds * (total - p.bytes_placed) / p.bytes_placed : 0;
     DrawProgress(p);
   };
+  std::vector<size_t> source_of;  // per output: its tensor
   for (size_t i = 0; i < ckpt->tensors().size(); ++i) {
     const TensorInfo& t = ckpt->tensors()[i];
-    TensorToWrite w{t.name, out_dtype[i], t.shape, {}, {}};
+    if (dropped[i]) continue;
+    TensorToWrite w{t.name, out_dtype[i], decoded[i] ? t.packed->element_shape : t.shape, {}, {}};
+    source_of.push_back(i);
     w.fill = [&feeder, &draw, i](uint64_t offset, std::span<std::byte> chunk) {
       Status s = feeder.Fill(i, offset, chunk);
       draw(false);
@@ -281,8 +333,8 @@ int RunConvert(const ConvertArgs& args) {
     std::vector<TensorToWrite> in_shard;
     for (size_t i : shard) in_shard.push_back(outputs[i]);
     for (size_t k : LayoutOrder(in_shard)) {
-      const size_t i = shard[k];
-      feeder.AddTensor(i, ckpt->tensors()[i], outputs[i].nbytes());
+      const size_t i = source_of[shard[k]];
+      feeder.AddTensor(i, ckpt->tensors()[i], outputs[shard[k]].nbytes(), decoded[i]);
     }
   }
   feeder.Seal();

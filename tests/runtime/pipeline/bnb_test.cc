@@ -350,6 +350,18 @@ TEST_CASE("bnb4: a weight mapped to a GPU is refused with the reason", "[bnb]") 
   CHECK(Plan(ckpt, opt).ok());
 }
 
+TEST_CASE("bnb4: a catalog view without a weight's quant state is refused, not misread", "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  auto alone = ckpt.WithTensors({*ckpt.Find("nf4.weight")});  // packed, its absmax left out
+  REQUIRE(alone.ok());
+  PlanOptions opt;
+  opt.dtype = DType::kF32;
+  auto plan = Plan(*alone, opt);
+  REQUIRE_FALSE(plan.ok());
+  CHECK(plan.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(plan.status().message()), Catch::Contains("nf4.weight.absmax"));
+}
+
 // The fixture's tensors with `edit` applied, written as one safetensors file.
 std::string Hostile(const TempDir& dir,
                     const std::function<void(std::vector<TensorToWrite>*,
