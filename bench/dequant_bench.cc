@@ -61,8 +61,8 @@ int main(int argc, char** argv) {
   const std::vector<std::byte> packed = RandomBytes(in_bytes, 0x10, 0x3B, 1);
   for (DType to : {DType::kBF16, DType::kF32}) {
     const uint64_t out_elem = loadstone::DTypeBits(to) / 8;
-    for (const char* scheme : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
-                               "Q5_K", "Q6_K"}) {
+    for (const char* scheme :
+         {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}) {
       const auto* type = loadstone::convert::FindGgufBlockType(scheme);
       const uint64_t blocks = in_bytes / type->block_bytes;
       std::vector<std::byte> out(blocks * type->block_elems * out_elem);

@@ -45,12 +45,13 @@ enum class Conversion {
   // "bnb-fp4") decoded into `dtype` with its per-block absmax (TensorPlan::scale: planned and read
   // before it, loaded as stored) by a CPU worker as its read completes (specs/quant.md;
   // runtime/convert/bitsandbytes.h). Two codes a byte: any piece of whole bytes decodes on its own. Its
-  // shape once loaded is PackedLayout::element_shape. CPU targets only, for now (no device
-  // kernel; Plan refuses another device).
+  // shape once loaded is PackedLayout::element_shape. For a GPU target the worker decodes into
+  // host memory and the device copies the result (no device kernel yet); the absmax then stays
+  // in host memory, an input of the decode.
   kDequantBnb4,
   // A bitsandbytes LLM.int8 weight (PackedLayout::bnb8, "row" format) decoded into `dtype` with
   // its row absmax (TensorPlan::scale: the SCB tensor, as stored), elementwise, by a CPU worker
-  // (runtime/convert/bitsandbytes.h). CPU targets only, for now.
+  // (runtime/convert/bitsandbytes.h); for a GPU target as kDequantBnb4 does.
   kDequantBnb8,
 };
 

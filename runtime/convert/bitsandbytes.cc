@@ -43,10 +43,23 @@ void Decode(const Bnb4State& s, uint64_t blocksize, const std::byte* packed, uin
     std::array<Out, 16> lut;
     const auto values = BlockValues(s, AbsmaxOf(s, absmax, block));
     for (size_t k = 0; k < 16; ++k) lut[k] = Encode(values[k]);
-    for (; e < run_end; ++e) {
-      const auto byte = static_cast<uint8_t>(packed[(e - base) / 2]);
-      std::memcpy(dst + (e - first) * sizeof(Out), &lut[(e & 1) ? byte & 0x0F : byte >> 4],
-                  sizeof(Out));  // any alignment
+    // Stores go through memcpy: dst has any alignment.
+    auto put = [&](uint64_t at, unsigned code) {
+      std::memcpy(dst + (at - first) * sizeof(Out), &lut[code], sizeof(Out));
+    };
+    const auto* bytes = reinterpret_cast<const uint8_t*>(packed);
+    if (e < run_end && (e & 1)) {  // a low nibble first
+      put(e, bytes[(e - base) / 2] & 0x0F);
+      ++e;
+    }
+    for (; e + 1 < run_end; e += 2) {  // whole bytes: the high nibble, then the low one
+      const uint8_t byte = bytes[(e - base) / 2];
+      put(e, byte >> 4);
+      put(e + 1, byte & 0x0F);
+    }
+    if (e < run_end) {  // a high nibble last
+      put(e, bytes[(e - base) / 2] >> 4);
+      ++e;
     }
   }
 }

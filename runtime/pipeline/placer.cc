@@ -75,23 +75,12 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
                                                            from + at * b.in_bytes, out, count);
                        });
   }
-  if (tp.conversion == Conversion::kDequantBnb4) {  // two codes a byte, the last maybe a pad
-    const uint64_t first = (lo - src.offset) * 2;
-    const uint64_t count = std::min((hi - lo) * 2, src.element_count() - first);
+  if (tp.conversion == Conversion::kDequantBnb4 || tp.conversion == Conversion::kDequantBnb8) {
+    const auto [first, count] = ElementsOf(t, lo, hi);
     const uint64_t out_elem = DTypeBits(tp.dtype) / 8;
     return write_units(data + first * out_elem, count, out_elem,
                        [&](std::byte* out, uint64_t at, uint64_t n) {
-                         return convert::DequantBnb4(*src.packed, tp.dtype, from + at / 2,
-                                                     first + at, n, scales, out);
-                       });
-  }
-  if (tp.conversion == Conversion::kDequantBnb8) {  // one code a byte, a row absmax each row
-    const uint64_t first = lo - src.offset;
-    const uint64_t out_elem = DTypeBits(tp.dtype) / 8;
-    return write_units(data + first * out_elem, hi - lo, out_elem,
-                       [&](std::byte* out, uint64_t at, uint64_t n) {
-                         return convert::DequantBnbInt8(tp.dtype, from + at, first + at, n,
-                                                        src.shape[1], scales, out);
+                         return DecodeBnb(t, scales, from, first, first + at, n, out);
                        });
   }
   if (tp.conversion == Conversion::kNone || tp.conversion == Conversion::kRelayout) {
@@ -129,9 +118,14 @@ Result<Placer::Blocks> Placer::BlocksOf(uint32_t t, uint64_t lo, uint64_t hi) co
   return b;
 }
 
-Status Placer::Dequantize(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi,
-                          std::vector<std::byte>* out) const {
+Status Placer::Dequantize(uint32_t t, const std::byte* scales, const std::byte* from, uint64_t lo,
+                          uint64_t hi, std::vector<std::byte>* out) const {
   const TensorPlan& tp = plan_.tensors[t];
+  if (tp.conversion != Conversion::kDequantBlocks) {  // bitsandbytes
+    const auto [first, count] = ElementsOf(t, lo, hi);
+    out->resize(count * (DTypeBits(tp.dtype) / 8));
+    return DecodeBnb(t, scales, from, first, first, count, out->data());
+  }
   LOADSTONE_ASSIGN_OR_RETURN(const Blocks b, BlocksOf(t, lo, hi));
   out->resize(b.count * b.out_bytes);
   return convert::DequantGgufBlocks(checkpoint_.tensors()[tp.source].packed->scheme, tp.dtype, from,
@@ -140,16 +134,37 @@ Status Placer::Dequantize(uint32_t t, const std::byte* from, uint64_t lo, uint64
 
 device::PlaceJob Placer::DequantizedJob(uint32_t t, std::byte* data,
                                         const std::vector<std::byte>& decoded, uint64_t lo) const {
-  const TensorInfo& src = checkpoint_.tensors()[plan_.tensors[t].source];
-  const uint64_t first = (lo - src.offset) / src.packed->block_bytes;
-  const uint64_t out_bytes =
-      uint64_t{src.packed->block_elems} * (DTypeBits(plan_.tensors[t].dtype) / 8);
+  const TensorPlan& tp = plan_.tensors[t];
+  const TensorInfo& src = checkpoint_.tensors()[tp.source];
+  const uint64_t out_elem = DTypeBits(tp.dtype) / 8;
+  const uint64_t first = tp.conversion == Conversion::kDequantBlocks
+                             ? (lo - src.offset) / src.packed->block_bytes * src.packed->block_elems
+                             : ElementsOf(t, lo, lo).first;
   device::PlaceJob job;
   job.src = decoded.data();
   job.bytes = job.count = decoded.size();
   job.from = job.to = DType::kU8;  // a copy of what the worker decoded
-  job.dst = data + first * out_bytes;
+  job.dst = data + first * out_elem;
   return job;
+}
+
+Status Placer::DecodeBnb(uint32_t t, const std::byte* scales, const std::byte* piece,
+                         uint64_t piece_first, uint64_t e, uint64_t n, std::byte* out) const {
+  const TensorPlan& tp = plan_.tensors[t];
+  const TensorInfo& src = checkpoint_.tensors()[tp.source];
+  if (tp.conversion == Conversion::kDequantBnb8) {
+    return convert::DequantBnbInt8(tp.dtype, piece + (e - piece_first), e, n, src.shape[1], scales,
+                                   out);
+  }
+  return convert::DequantBnb4(*src.packed, tp.dtype, piece + (e - piece_first) / 2, e, n, scales,
+                              out);
+}
+
+std::pair<uint64_t, uint64_t> Placer::ElementsOf(uint32_t t, uint64_t lo, uint64_t hi) const {
+  const TensorInfo& src = checkpoint_.tensors()[plan_.tensors[t].source];
+  if (plan_.tensors[t].conversion == Conversion::kDequantBnb8) return {lo - src.offset, hi - lo};
+  const uint64_t first = (lo - src.offset) * 2;  // two 4-bit codes a byte, the last maybe a pad
+  return {first, std::min((hi - lo) * 2, src.element_count() - first)};
 }
 
 device::PlaceJob Placer::DeviceJob(const ReadChunk& read, uint32_t t, std::byte* data,

@@ -50,11 +50,12 @@ class Placer {
   // elements) at `from`, in C order and little-endian, into `plain`.
   Status Relayout(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi,
                   std::vector<std::byte>* plain) const;
-  // The file bytes [lo, hi) of kDequantBlocks tensor `t` (whole blocks) at `from`, decoded into
-  // `out` (what a device then copies: DequantizedJob). Errors: InvalidArgument for a piece that
-  // cuts a block.
-  Status Dequantize(uint32_t t, const std::byte* from, uint64_t lo, uint64_t hi,
-                    std::vector<std::byte>* out) const;
+  // The file bytes [lo, hi) of packed tensor `t` at `from` (kDequantBlocks: whole blocks;
+  // kDequantBnb4/8: any bytes, `scales` its absmax or SCB in host memory), decoded into `out`
+  // (what a device then copies: DequantizedJob). Errors: InvalidArgument for a piece that cuts a
+  // block.
+  Status Dequantize(uint32_t t, const std::byte* scales, const std::byte* from, uint64_t lo,
+                    uint64_t hi, std::vector<std::byte>* out) const;
   // The copy of `decoded` (Dequantize of the piece starting at file byte `lo`) into the device
   // memory `data` of tensor `t`.
   device::PlaceJob DequantizedJob(uint32_t t, std::byte* data, const std::vector<std::byte>& decoded,
@@ -69,6 +70,13 @@ class Placer {
     uint64_t first = 0, count = 0, in_bytes = 0, out_bytes = 0;
   };
   Result<Blocks> BlocksOf(uint32_t t, uint64_t lo, uint64_t hi) const;
+  // The elements [first, first + count) of bitsandbytes tensor `t` that its file bytes [lo, hi)
+  // hold (a piece starts at a byte: its first element is even for 4-bit codes).
+  std::pair<uint64_t, uint64_t> ElementsOf(uint32_t t, uint64_t lo, uint64_t hi) const;
+  // Decodes elements [e, e + n) of bitsandbytes tensor `t` into `out`: `piece` holds its file
+  // bytes from element `piece_first` on, `scales` its absmax or SCB.
+  Status DecodeBnb(uint32_t t, const std::byte* scales, const std::byte* piece,
+                   uint64_t piece_first, uint64_t e, uint64_t n, std::byte* out) const;
 
   const Checkpoint& checkpoint_;
   const LoadPlan& plan_;

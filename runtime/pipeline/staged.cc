@@ -32,7 +32,7 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     ++chunks_[id].parts_left;
     ++conversions_in_flight_;
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-    if (!src.plain_layout() || plan.tensors[t].conversion == Conversion::kDequantBlocks) {
+    if (!src.plain_layout() || Unpacks(plan.tensors[t].conversion)) {
       asio::post(workers, [self = shared_from_this(), id, slot, t] {
         self->PrepareForDevice(id, slot, t);
       });
@@ -53,10 +53,10 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
 void LoadHandle::State::PrepareForDevice(uint64_t id, size_t slot, uint32_t t) {
   const ReadChunk& chunk = plan.reads[id];
   const auto [lo, hi] = PieceOf(chunk, checkpoint.tensors()[plan.tensors[t].source]);
-  const bool decode = plan.tensors[t].conversion == Conversion::kDequantBlocks;
+  const bool decode = Unpacks(plan.tensors[t].conversion);
   auto plain = std::make_shared<std::vector<std::byte>>();
   const std::byte* from = StagedBytes(id, slot) + (lo - chunk.offset);
-  Status status = decode ? placer_.Dequantize(t, from, lo, hi, plain.get())
+  Status status = decode ? placer_.Dequantize(t, ScalesOf(t), from, lo, hi, plain.get())
                          : placer_.Relayout(t, from, lo, hi, plain.get());
   asio::post(loop, [self = shared_from_this(), id, slot, t, lo = lo, hi = hi, decode,
                     plain = std::move(plain), status = std::move(status)]() mutable {

@@ -50,16 +50,15 @@ bool DecodesAsPacked(const TensorInfo& src, DType dtype) {
   return type->block_bytes == src.packed->block_bytes && type->block_elems == src.packed->block_elems;
 }
 
-// A bitsandbytes weight's absmax (4-bit) or SCB (int8): the catalog's, as stored, beside it on
-// the CPU.
+// A bitsandbytes weight's absmax (4-bit) or SCB (int8): the catalog's, as stored, in host
+// memory (the CPU worker that decodes the weight reads it, whatever the weight's device).
 Status CheckBnb(const Checkpoint& checkpoint, const LoadPlan& plan, const TensorPlan& tp) {
   const TensorInfo& src = checkpoint.tensors()[tp.source];
   const TensorPlan& absmax = plan.tensors[tp.scale];
   const TensorInfo* want = checkpoint.Find(src.packed->companions().front());
   if (want == nullptr || &checkpoint.tensors()[absmax.source] != want ||
-      absmax.conversion != Conversion::kNone || absmax.device != tp.device ||
-      plan.targets[tp.device] != Device::Cpu()) {
-    return Refused(fmt::format("tensor '{}' is dequantized without its absmax beside it on the CPU",
+      absmax.conversion != Conversion::kNone || plan.targets[absmax.device] != Device::Cpu()) {
+    return Refused(fmt::format("tensor '{}' is dequantized without its absmax in host memory",
                                src.name));
   }
   return Status::OK();

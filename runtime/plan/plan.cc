@@ -313,15 +313,6 @@ class TensorPlanner {
           t.name, t.nbytes, materialised, planning::kMaxRelayoutSpan));
     }
     if (device->type == Device::Type::kDisk) return Offload(index);
-    if ((targets_[index].conversion == Conversion::kDequantBnb4 ||
-         targets_[index].conversion == Conversion::kDequantBnb8) &&
-        *device != Device::Cpu()) {
-      return Status::Unsupported(fmt::format(
-          "tensor '{}' is a bitsandbytes {} weight mapped to {}: loadstone dequantizes "
-          "bitsandbytes weights on the CPU only for now (no device kernel yet); map it to cpu, or "
-          "keep it packed (keep_packed, --keep-packed) for a kernel of the engine's own",
-          t.name, t.packed->scheme.substr(4), device->ToString()));
-    }
     TensorPlan tp;
     tp.source = index;
     tp.dtype = targets_[index].dtype;
@@ -390,7 +381,11 @@ class TensorPlanner {
           infos_[index].name, infos_[pair.scale].name));
     }
     TensorPlan& weight = plan_.tensors[w];
-    if (device_of_[w] != device_of_[s]) {
+    // A bitsandbytes weight is decoded by a CPU worker, on whatever device it goes: its absmax
+    // (SCB) is an input of that decode, kept in host memory.
+    if (!CompanionsOf(index).empty()) {
+      device_of_[s] = Device::Cpu();
+    } else if (device_of_[w] != device_of_[s]) {
       return Status::Unsupported(fmt::format(
           "quantized tensor '{}' is mapped to {} but its scales '{}' to {}; map them together",
           infos_[index].name, device_of_[w].ToString(), infos_[pair.scale].name,
@@ -403,6 +398,12 @@ class TensorPlanner {
   }
 
   static constexpr uint32_t kOffloaded = UINT32_MAX;  // Add's answer for a tensor sent to disk
+
+  // The quant-state tensors of tensor `index` (none unless it is a bitsandbytes weight).
+  const std::vector<std::string>& CompanionsOf(size_t index) const {
+    static const std::vector<std::string> kNone;
+    return infos_[index].packed ? infos_[index].packed->companions() : kNone;
+  }
 
   const std::vector<TensorInfo>& infos_;
   const CheckpointFormat format_;
