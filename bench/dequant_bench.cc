@@ -22,6 +22,7 @@
 #include "loadstone/dtype.h"
 #include "runtime/convert/bitsandbytes.h"
 #include "runtime/convert/gguf_blocks.h"
+#include "runtime/convert/packed_int.h"
 
 namespace {
 
@@ -108,6 +109,25 @@ int main(int argc, char** argv) {
                   }
                 });
       }
+    }
+    {  // compressed-tensors int4, groups of 128, bf16 scales, asymmetric
+      loadstone::PackedIntState state;
+      state.bits = 4;
+      state.cols = 4096;
+      state.rows = in_bytes / (state.cols / 2);
+      state.groups = state.cols / 128;
+      state.group_size = 128;
+      state.scale_dtype = DType::kBF16;
+      state.zero_point.assign(state.rows * state.groups, 1);
+      const std::vector<std::byte> scales = RandomBytes(state.rows * state.groups * 2, 0x10, 0x3B, 3);
+      std::vector<std::byte> out(state.rows * state.cols * out_elem);
+      Measure("ct-int4", to, out.size(), seconds, [&] {
+        if (!loadstone::convert::DequantPackedInt(state, to, packed.data(), 0, 0,
+                                                  state.rows * state.cols, scales.data(), out.data())
+                 .ok()) {
+          std::abort();
+        }
+      });
     }
     const uint64_t cols = 4096, rows = in_bytes / cols;
     std::vector<float> scb(rows, 1.5f);

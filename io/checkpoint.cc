@@ -14,6 +14,7 @@
 #include "io/formats/gguf.h"
 #include "io/formats/bnb_state.h"
 #include "io/formats/hf_config.h"
+#include "io/formats/pack_quantized.h"
 #include "io/formats/hf_index.h"
 #include "io/formats/hf_layout.h"
 #include "io/formats/offload_folder.h"
@@ -356,11 +357,12 @@ Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved) {
       return Status::Corruption(fmt::format("tensor '{}' appears twice", impl->tensors[i].name));
     }
   }
-  LOADSTONE_RETURN_IF_ERROR(io::CatalogBitsandbytes(
-      impl->files, &impl->tensors, [&impl](std::string_view name) -> TensorInfo* {
-        const auto it = impl->by_name.find(name);
-        return it == impl->by_name.end() ? nullptr : &impl->tensors[it->second];
-      }));
+  const auto find = [&impl](std::string_view name) -> TensorInfo* {
+    const auto it = impl->by_name.find(name);
+    return it == impl->by_name.end() ? nullptr : &impl->tensors[it->second];
+  };
+  LOADSTONE_RETURN_IF_ERROR(io::CatalogBitsandbytes(impl->files, &impl->tensors, find));
+  LOADSTONE_RETURN_IF_ERROR(io::CatalogPackQuantized(impl->files, &impl->tensors, find));
   if (!resolved.config_dir.empty()) {
     const std::string config_path = (std::filesystem::path(resolved.config_dir) / "config.json").string();
     std::error_code ec;
@@ -414,7 +416,10 @@ uint64_t TensorInfo::element_count() const {
 
 const std::vector<std::string>& PackedLayout::companions() const {
   static const std::vector<std::string> kNone;
-  return bnb4 ? bnb4->companions : bnb8 ? bnb8->companions : kNone;
+  return bnb4         ? bnb4->companions
+         : bnb8       ? bnb8->companions
+         : packed_int ? packed_int->companions
+                      : kNone;
 }
 
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}

@@ -163,6 +163,12 @@ struct CastRule {
 };
 
 // The one casting rule. `model`: the model's state-dict tensors by key (LoadInto), else empty.
+// The name tensor `t` has in a state dict once loaded: a dequantized compressed-tensors weight
+// "M.weight_packed" is "M.weight" (PackedLayout::decoded_name); any other keeps its own.
+const std::string& StateDictName(const TensorInfo& t) {
+  return t.packed && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
+}
+
 Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_set<std::string>* include,
                              const TorchLoadOptions& options,
                              const std::vector<std::string>& keep_in_fp32,
@@ -181,7 +187,7 @@ Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_
     std::optional<DType> target;
     if (target_all) {
       target = KeptInFp32(t.name, keep_in_fp32) ? DType::kF32 : *target_all;
-    } else if (auto m = model.find(t.name); m != model.end()) {
+    } else if (auto m = model.find(StateDictName(t)); m != model.end()) {
       LOADSTONE_ASSIGN_OR_RETURN(const DType param, FromScalarType(m->second.scalar_type()));
       if (IsFloatingPoint(param)) target = param;
     }
@@ -245,15 +251,22 @@ Result<Loaded> LoadPlanned(const Checkpoint& checkpoint, const PlanOptions& popt
   LOADSTONE_RETURN_IF_ERROR(load.Done().get());
   const bool simulated = platform->simulated();
   out.placement.simulated = simulated;
+  std::unordered_map<std::string_view, std::string_view> renamed;  // decoded packed weights
+  for (const TensorPlan& tp : plan.tensors) {
+    const TensorInfo& src = checkpoint.tensors()[tp.source];
+    if (Unpacks(tp.conversion)) renamed.emplace(src.name, StateDictName(src));
+  }
   for (const loadstone::Tensor& t : load.Tensors()) {
+    const auto name = renamed.find(t.name());
+    const std::string key(name == renamed.end() ? std::string_view(t.name()) : name->second);
     LOADSTONE_ASSIGN_OR_RETURN(at::Tensor wrapped, Wrap(t, simulated));
     if (auto after = rule.after.find(t.name()); after != rule.after.end()) {
       LOADSTONE_ASSIGN_OR_RETURN(wrapped, Guarded(t.name(), [&]() -> Result<at::Tensor> {
                                    return wrapped.to(after->second);
                                  }));
     }
-    out.placement.device_of[t.name()] = t.device();
-    out.tensors.emplace_back(t.name(), std::move(wrapped));
+    out.placement.device_of[key] = t.device();
+    out.tensors.emplace_back(key, std::move(wrapped));
   }
   return out;
 }
@@ -475,15 +488,16 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
   // A packed weight loaded into a floating-point parameter is dequantized: it has its element
   // shape, and its quant-state tensors (absmax, ...) are part of it, not unexpected keys.
   auto dequantized = [&](const TensorInfo& t) {
-    const auto it = target.find(t.name);
+    const auto it = target.find(StateDictName(t));
     return t.packed && it != target.end() && it->second.is_floating_point();
   };
-  std::unordered_set<std::string> consumed;
+  std::unordered_set<std::string> consumed, decoded;  // decoded: the renamed weights' names
   for (const TensorInfo& t : checkpoint.tensors()) {
+    if (dequantized(t)) decoded.insert(StateDictName(t));
     if (dequantized(t)) consumed.insert(t.packed->companions().begin(), t.packed->companions().end());
   }
   for (const TensorInfo& t : checkpoint.tensors()) {
-    auto it = target.find(t.name);
+    auto it = target.find(StateDictName(t));
     if (it == target.end()) {
       if (!consumed.contains(t.name)) report.unexpected_keys.push_back(t.name);
       continue;
@@ -503,7 +517,9 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
     include.insert(t.name);
   }
   for (const auto& [name, t] : state) {
-    if (checkpoint.Find(name) == nullptr) report.missing_keys.push_back(name);
+    if (checkpoint.Find(name) == nullptr && !decoded.contains(name)) {
+      report.missing_keys.push_back(name);
+    }
   }
   if (options.strict && (!report.missing_keys.empty() || !report.unexpected_keys.empty())) {
     std::string message = fmt::format("Error(s) in loading state_dict for {}:", ClassName(model));

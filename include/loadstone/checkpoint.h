@@ -72,19 +72,43 @@ struct BnbInt8State {
   std::vector<std::string> companions;  // M.SCB, then M.weight_format when present
 };
 
+// A compressed-tensors `pack-quantized` weight `M.weight_packed` (shared/specs/quant.md): int32
+// words of `bits`-bit codes along the input dim, LSB first, each code stored + 2^(bits-1); its
+// scales `M.weight_scale` ([out, groups], f32/bf16/f16: the output's dtype) are loaded with it;
+// `M.weight_shape`, the zero points `M.weight_zero_point` (packed along the output dim) and the
+// activation order `M.weight_g_idx` are read at Open. W = (q - zero) * scale, computed in f32 and
+// rounded to the scale's dtype, as compressed-tensors does.
+struct PackedIntState {
+  uint32_t bits = 4;          // 2, 4 or 8
+  uint64_t rows = 0;          // out
+  uint64_t cols = 0;          // in
+  uint64_t groups = 1;        // scales per row
+  uint64_t group_size = 0;    // columns a scale covers without g_idx (cols / groups)
+  DType scale_dtype = DType::kBF16;
+  std::vector<int8_t> zero_point;  // rows x groups, signed; empty when symmetric
+  std::vector<int32_t> g_idx;      // the group of each column; empty: c / group_size
+  // M.weight_scale first, then M.weight_shape, M.weight_zero_point, M.weight_g_idx (as present).
+  std::vector<std::string> companions;
+};
+
 // How a block-quantized tensor is stored when it is cataloged packed (a GGUF Q4_K, a bitsandbytes
 // nf4 weight, ...): the TensorInfo then has the dtype and shape of its bytes as the file stores
 // them (GGUF: U8, the last dimension in bytes, whole blocks; bitsandbytes: [ceil(n / 2), 1] of
 // its quant_storage dtype, two 4-bit codes a byte), and this says what those bytes are.
 struct PackedLayout {
   // The producer's name for it: "Q4_0", "Q4_K", ... (GGUF); "bnb-nf4", "bnb-fp4", "bnb-int8"
-  // (bitsandbytes; an int8 weight's bytes are its elements, its shape its element shape).
+  // (bitsandbytes; an int8 weight's bytes are its elements, its shape its element shape);
+  // "ct-int4" (and ct-int2, ct-int8: compressed-tensors pack-quantized).
   std::string scheme;
   std::vector<uint64_t> element_shape;  // its shape in elements, PyTorch order
   uint32_t block_elems = 0;            // elements per block (bitsandbytes: per absmax)
   uint32_t block_bytes = 0;            // bytes per block (bitsandbytes: the last may be partial)
   std::shared_ptr<const Bnb4State> bnb4;      // set for "bnb-nf4" and "bnb-fp4"
   std::shared_ptr<const BnbInt8State> bnb8;   // set for "bnb-int8"
+  std::shared_ptr<const PackedIntState> packed_int;  // set for "ct-int2|4|8"
+  // The name the weight has once dequantized, when not its own ("M.weight" for compressed-tensors'
+  // "M.weight_packed"): what a state dict, a model and a converted checkpoint call it.
+  std::string decoded_name;
 
   // The tensors of its quant state (bitsandbytes: absmax or SCB first, then the tables), which
   // belong to it and load as stored; empty for GGUF blocks.

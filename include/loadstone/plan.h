@@ -53,24 +53,37 @@ enum class Conversion {
   // its row absmax (TensorPlan::scale: the SCB tensor, as stored), elementwise, by a CPU worker
   // (runtime/convert/bitsandbytes.h); for a GPU target as kDequantBnb4 does.
   kDequantBnb8,
+  // A compressed-tensors pack-quantized weight (PackedLayout::packed_int) decoded into `dtype`
+  // with its scales (TensorPlan::scale: weight_scale, as stored; the zero points and g_idx are
+  // in the catalog), elementwise by a CPU worker (runtime/convert/packed_int.h), from reads of
+  // whole 32-bit words; for a GPU target as kDequantBnb4 does. Loaded as [out, in]; its name once
+  // decoded is PackedLayout::decoded_name.
+  kDequantPackedInt,
 };
 
 // "none", "cast", "fp8-block-dequant", "relayout", "block-dequant", "bnb4-dequant",
-// "bnb8-dequant".
+// "bnb8-dequant", "int-dequant".
 std::string_view ConversionName(Conversion conversion);
 
 // True for the conversions whose result has the packed tensor's element shape (PackedLayout):
-// kDequantBlocks, kDequantBnb4 and kDequantBnb8.
+// kDequantBlocks, kDequantBnb4, kDequantBnb8 and kDequantPackedInt.
 constexpr bool Unpacks(Conversion conversion) {
   return conversion == Conversion::kDequantBlocks || conversion == Conversion::kDequantBnb4 ||
-         conversion == Conversion::kDequantBnb8;
+         conversion == Conversion::kDequantBnb8 || conversion == Conversion::kDequantPackedInt;
 }
 
 // True for the conversions that read another planned tensor (TensorPlan::scale) while they
-// convert: kDequantFp8Block, kDequantBnb4 and kDequantBnb8.
+// convert: kDequantFp8Block, kDequantBnb4, kDequantBnb8 and kDequantPackedInt.
 constexpr bool UsesScales(Conversion conversion) {
   return conversion == Conversion::kDequantFp8Block || conversion == Conversion::kDequantBnb4 ||
-         conversion == Conversion::kDequantBnb8;
+         conversion == Conversion::kDequantBnb8 || conversion == Conversion::kDequantPackedInt;
+}
+
+// True for the conversions a CPU worker decodes from scales kept in host memory, elementwise
+// (the quantized weights with a quant state: bitsandbytes, compressed-tensors).
+constexpr bool DecodesWithState(Conversion conversion) {
+  return conversion == Conversion::kDequantBnb4 || conversion == Conversion::kDequantBnb8 ||
+         conversion == Conversion::kDequantPackedInt;
 }
 
 struct TensorPlan {
@@ -81,8 +94,8 @@ struct TensorPlan {
   uint64_t nbytes = 0;           // bytes once loaded
   // kDequantFp8Block: the scales (an index into LoadPlan::tensors, planned and read before this
   // tensor, loaded as stored) and the rows x columns of the weight that one scale covers.
-  // kDequantBnb4 / kDequantBnb8: `scale` is its absmax / SCB tensor, as stored; no block rows
-  // and columns.
+  // kDequantBnb4 / kDequantBnb8 / kDequantPackedInt: `scale` is its absmax / SCB / weight_scale
+  // tensor, as stored, in host memory; no block rows and columns.
   uint32_t scale = 0;
   uint64_t block_rows = 0;
   uint64_t block_cols = 0;
@@ -193,7 +206,8 @@ struct ReadChunk {
 //   tensors are never cast; float8 weights with scales are dequantized into it, see fp8_block).
 // keep_in_fp32: tensors kept in float32 when `dtype` is f16 or bf16: a pattern matches a tensor
 //   when it equals one of its dotted components or a run of them ((^|\.)pattern($|\.)).
-// special_dtypes: tensors cast to the dtype given (a float type) whatever `dtype` says.
+// special_dtypes: tensors cast to the dtype given (a float type) whatever `dtype` says (never
+//   float8 scales or a quantized weight's quant-state tensors: those load as stored).
 // device_map: "cpu" (default), one device ("cuda:1", "1"), or a mode inferred as accelerate
 //   infers it ("auto", "balanced", "balanced_low_0", "sequential"), with max_memory, no_split,
 //   strategy, fallback_allocation, offload_buffers, fixes and clean_result as documented there.

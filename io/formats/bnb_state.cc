@@ -13,42 +13,13 @@
 #include <optional>
 #include <string>
 
-#include "io/file.h"
+#include "io/formats/small_reads.h"
 #include "io/formats/json_util.h"
 
 namespace loadstone::io {
 namespace {
 
 constexpr std::string_view kStateMarker = ".quant_state.bitsandbytes__";
-
-// The companions' tensors are read with one open file per checkpoint file.
-class SmallReads {
- public:
-  explicit SmallReads(const std::vector<CheckpointFile>& files) : files_(files) {}
-
-  Result<std::vector<std::byte>> Bytes(const TensorInfo& t) {
-    auto it = open_.find(t.file);
-    if (it == open_.end()) {
-      LOADSTONE_ASSIGN_OR_RETURN(File f, File::OpenForRead(files_[t.file].path));
-      it = open_.emplace(t.file, std::move(f)).first;
-    }
-    std::vector<std::byte> out(t.nbytes);
-    LOADSTONE_RETURN_IF_ERROR(it->second.ReadExact(t.offset, out));
-    return out;
-  }
-
-  template <size_t N>
-  Result<std::array<float, N>> Floats(const TensorInfo& t) {
-    LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, Bytes(t));
-    std::array<float, N> out{};
-    std::memcpy(out.data(), bytes.data(), sizeof(out));
-    return out;
-  }
-
- private:
-  const std::vector<CheckpointFile>& files_;
-  std::map<uint32_t, File> open_;
-};
 
 // What the state's JSON says.
 struct StateDoc {

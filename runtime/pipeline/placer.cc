@@ -9,6 +9,7 @@
 #include "runtime/convert/bitsandbytes.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/gguf_blocks.h"
+#include "runtime/convert/packed_int.h"
 #include "runtime/convert/relayout.h"
 
 namespace loadstone::pipeline {
@@ -75,12 +76,12 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
                                                            from + at * b.in_bytes, out, count);
                        });
   }
-  if (tp.conversion == Conversion::kDequantBnb4 || tp.conversion == Conversion::kDequantBnb8) {
+  if (DecodesWithState(tp.conversion)) {
     const auto [first, count] = ElementsOf(t, lo, hi);
     const uint64_t out_elem = DTypeBits(tp.dtype) / 8;
     return write_units(data + first * out_elem, count, out_elem,
                        [&](std::byte* out, uint64_t at, uint64_t n) {
-                         return DecodeBnb(t, scales, from, first, first + at, n, out);
+                         return DecodeElements(t, scales, from, first, first + at, n, out);
                        });
   }
   if (tp.conversion == Conversion::kNone || tp.conversion == Conversion::kRelayout) {
@@ -121,10 +122,10 @@ Result<Placer::Blocks> Placer::BlocksOf(uint32_t t, uint64_t lo, uint64_t hi) co
 Status Placer::Dequantize(uint32_t t, const std::byte* scales, const std::byte* from, uint64_t lo,
                           uint64_t hi, std::vector<std::byte>* out) const {
   const TensorPlan& tp = plan_.tensors[t];
-  if (tp.conversion != Conversion::kDequantBlocks) {  // bitsandbytes
+  if (tp.conversion != Conversion::kDequantBlocks) {  // bitsandbytes, compressed-tensors
     const auto [first, count] = ElementsOf(t, lo, hi);
     out->resize(count * (DTypeBits(tp.dtype) / 8));
-    return DecodeBnb(t, scales, from, first, first, count, out->data());
+    return DecodeElements(t, scales, from, first, first, count, out->data());
   }
   LOADSTONE_ASSIGN_OR_RETURN(const Blocks b, BlocksOf(t, lo, hi));
   out->resize(b.count * b.out_bytes);
@@ -148,10 +149,15 @@ device::PlaceJob Placer::DequantizedJob(uint32_t t, std::byte* data,
   return job;
 }
 
-Status Placer::DecodeBnb(uint32_t t, const std::byte* scales, const std::byte* piece,
+Status Placer::DecodeElements(uint32_t t, const std::byte* scales, const std::byte* piece,
                          uint64_t piece_first, uint64_t e, uint64_t n, std::byte* out) const {
   const TensorPlan& tp = plan_.tensors[t];
   const TensorInfo& src = checkpoint_.tensors()[tp.source];
+  if (tp.conversion == Conversion::kDequantPackedInt) {
+    const PackedIntState& state = *src.packed->packed_int;
+    return convert::DequantPackedInt(state, tp.dtype, piece, convert::WordOf(state, piece_first), e,
+                                     n, scales, out);
+  }
   if (tp.conversion == Conversion::kDequantBnb8) {
     return convert::DequantBnbInt8(tp.dtype, piece + (e - piece_first), e, n, src.shape[1], scales,
                                    out);
@@ -163,6 +169,12 @@ Status Placer::DecodeBnb(uint32_t t, const std::byte* scales, const std::byte* p
 std::pair<uint64_t, uint64_t> Placer::ElementsOf(uint32_t t, uint64_t lo, uint64_t hi) const {
   const TensorInfo& src = checkpoint_.tensors()[plan_.tensors[t].source];
   if (plan_.tensors[t].conversion == Conversion::kDequantBnb8) return {lo - src.offset, hi - lo};
+  if (plan_.tensors[t].conversion == Conversion::kDequantPackedInt) {  // whole 32-bit words
+    uint64_t first = 0, end = 0;
+    convert::ElementsOfWords(*src.packed->packed_int, (lo - src.offset) / 4, (hi - src.offset) / 4,
+                             &first, &end);
+    return {first, end > first ? end - first : 0};
+  }
   const uint64_t first = (lo - src.offset) * 2;  // two 4-bit codes a byte, the last maybe a pad
   return {first, std::min((hi - lo) * 2, src.element_count() - first)};
 }

@@ -70,12 +70,13 @@ class Placer {
     uint64_t first = 0, count = 0, in_bytes = 0, out_bytes = 0;
   };
   Result<Blocks> BlocksOf(uint32_t t, uint64_t lo, uint64_t hi) const;
-  // The elements [first, first + count) of bitsandbytes tensor `t` that its file bytes [lo, hi)
-  // hold (a piece starts at a byte: its first element is even for 4-bit codes).
+  // The elements [first, first + count) of tensor `t` (DecodesWithState) that its file bytes
+  // [lo, hi) hold (a piece starts at a byte: its first element is even for 4-bit codes; at a
+  // word for compressed-tensors).
   std::pair<uint64_t, uint64_t> ElementsOf(uint32_t t, uint64_t lo, uint64_t hi) const;
-  // Decodes elements [e, e + n) of bitsandbytes tensor `t` into `out`: `piece` holds its file
-  // bytes from element `piece_first` on, `scales` its absmax or SCB.
-  Status DecodeBnb(uint32_t t, const std::byte* scales, const std::byte* piece,
+  // Decodes elements [e, e + n) of tensor `t` (DecodesWithState) into `out`: `piece` holds its
+  // file bytes from element `piece_first` on, `scales` its absmax, SCB or weight_scale.
+  Status DecodeElements(uint32_t t, const std::byte* scales, const std::byte* piece,
                    uint64_t piece_first, uint64_t e, uint64_t n, std::byte* out) const;
 
   const Checkpoint& checkpoint_;

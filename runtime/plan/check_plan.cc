@@ -50,9 +50,10 @@ bool DecodesAsPacked(const TensorInfo& src, DType dtype) {
   return type->block_bytes == src.packed->block_bytes && type->block_elems == src.packed->block_elems;
 }
 
-// A bitsandbytes weight's absmax (4-bit) or SCB (int8): the catalog's, as stored, in host
-// memory (the CPU worker that decodes the weight reads it, whatever the weight's device).
-Status CheckBnb(const Checkpoint& checkpoint, const LoadPlan& plan, const TensorPlan& tp) {
+// A quantized weight's scales (bitsandbytes absmax or SCB, compressed-tensors weight_scale): the
+// catalog's, as stored, in host memory (the CPU worker that decodes the weight reads them,
+// whatever the weight's device).
+Status CheckQuantState(const Checkpoint& checkpoint, const LoadPlan& plan, const TensorPlan& tp) {
   const TensorInfo& src = checkpoint.tensors()[tp.source];
   const TensorPlan& absmax = plan.tensors[tp.scale];
   const TensorInfo* want = checkpoint.Find(src.packed->companions().front());
@@ -91,6 +92,9 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
                                 ? src.packed && src.packed->bnb8 &&
                                       src.packed->bnb8->weight_format == 0 &&
                                       convert::CanDequantBnb4(tp.dtype)
+                            : tp.conversion == Conversion::kDequantPackedInt
+                                ? src.packed && src.packed->packed_int &&
+                                      convert::CanDequantBnb4(tp.dtype)
                                 : tp.conversion == Conversion::kDequantFp8Block;
     const uint64_t elements = Unpacks(tp.conversion) ? src.element_count() : src.numel();
     if (!dtype_fits ||
@@ -114,8 +118,8 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
     if (tp.conversion == Conversion::kDequantFp8Block) {
       LOADSTONE_RETURN_IF_ERROR(CheckFp8(checkpoint, plan, tp));
     }
-    if (tp.conversion == Conversion::kDequantBnb4 || tp.conversion == Conversion::kDequantBnb8) {
-      LOADSTONE_RETURN_IF_ERROR(CheckBnb(checkpoint, plan, tp));
+    if (DecodesWithState(tp.conversion)) {
+      LOADSTONE_RETURN_IF_ERROR(CheckQuantState(checkpoint, plan, tp));
     }
   }
   return Status::OK();
@@ -128,9 +132,12 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
     return Refused("a read has a route that cannot be planned");
   }
   const TensorInfo& first = checkpoint.tensors()[plan.tensors[r.tensors.front()].source];
-  for (uint32_t t : r.tensors) {  // a dequantized packed tensor is read in whole blocks
+  for (uint32_t t : r.tensors) {  // a dequantized packed tensor is read in whole blocks (words)
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-    if (plan.tensors[t].conversion != Conversion::kDequantBlocks) continue;
+    const Conversion conversion = plan.tensors[t].conversion;
+    if (conversion != Conversion::kDequantBlocks && conversion != Conversion::kDequantPackedInt) {
+      continue;
+    }
     const uint64_t lo = std::max(r.offset, src.offset);
     const uint64_t hi = std::min(r.offset + r.length, src.offset + src.nbytes);
     const uint64_t block = src.packed->block_bytes;

@@ -41,13 +41,16 @@ uint64_t PlacedElements(const TensorInfo& t, Conversion conversion) {
 Conversion DequantOf(const TensorInfo& t, DType to) {
   if (t.packed->bnb4) return convert::CanDequantBnb4(to) ? Conversion::kDequantBnb4 : Conversion::kNone;
   if (t.packed->bnb8) return convert::CanDequantBnb4(to) ? Conversion::kDequantBnb8 : Conversion::kNone;
+  if (t.packed->packed_int) {
+    return convert::CanDequantBnb4(to) ? Conversion::kDequantPackedInt : Conversion::kNone;
+  }
   return convert::CanDequantGguf(t.packed->scheme, to) ? Conversion::kDequantBlocks
                                                        : Conversion::kNone;
 }
 
 constexpr std::string_view kDecodable =
-    "GGUF Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks and bitsandbytes nf4/fp4/int8 "
-    "weights";
+    "GGUF Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks, bitsandbytes nf4/fp4/int8 "
+    "and compressed-tensors pack-quantized weights";
 
 Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
   Target out{t.dtype, Conversion::kNone};
@@ -233,6 +236,7 @@ Result<std::vector<Target>> Targets(const std::vector<TensorInfo>& infos, const 
                                     const std::vector<bool>& keep_stored) {
   PlanOptions as_stored = options;
   as_stored.dtype.reset();
+  as_stored.special_dtypes.clear();  // a scale or quant-state tensor is read as it is, whatever asked
   std::vector<Target> targets(infos.size());
   for (size_t i = 0; i < infos.size(); ++i) {
     LOADSTONE_ASSIGN_OR_RETURN(targets[i], TargetOf(infos[i], keep_stored[i] ? as_stored : options));

@@ -19,6 +19,7 @@ std::string_view ConversionName(Conversion conversion) {
     case Conversion::kDequantBlocks: return "block-dequant";
     case Conversion::kDequantBnb4: return "bnb4-dequant";
     case Conversion::kDequantBnb8: return "bnb8-dequant";
+    case Conversion::kDequantPackedInt: return "int-dequant";
   }
   return "?";
 }
@@ -47,7 +48,7 @@ RouteCounts LoadPlan::RouteTotals() const {
 
 std::string LoadPlan::ToString() const {
   std::map<std::string, std::pair<size_t, uint64_t>> per_target;
-  size_t casts = 0, dequants = 0, relayouts = 0, block_dequants = 0, bnb_dequants = 0;
+  size_t casts = 0, dequants = 0, relayouts = 0, block_dequants = 0, state_dequants = 0;
   for (const TensorPlan& t : tensors) {
     auto& entry =
         per_target[fmt::format("{} {}", targets[t.device].ToString(), SafetensorsName(t.dtype))];
@@ -57,14 +58,17 @@ std::string LoadPlan::ToString() const {
     dequants += t.conversion == Conversion::kDequantFp8Block;
     relayouts += t.conversion == Conversion::kRelayout;
     block_dequants += t.conversion == Conversion::kDequantBlocks;
-    bnb_dequants += t.conversion == Conversion::kDequantBnb4 || t.conversion == Conversion::kDequantBnb8;
+    state_dequants += DecodesWithState(t.conversion);
   }
   std::string out = fmt::format("plan: {} tensors, {} bytes read, {} bytes placed, {} casts",
                                 tensors.size(), read_bytes, placed_bytes, casts);
   if (dequants > 0) out += fmt::format(", {} float8 block dequants", dequants);
   if (relayouts > 0) out += fmt::format(", {} relayouts (strided or big-endian)", relayouts);
   if (block_dequants > 0) out += fmt::format(", {} quantized-block dequants", block_dequants);
-  if (bnb_dequants > 0) out += fmt::format(", {} bitsandbytes dequants", bnb_dequants);
+  if (state_dequants > 0) {
+    out += fmt::format(", {} dequants with a quant state (bitsandbytes, compressed-tensors)",
+                       state_dequants);
+  }
   out += "\n";
   out += fmt::format("  device map: {}\n", devices.device_map.ToJson());
   for (const std::string& w : warnings) out += fmt::format("  warning: {}\n", w);

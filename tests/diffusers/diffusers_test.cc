@@ -609,6 +609,51 @@ TEST_CASE("sharded_quantized_checkpoint: bitsandbytes shards load into a dequant
   }
 }
 
+// Linear layers shaped as the compressed-tensors fixture (tests/fixtures/make_ct_fixtures.py).
+struct PackQuantizedModelImpl : torch::nn::Module {
+  PackQuantizedModelImpl() {
+    for (const auto& [name, out, in] : kLayers) {
+      register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
+    }
+  }
+  struct Layer {
+    const char* name;
+    int64_t out, in;
+  };
+  static constexpr Layer kLayers[] = {{"sym4_group", 16, 256},   {"asym4_group", 196, 128},
+                                      {"sym8_channel", 8, 96},   {"asym8_channel", 10, 64},
+                                      {"sym2_group", 6, 100},    {"gidx4", 16, 128}};
+};
+TORCH_MODULE(PackQuantizedModel);
+
+TEST_CASE("pack_quantized_checkpoint: M.weight_packed loads into M.weight, dequantized",
+          "[diffusers]") {
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/ct";
+  auto expected = libtorch::LoadStateDict(fixtures + "/expected.safetensors");
+  REQUIRE_OK(expected);
+  PackQuantizedModel model;
+  TorchLoadOptions opt;
+  opt.dtype = at::kBFloat16;
+  opt.strict = true;  // weight_packed is the model's weight; scales, shapes, zero points its state
+  auto report = LoadInto(*model, fixtures + "/pack.safetensors", opt);
+  REQUIRE_OK(report);
+  CHECK(report->missing_keys.empty());
+  CHECK(report->unexpected_keys.empty());
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    const torch::Tensor& p = item.value();
+    INFO(name);
+    const torch::Tensor want = expected->at(name + ".bf16");
+    REQUIRE(want.defined());
+    CHECK(p.scalar_type() == at::kBFloat16);
+    CHECK(torch::equal(p, want));
+  }
+  auto sd = libtorch::LoadStateDict(fixtures + "/pack.safetensors", opt);  // the decoded names
+  REQUIRE_OK(sd);
+  CHECK(sd->at("gidx4.weight").defined());
+  CHECK_FALSE(sd->at("gidx4.weight_packed").defined());
+}
+
 TEST_CASE("LoadStateDict hands over loadstone's memory", "[diffusers]") {
   auto model = Fresh<AutoencoderKL>(1);
   TempDir dir;

@@ -9,8 +9,9 @@ the same files with --dtype bf16 (and a 40 MiB safetensors checkpoint the refere
 that tensors are loaded in pieces and batches) and compare with ml_dtypes' casts of the f32
 output; and a folder output with --max-shard-size, its shards and index as Hugging Face names
 them, the index's weight_map covering every tensor once. Last, quantized checkpoints with
---dtype: GGUF blocks (tests/fixtures/gguf/dequant) and bitsandbytes nf4/fp4/int8
-(tests/fixtures/bnb, sharded included) come out dequantized, their quant state dropped, equal bit
+--dtype: GGUF blocks (tests/fixtures/gguf/dequant), bitsandbytes nf4/fp4/int8
+(tests/fixtures/bnb, sharded included) and compressed-tensors pack-quantized weights
+(tests/fixtures/ct, written as M.weight) come out dequantized, their quant state dropped, equal bit
 for bit to what the producers decode them to (the fixtures' expected*.safetensors).
 
 Usage: convert_check.py --loadstone PATH
@@ -127,6 +128,8 @@ def check_quantized(loadstone, tmp):
         (os.path.join(bnb, "sharded"), os.path.join(bnb, "expected.safetensors"), []),
         (os.path.join(bnb, "bnb8.safetensors"), os.path.join(bnb, "expected8.safetensors"),
          ["int8a.bias", "int8b.bias"]),
+        (os.path.join(FIXTURES, "ct", "pack.safetensors"),
+         os.path.join(FIXTURES, "ct", "expected.safetensors"), []),
     ]
     for src, expected_path, plain in cases:
         expected = load_file(expected_path)

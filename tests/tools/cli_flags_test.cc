@@ -443,6 +443,15 @@ TEST_CASE("cli: bitsandbytes weights: inspect shows the scheme, plan --json the 
   const auto stored = RunCli("convert " + bnb4 + " " + dir.Path("stored.safetensors") + " --json");
   REQUIRE(stored.code == 0);
   CHECK(nlohmann::json::parse(stored.out).at("tensors") == 42);
+  // compressed-tensors: the scheme, and the name the weight has once decoded.
+  const std::string ct = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/ct/pack.safetensors";
+  const auto ct_inspect = RunCli("inspect " + ct);
+  CHECK(ct_inspect.out.find("gidx4.weight_packed              ct-int4  [16, 128]") !=
+        std::string::npos);
+  const auto ct_convert = RunCli("convert " + ct + " " + dir.Path("ct.safetensors") + " --dtype bf16");
+  REQUIRE(ct_convert.code == 0);
+  const auto ct_out = RunCli("inspect " + dir.Path("ct.safetensors") + " --json");
+  CHECK(ct_out.out.find("\"gidx4.weight\"") != std::string::npos);
   // On a (simulated) GPU: decoded by the workers, copied to the device.
   const auto gpu = RunCli("load " + bnb4 + " --device-map cuda:0 --assume-gpus 1x8GiB --dtype bf16 --json");
   INFO(gpu.err);

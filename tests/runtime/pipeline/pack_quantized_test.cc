@@ -1,0 +1,202 @@
+// compressed-tensors pack-quantized checkpoints (tests/fixtures/make_ct_fixtures.py:
+// compressed-tensors 0.12.2's own quantize, packing and dequantize) loaded and dequantized, on
+// the CPU and on a simulated GPU, against compressed-tensors' decode, bit for bit; hostile
+// quant states refused.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/loader.h"
+#include "loadstone/plan.h"
+#include "loadstone/writer.h"
+#include "runtime/sim/simulated_platform.h"
+#include "testing/file_bytes.h"
+#include "testing/temp_dir.h"
+
+namespace loadstone {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FileBytes;
+using testing::TempDir;
+const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/ct";
+const std::vector<std::string> kCases = {"sym4_group",    "asym4_group", "sym8_channel",
+                                         "asym8_channel", "sym2_group",  "gidx4"};
+
+Checkpoint Open(const fs::path& path) {
+  auto ckpt = Checkpoint::Open(path.string());
+  INFO(ckpt.status().ToString());
+  REQUIRE(ckpt.ok());
+  return *ckpt;
+}
+
+std::string Suffix(DType dtype) {
+  return dtype == DType::kF32 ? "f32" : dtype == DType::kBF16 ? "bf16" : "f16";
+}
+
+std::vector<std::byte> HostBytes(const Tensor& t) {
+  std::vector<std::byte> out(t.nbytes());
+  REQUIRE(t.CopyToHost(out).ok());
+  return out;
+}
+
+TEST_CASE("pack-quantized: the catalog reads shapes, zero points and activation order", "[quant]") {
+  const Checkpoint ckpt = Open(kFixtures / "pack.safetensors");
+  const TensorInfo& asym = *ckpt.Find("asym4_group.weight_packed");
+  REQUIRE((asym.packed && asym.packed->packed_int));
+  CHECK(asym.packed->scheme == "ct-int4");
+  CHECK(asym.packed->element_shape == std::vector<uint64_t>{196, 128});
+  CHECK(asym.packed->decoded_name == "asym4_group.weight");
+  const PackedIntState& s = *asym.packed->packed_int;
+  CHECK(s.bits == 4);
+  CHECK(s.groups == 4);
+  CHECK(s.group_size == 32);
+  CHECK(s.zero_point.size() == 196 * 4);
+  CHECK(s.companions.front() == "asym4_group.weight_scale");
+  CHECK(ckpt.Find("sym2_group.weight_packed")->packed->scheme == "ct-int2");
+  CHECK(ckpt.Find("sym8_channel.weight_packed")->packed->packed_int->scale_dtype == DType::kF16);
+  CHECK(ckpt.Find("gidx4.weight_packed")->packed->packed_int->g_idx.size() == 128);
+}
+
+TEST_CASE("pack-quantized: every case dequantizes as compressed-tensors does, bit for bit",
+          "[quant]") {
+  const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
+  const uint64_t max_chunk = GENERATE(uint64_t{16} << 20, uint64_t{4096});
+  const bool gpu = GENERATE(false, true);
+  INFO(Suffix(dtype) << ", max_chunk " << max_chunk << (gpu ? ", simulated cuda:0" : ""));
+  const Checkpoint ckpt = Open(kFixtures / "pack.safetensors");
+  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  PlanOptions opt;
+  opt.dtype = dtype;
+  opt.max_chunk = max_chunk;
+  if (gpu) {
+    opt.platform = SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30}, 8ULL << 30});
+    opt.device_map = "cuda:0";
+  }
+  auto plan = Plan(ckpt, opt);
+  INFO(plan.status().ToString());
+  REQUIRE(plan.ok());
+  size_t decoded = 0;
+  for (uint32_t i = 0; i < plan->tensors.size(); ++i) {
+    const TensorPlan& tp = plan->tensors[i];
+    const std::string& name = ckpt.tensors()[tp.source].name;
+    if (tp.conversion == Conversion::kDequantPackedInt) {
+      ++decoded;
+      CHECK(plan->device_of(tp.scale) == Device::Cpu());
+    } else {  // scales, shapes, zero points, g_idx: as stored
+      CHECK(tp.conversion == Conversion::kNone);
+      CHECK(name.find(".weight_") != std::string::npos);
+    }
+  }
+  CHECK(decoded == kCases.size());
+  LoaderOptions lo;
+  lo.platform = opt.platform;
+  Loader loader(lo);
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Status done = load.Done().get();
+  INFO(done.ToString());
+  REQUIRE(done.ok());
+  for (const std::string& c : kCases) {
+    INFO(c);
+    const Tensor& got = load.Tensor(c + ".weight_packed").get();
+    const TensorInfo& want = *expected.Find(c + ".weight." + Suffix(dtype));
+    CHECK(got.dtype() == dtype);
+    CHECK(got.shape() == want.shape);
+    CHECK(got.device() == (gpu ? "cuda:0" : "cpu"));
+    CHECK(HostBytes(got) == FileBytes(expected, want));
+  }
+}
+
+// The fixture's `asym4_group` tensors with `edit` applied, written as one file.
+using Edit = std::function<void(std::vector<TensorToWrite>*, std::vector<std::vector<std::byte>>*)>;
+std::string Hostile(const TempDir& dir, const Edit& edit) {
+  const Checkpoint ckpt = Open(kFixtures / "pack.safetensors");
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorToWrite> tensors;
+  data.reserve(ckpt.tensors().size() + 4);
+  for (const TensorInfo& t : ckpt.tensors()) {
+    if (t.name.rfind("asym4_group.", 0) != 0) continue;
+    data.push_back(FileBytes(ckpt, t));
+    tensors.push_back({t.name, t.dtype, t.shape, data.back(), {}});
+  }
+  edit(&tensors, &data);
+  const std::string path = dir.Path("hostile.safetensors");
+  REQUIRE(WriteSafetensors(path, tensors).ok());
+  return path;
+}
+
+TensorToWrite& Named(std::vector<TensorToWrite>* tensors, const std::string& name) {
+  for (TensorToWrite& t : *tensors) {
+    if (t.name == name) return t;
+  }
+  FAIL("no tensor " << name);
+  return tensors->front();
+}
+
+TEST_CASE("pack-quantized: a hostile quant state is refused naming the tensor", "[quant]") {
+  struct Case {
+    std::string what;
+    Edit edit;
+    StatusCode code;
+    std::string says;
+  };
+  auto shape_of = [](int64_t rows, int64_t cols) {
+    return [rows, cols](std::vector<TensorToWrite>* t, std::vector<std::vector<std::byte>>* d) {
+      std::vector<std::byte> bytes(16);
+      std::memcpy(bytes.data(), &rows, 8);
+      std::memcpy(bytes.data() + 8, &cols, 8);
+      d->push_back(bytes);
+      Named(t, "asym4_group.weight_shape").data = d->back();
+    };
+  };
+  const std::vector<Case> cases = {
+      {"no weight_shape",
+       [](auto* t, auto*) {
+         std::erase_if(*t,
+                       [](const TensorToWrite& x) { return x.name == "asym4_group.weight_shape"; });
+       },
+       StatusCode::kNotFound, "asym4_group.weight_shape"},
+      {"rows that disagree", shape_of(195, 128), StatusCode::kCorruption, "has 196 rows"},
+      {"columns no width packs", shape_of(196, 1000), StatusCode::kCorruption, "no code width"},
+      {"a negative dimension", shape_of(-196, 128), StatusCode::kCorruption, "positive"},
+      {"scales of another shape",
+       [](auto* t, auto*) {
+         TensorToWrite& s = Named(t, "asym4_group.weight_scale");
+         s.shape = {98, 8};
+       },
+       StatusCode::kCorruption, "asym4_group.weight_scale"},
+      {"zero points unpacked",
+       [](auto* t, auto*) {
+         TensorToWrite& z = Named(t, "asym4_group.weight_zero_point");
+         z.shape = {50, 2};
+       },
+       StatusCode::kCorruption, "packed along the output dim"},
+      {"a g_idx outside the groups",
+       [](auto* t, auto* d) {
+         std::vector<std::byte> bytes(128 * 4);
+         const int32_t bad = 9;
+         std::memcpy(bytes.data() + 4 * 5, &bad, 4);
+         d->push_back(bytes);
+         t->push_back({"asym4_group.weight_g_idx", DType::kI32, {128}, d->back(), {}});
+       },
+       StatusCode::kCorruption, "column 5 group 9"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    TempDir dir;
+    auto ckpt = Checkpoint::Open(Hostile(dir, c.edit));
+    REQUIRE_FALSE(ckpt.ok());
+    INFO(ckpt.status().ToString());
+    CHECK(ckpt.status().code() == c.code);
+    CHECK_THAT(std::string(ckpt.status().message()), Catch::Contains(c.says));
+  }
+  TempDir dir;
+  CHECK(Checkpoint::Open(Hostile(dir, [](auto*, auto*) {})).ok());
+}
+
+}  // namespace
+}  // namespace loadstone
