@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 
@@ -23,24 +24,59 @@ uint32_t Decoded(int32_t diff, uint32_t scale_bits, DType scale_dtype) {
                                       : p;
 }
 
+// One division per row and per group, shifts within a word: the code widths are powers of two.
 template <typename Out, Out (*Encode)(uint32_t)>
 void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word, uint64_t first,
             uint64_t count, const std::byte* scales, std::byte* dst) {
   const uint64_t per_word = 32 / s.bits, row_words = WordsPerRow(s);
+  const unsigned word_shift = static_cast<unsigned>(std::countr_zero(per_word));
   const uint32_t mask = (1u << s.bits) - 1;
   const int32_t offset = 1 << (s.bits - 1);
   const uint64_t scale_bytes = DTypeBits(s.scale_dtype) / 8;
-  for (uint64_t e = first, end = first + count; e < end; ++e) {
-    const uint64_t r = e / s.cols, c = e % s.cols;
-    uint32_t word;
-    std::memcpy(&word, words + 4 * (r * row_words + c / per_word - first_word), 4);
-    const int32_t q = static_cast<int32_t>((word >> (s.bits * (c % per_word))) & mask) - offset;
-    const uint64_t g = s.g_idx.empty() ? c / s.group_size : static_cast<uint64_t>(s.g_idx[c]);
-    const int32_t zero = s.zero_point.empty() ? 0 : s.zero_point[r * s.groups + g];
-    uint32_t raw = 0;
-    std::memcpy(&raw, scales + (r * s.groups + g) * scale_bytes, scale_bytes);
-    const Out v = Encode(Decoded(q - zero, Fp8ScaleToF32Bits(raw, s.scale_dtype), s.scale_dtype));
-    std::memcpy(dst + (e - first) * sizeof(Out), &v, sizeof(Out));
+  std::byte* out = dst;
+  for (uint64_t e = first, end = first + count; e < end;) {
+    const uint64_t r = e / s.cols;
+    const uint64_t c_begin = e - r * s.cols;
+    const uint64_t c_end = std::min(s.cols, c_begin + (end - e));
+    // Word index of column c: base + (c >> word_shift), never negative (the sum is taken in
+    // unsigned arithmetic, so a piece that starts mid-row wraps base and the sum back).
+    const uint64_t base = r * row_words - first_word;
+    uint64_t group = UINT64_MAX, group_end = 0;
+    uint32_t scale_bits = 0;
+    int32_t zero = 0;
+    std::array<Out, 16> lut{};  // 2- and 4-bit codes: every output of the group, computed once
+    auto use_group = [&](uint64_t g) {
+      group = g;
+      uint32_t raw = 0;
+      std::memcpy(&raw, scales + (r * s.groups + g) * scale_bytes, scale_bytes);
+      scale_bits = Fp8ScaleToF32Bits(raw, s.scale_dtype);
+      zero = s.zero_point.empty() ? 0 : s.zero_point[r * s.groups + g];
+      if (s.bits <= 4) {
+        for (uint32_t u = 0; u <= mask; ++u) {
+          lut[u] =
+              Encode(Decoded(static_cast<int32_t>(u) - offset - zero, scale_bits, s.scale_dtype));
+        }
+      }
+    };
+    for (uint64_t c = c_begin; c < c_end; ++c) {
+      if (!s.g_idx.empty()) {
+        const auto g = static_cast<uint64_t>(s.g_idx[c]);
+        if (g != group) use_group(g);
+      } else if (c >= group_end) {
+        use_group(c / s.group_size);
+        group_end = (group + 1) * s.group_size;
+      }
+      uint32_t word;
+      std::memcpy(&word, words + 4 * (base + (c >> word_shift)), 4);
+      const uint32_t u = (word >> (s.bits * (c & (per_word - 1)))) & mask;
+      const Out v =
+          s.bits <= 4
+              ? lut[u]
+              : Encode(Decoded(static_cast<int32_t>(u) - offset - zero, scale_bits, s.scale_dtype));
+      std::memcpy(out, &v, sizeof(Out));
+      out += sizeof(Out);
+    }
+    e += c_end - c_begin;
   }
 }
 
