@@ -186,9 +186,7 @@ class Cataloger {
   }
 
  private:
-  std::string Where(const TensorInfo& t) const {
-    return fmt::format("tensor '{}' (file '{}', offset {})", t.name, files_[t.file].path, t.offset);
-  }
+  std::string Where(const TensorInfo& t) const { return TensorAt(files_, t); }
   Status Refused(const TensorInfo& t, std::string_view why) const {
     return Status::Corruption(fmt::format("bitsandbytes 4-bit {} {}", Where(t), why));
   }

@@ -3,10 +3,13 @@
 #ifndef LOADSTONE_IO_FORMATS_SMALL_READS_H_
 #define LOADSTONE_IO_FORMATS_SMALL_READS_H_
 
+#include <fmt/format.h>
+
 #include <array>
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "io/file.h"
@@ -14,6 +17,11 @@
 #include "loadstone/status.h"
 
 namespace loadstone::io {
+
+// "tensor 'NAME' (file 'PATH', offset N)": how a catalog's errors name a tensor.
+inline std::string TensorAt(const std::vector<CheckpointFile>& files, const TensorInfo& t) {
+  return fmt::format("tensor '{}' (file '{}', offset {})", t.name, files[t.file].path, t.offset);
+}
 
 class SmallReads {
  public:

@@ -22,6 +22,7 @@
 #include "runtime/pipeline/test_platform.h"
 #include "runtime/sim/simulated_platform.h"
 #include "testing/file_bytes.h"
+#include "testing/rewritten_checkpoint.h"
 #include "testing/temp_dir.h"
 
 namespace loadstone {
@@ -29,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::FileBytes;
+using testing::Named;
 using testing::TempDir;
 const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/bnb";
 
@@ -399,45 +401,16 @@ TEST_CASE("bnb4: a catalog view without a weight's quant state is refused, not m
   CHECK_THAT(std::string(plan.status().message()), Catch::Contains("nf4.weight.absmax"));
 }
 
-// The fixture's tensors with `edit` applied, written as one safetensors file.
-std::string Hostile(const TempDir& dir,
-                    const std::function<void(std::vector<TensorToWrite>*,
-                                             std::vector<std::vector<std::byte>>*)>& edit) {
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
-  std::vector<std::vector<std::byte>> data;
-  std::vector<TensorToWrite> tensors;
-  data.reserve(ckpt.tensors().size() + 4);
-  for (const TensorInfo& t : ckpt.tensors()) {
-    if (t.name.rfind("nf4.weight", 0) != 0) continue;  // one weight and its state
-    data.push_back(FileBytes(ckpt, t));
-    tensors.push_back({t.name, t.dtype, t.shape, data.back(), {}});
-  }
-  edit(&tensors, &data);
-  const std::string path = dir.Path("hostile.safetensors");
-  REQUIRE(WriteSafetensors(path, tensors).ok());
-  return path;
-}
-
-TensorToWrite* Named(std::vector<TensorToWrite>* tensors, const std::string& name) {
-  for (TensorToWrite& t : *tensors) {
-    if (t.name == name) return &t;
-  }
-  FAIL("no tensor " << name);
-  return nullptr;
-}
-
 void SetState(std::vector<TensorToWrite>* tensors, std::vector<std::vector<std::byte>>* data,
               const std::string& json) {
-  TensorToWrite* state = Named(tensors, "nf4.weight.quant_state.bitsandbytes__nf4");
+  TensorToWrite& state = Named(tensors, "nf4.weight.quant_state.bitsandbytes__nf4");
   data->emplace_back(reinterpret_cast<const std::byte*>(json.data()),
                      reinterpret_cast<const std::byte*>(json.data()) + json.size());
-  state->data = data->back();
-  state->shape = {json.size()};
+  state.data = data->back();
+  state.shape = {json.size()};
 }
 
 TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
-  using Edit =
-      std::function<void(std::vector<TensorToWrite>*, std::vector<std::vector<std::byte>>*)>;
   const nlohmann::json good = {
       {"quant_type", "nf4"}, {"blocksize", 64}, {"dtype", "bfloat16"}, {"shape", {16, 24}}};
   auto with = [&](const std::string& key, const nlohmann::json& value) {
@@ -445,13 +418,7 @@ TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
     doc[key] = value;
     return doc.dump();
   };
-  struct Case {
-    std::string what;
-    Edit edit;
-    StatusCode code;
-    std::string says;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<testing::RefusedCase> cases = {
       {"not JSON", [](auto* t, auto* d) { SetState(t, d, "{\"quant_type\": "); },
        StatusCode::kCorruption, "nf4.weight.quant_state"},
       {"blocksize 48", [&](auto* t, auto* d) { SetState(t, d, with("blocksize", 48)); },
@@ -487,18 +454,18 @@ TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
        StatusCode::kNotFound, "nf4.weight.absmax"},
       {"absmax too short",
        [](auto* t, auto*) {
-         TensorToWrite* a = Named(t, "nf4.weight.absmax");
-         a->shape = {5};
-         a->data = a->data.subspan(0, 20);
+         TensorToWrite& a = Named(t, "nf4.weight.absmax");
+         a.shape = {5};
+         a.data = a.data.subspan(0, 20);
        },
        StatusCode::kCorruption, "needs float32 of 6"},
       {"a quant_map that is not NF4",
        [](auto* t, auto* d) {
-         TensorToWrite* m = Named(t, "nf4.weight.quant_map");
-         d->emplace_back(m->data.begin(), m->data.end());
+         TensorToWrite& m = Named(t, "nf4.weight.quant_map");
+         d->emplace_back(m.data.begin(), m.data.end());
          const float other = 0.5f;
          std::memcpy(d->back().data() + 4, &other, 4);
-         m->data = d->back();
+         m.data = d->back();
        },
        StatusCode::kCorruption, "code 1"},
       {"no weight",
@@ -507,19 +474,8 @@ TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
        },
        StatusCode::kNotFound, "'nf4.weight'"},
   };
-  for (const Case& c : cases) {
-    INFO(c.what);
-    TempDir dir;
-    const std::string path = Hostile(dir, c.edit);
-    auto ckpt = Checkpoint::Open(path);
-    REQUIRE_FALSE(ckpt.ok());
-    INFO(ckpt.status().ToString());
-    CHECK(ckpt.status().code() == c.code);
-    CHECK_THAT(std::string(ckpt.status().message()), Catch::Contains(c.says));
-  }
-  // The untouched weight opens: the edits above are what is refused.
-  TempDir dir;
-  CHECK(Checkpoint::Open(Hostile(dir, [](auto*, auto*) {})).ok());
+  // One weight and its state ("nf4.weight*"), edited.
+  testing::CheckRefused(Open(kFixtures / "bnb4.safetensors"), "nf4.weight", cases);
 }
 
 }  // namespace

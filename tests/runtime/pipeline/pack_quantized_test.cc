@@ -15,6 +15,7 @@
 #include "loadstone/writer.h"
 #include "runtime/sim/simulated_platform.h"
 #include "testing/file_bytes.h"
+#include "testing/rewritten_checkpoint.h"
 #include "testing/temp_dir.h"
 
 namespace loadstone {
@@ -22,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::FileBytes;
+using testing::Named;
 using testing::TempDir;
 const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/ct";
 const std::vector<std::string> kCases = {"sym4_group",    "asym4_group", "sym8_channel",
@@ -111,39 +113,7 @@ TEST_CASE("pack-quantized: every case dequantizes as compressed-tensors does, bi
   }
 }
 
-// The fixture's `asym4_group` tensors with `edit` applied, written as one file.
-using Edit = std::function<void(std::vector<TensorToWrite>*, std::vector<std::vector<std::byte>>*)>;
-std::string Hostile(const TempDir& dir, const Edit& edit) {
-  const Checkpoint ckpt = Open(kFixtures / "pack.safetensors");
-  std::vector<std::vector<std::byte>> data;
-  std::vector<TensorToWrite> tensors;
-  data.reserve(ckpt.tensors().size() + 4);
-  for (const TensorInfo& t : ckpt.tensors()) {
-    if (t.name.rfind("asym4_group.", 0) != 0) continue;
-    data.push_back(FileBytes(ckpt, t));
-    tensors.push_back({t.name, t.dtype, t.shape, data.back(), {}});
-  }
-  edit(&tensors, &data);
-  const std::string path = dir.Path("hostile.safetensors");
-  REQUIRE(WriteSafetensors(path, tensors).ok());
-  return path;
-}
-
-TensorToWrite& Named(std::vector<TensorToWrite>* tensors, const std::string& name) {
-  for (TensorToWrite& t : *tensors) {
-    if (t.name == name) return t;
-  }
-  FAIL("no tensor " << name);
-  return tensors->front();
-}
-
 TEST_CASE("pack-quantized: a hostile quant state is refused naming the tensor", "[quant]") {
-  struct Case {
-    std::string what;
-    Edit edit;
-    StatusCode code;
-    std::string says;
-  };
   auto shape_of = [](int64_t rows, int64_t cols) {
     return [rows, cols](std::vector<TensorToWrite>* t, std::vector<std::vector<std::byte>>* d) {
       std::vector<std::byte> bytes(16);
@@ -153,7 +123,7 @@ TEST_CASE("pack-quantized: a hostile quant state is refused naming the tensor", 
       Named(t, "asym4_group.weight_shape").data = d->back();
     };
   };
-  const std::vector<Case> cases = {
+  const std::vector<testing::RefusedCase> cases = {
       {"no weight_shape",
        [](auto* t, auto*) {
          std::erase_if(*t,
@@ -185,17 +155,7 @@ TEST_CASE("pack-quantized: a hostile quant state is refused naming the tensor", 
        },
        StatusCode::kCorruption, "column 5 group 9"},
   };
-  for (const Case& c : cases) {
-    INFO(c.what);
-    TempDir dir;
-    auto ckpt = Checkpoint::Open(Hostile(dir, c.edit));
-    REQUIRE_FALSE(ckpt.ok());
-    INFO(ckpt.status().ToString());
-    CHECK(ckpt.status().code() == c.code);
-    CHECK_THAT(std::string(ckpt.status().message()), Catch::Contains(c.says));
-  }
-  TempDir dir;
-  CHECK(Checkpoint::Open(Hostile(dir, [](auto*, auto*) {})).ok());
+  testing::CheckRefused(Open(kFixtures / "pack.safetensors"), "asym4_group.", cases);
 }
 
 }  // namespace

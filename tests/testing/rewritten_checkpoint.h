@@ -1,0 +1,74 @@
+// A hostile variant of a fixture: some of its tensors, edited, written as one safetensors file by
+// loadstone's writer (the edit is the point; the values compared stay the producers').
+#ifndef LOADSTONE_TESTS_TESTING_REWRITTEN_CHECKPOINT_H_
+#define LOADSTONE_TESTS_TESTING_REWRITTEN_CHECKPOINT_H_
+
+#include <catch2/catch.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/writer.h"
+#include "testing/file_bytes.h"
+#include "testing/temp_dir.h"
+
+namespace loadstone::testing {
+
+// Edits the list of tensors to write; new bytes go into `data` (reserved: 16 more never move).
+using TensorEdit = std::function<void(std::vector<TensorToWrite>* tensors,
+                                      std::vector<std::vector<std::byte>>* data)>;
+
+// The tensors of `source` whose names start with `prefix`, `edit`ed, written to
+// DIR/hostile.safetensors.
+inline std::string Rewrite(const Checkpoint& source, const std::string& prefix, const TempDir& dir,
+                           const TensorEdit& edit) {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorToWrite> tensors;
+  data.reserve(source.tensors().size() + 16);
+  for (const TensorInfo& t : source.tensors()) {
+    if (t.name.rfind(prefix, 0) != 0) continue;
+    data.push_back(FileBytes(source, t));
+    tensors.push_back({t.name, t.dtype, t.shape, data.back(), {}});
+  }
+  edit(&tensors, &data);
+  const std::string path = dir.Path("hostile.safetensors");
+  REQUIRE(WriteSafetensors(path, tensors).ok());
+  return path;
+}
+
+// The tensor named `name` of `tensors` (the test fails without one).
+inline TensorToWrite& Named(std::vector<TensorToWrite>* tensors, const std::string& name) {
+  for (TensorToWrite& t : *tensors) {
+    if (t.name == name) return t;
+  }
+  FAIL("no tensor " << name);
+  return tensors->front();
+}
+
+// Each case's rewritten file is refused with `code` and a message containing `says`; the file
+// rewritten without an edit opens.
+struct RefusedCase {
+  std::string what;
+  TensorEdit edit;
+  StatusCode code;
+  std::string says;
+};
+inline void CheckRefused(const Checkpoint& source, const std::string& prefix,
+                         const std::vector<RefusedCase>& cases) {
+  for (const RefusedCase& c : cases) {
+    INFO(c.what);
+    TempDir dir;
+    auto ckpt = Checkpoint::Open(Rewrite(source, prefix, dir, c.edit));
+    REQUIRE_FALSE(ckpt.ok());
+    INFO(ckpt.status().ToString());
+    CHECK(ckpt.status().code() == c.code);
+    CHECK_THAT(std::string(ckpt.status().message()), Catch::Contains(c.says));
+  }
+  TempDir dir;
+  CHECK(Checkpoint::Open(Rewrite(source, prefix, dir, [](auto*, auto*) {})).ok());
+}
+
+}  // namespace loadstone::testing
+
+#endif  // LOADSTONE_TESTS_TESTING_REWRITTEN_CHECKPOINT_H_
