@@ -552,8 +552,8 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
   LoadOptions load_options;
   if (options.copy_into_parameters) {
     for (const std::string& name : include) {
-      const at::Tensor& param = target.at(name);
       const TensorInfo& t = *checkpoint.Find(name);
+      const at::Tensor& param = target.at(StateDictName(t));
       auto special = rule.special.find(name);
       const DType loads_as = special != rule.special.end() ? special->second : t.dtype;
       auto param_dtype = FromScalarType(param.scalar_type());
@@ -567,7 +567,7 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
     // neither call LibTorch nor throw.
     std::unordered_map<std::string_view, std::span<std::byte>> memory;
     for (const std::string& name : direct) {
-      const at::Tensor& param = target.at(name);
+      const at::Tensor& param = target.at(StateDictName(*checkpoint.Find(name)));
       memory.emplace(name, std::span<std::byte>(static_cast<std::byte*>(param.data_ptr()), param.nbytes()));
     }
     load_options.destination = [memory = std::move(memory)](const TensorInfo& t, const TensorPlan&) {

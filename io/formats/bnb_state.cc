@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -83,8 +84,9 @@ Result<StateDoc> ParseState(const nlohmann::json& doc, const std::string& what) 
   if (ndt == doc.end() || !ndt->is_string() || ndt->get<std::string>() != "float32") {
     return fail("nested_dtype is not \"float32\"");
   }
-  if (off == doc.end() || !off->is_number() || !std::isfinite(off->get<double>())) {
-    return fail("nested_offset is not a finite number");
+  if (off == doc.end() || !off->is_number() || !std::isfinite(off->get<double>()) ||
+      std::fabs(off->get<double>()) > std::numeric_limits<float>::max()) {
+    return fail("nested_offset is not a finite float32 number");
   }
   s.nested_blocksize = nbs->get<uint64_t>();
   s.nested_offset = off->get<float>();  // bitsandbytes holds it as a float32 tensor's item()

@@ -52,18 +52,24 @@ class Cataloger {
       return Refused(*weight, fmt::format("has {} rows where '{}' says {}", weight->shape[0],
                                           shape->name, state->rows));
     }
-    for (uint32_t bits : {4u, 8u, 2u}) {  // the width whose words fill the packed rows exactly
-      if (CeilDiv(state->cols * bits, 32) == weight->shape[1]) {
-        state->bits = bits;
-        break;
-      }
-      state->bits = 0;
+    // The width whose words fill the packed rows exactly; with few columns two widths can (8
+    // columns: one word of 2- or 4-bit codes), and a guess would decode wrong values.
+    std::vector<uint32_t> widths;
+    for (uint32_t bits : {2u, 4u, 8u}) {
+      if (CeilDiv(state->cols * bits, 32) == weight->shape[1]) widths.push_back(bits);
     }
-    if (state->bits == 0) {
+    if (widths.empty()) {
       return Refused(*weight, fmt::format("has {} words a row, which no code width of 2, 4 or 8 "
                                           "bits makes of {} columns",
                                           weight->shape[1], state->cols));
     }
+    if (widths.size() > 1) {
+      return Status::Unsupported(fmt::format(
+          "compressed-tensors {}: {} words a row of {} columns fit codes of {} and {} bits, and "
+          "loadstone tells the width from the shape",
+          Where(*weight), weight->shape[1], state->cols, widths[0], widths[1]));
+    }
+    state->bits = widths.front();
     LOADSTONE_RETURN_IF_ERROR(ReadScale(*scale, state.get()));
     state->companions = {scale->name, shape->name};
     if (const TensorInfo* zp = find_(named("weight_zero_point"))) {
@@ -120,7 +126,8 @@ class Cataloger {
     return Status::OK();
   }
 
-  // [out, groups] (group or channel), or [] / [1] (tensor: one scale, every row).
+  // [out, groups] (group or channel). A per-tensor scale ([] or [1]) is refused: loadstone has
+  // not met one in a pack-quantized checkpoint.
   Status ReadScale(const TensorInfo& scale, PackedIntState* state) {
     if (scale.dtype != DType::kF32 && scale.dtype != DType::kBF16 && scale.dtype != DType::kF16) {
       return Refused(scale, fmt::format("is {}; scales are float32, bfloat16 or float16",

@@ -57,6 +57,39 @@ Status CheckQuantState(const Checkpoint& checkpoint, const LoadPlan& plan, const
   const TensorInfo& src = checkpoint.tensors()[tp.source];
   const TensorPlan& absmax = plan.tensors[tp.scale];
   const TensorInfo* want = checkpoint.Find(src.packed->companions().front());
+  // What the decoder indexes, from the state alone (a catalog made by WithTensors can pair a
+  // state with smaller tensors than the one Open checked).
+  const PackedLayout& p = *src.packed;
+  const uint64_t n = src.element_count();
+  Wide needed = 0;
+  bool tables_fit = true;
+  if (p.bnb4) {
+    const uint64_t blocks = p.block_elems ? (n + p.block_elems - 1) / p.block_elems : 0;
+    needed = static_cast<Wide>(blocks) * (p.bnb4->nested ? 1 : 4);
+    tables_fit = p.block_elems > 0 && src.nbytes >= (n + 1) / 2 &&
+                 (!p.bnb4->nested || (p.bnb4->nested_blocksize > 0 &&
+                                      p.bnb4->nested_absmax.size() * uint64_t{p.bnb4->nested_blocksize} >= blocks));
+  } else if (p.bnb8) {
+    tables_fit = src.shape.size() == 2 && src.nbytes >= n;
+    needed = static_cast<Wide>(src.shape.empty() ? 0 : src.shape[0]) * 4;
+  } else if (p.packed_int) {
+    const PackedIntState& s = *p.packed_int;
+    needed = static_cast<Wide>(s.rows) * s.groups * (DTypeBits(s.scale_dtype) / 8);
+    tables_fit = s.groups > 0 && s.group_size > 0 && s.rows * s.cols == n &&
+                 (s.bits == 2 || s.bits == 4 || s.bits == 8) &&
+                 src.nbytes >= s.rows * ((s.cols * s.bits + 31) / 32) * 4 &&
+                 (s.zero_point.empty() || s.zero_point.size() == s.rows * s.groups) &&
+                 (s.g_idx.empty() ||
+                  (s.g_idx.size() == s.cols &&
+                   std::all_of(s.g_idx.begin(), s.g_idx.end(), [&](int32_t g) {
+                     return g >= 0 && static_cast<uint64_t>(g) < s.groups;
+                   }))) &&
+                 checkpoint.tensors()[absmax.source].dtype == s.scale_dtype;
+  }
+  if (!tables_fit || static_cast<Wide>(absmax.nbytes) < needed) {
+    return Refused(fmt::format("tensor '{}' has a quant state that does not fit it or its scales",
+                               src.name));
+  }
   if (want == nullptr || &checkpoint.tensors()[absmax.source] != want ||
       absmax.conversion != Conversion::kNone || plan.targets[absmax.device] != Device::Cpu()) {
     return Refused(fmt::format("tensor '{}' is dequantized without its absmax in host memory",
@@ -132,6 +165,13 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
     return Refused("a read has a route that cannot be planned");
   }
   const TensorInfo& first = checkpoint.tensors()[plan.tensors[r.tensors.front()].source];
+  for (uint32_t t : r.tensors) {  // a weight's conversion never waits for its own read
+    if (UsesScales(plan.tensors[t].conversion) &&
+        std::find(r.tensors.begin(), r.tensors.end(), plan.tensors[t].scale) != r.tensors.end()) {
+      return Refused(fmt::format("a read holds both tensor '{}' and the scales it waits for",
+                                 checkpoint.tensors()[plan.tensors[t].source].name));
+    }
+  }
   for (uint32_t t : r.tensors) {  // a dequantized packed tensor is read in whole blocks (words)
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
     const Conversion conversion = plan.tensors[t].conversion;

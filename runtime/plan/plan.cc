@@ -375,6 +375,16 @@ class TensorPlanner {
 
   // A weight with scales: the scales first, as stored; a dequantized weight points at them.
   Status AddScalePair(size_t index, const planning::ScalePair& pair) {
+    const TensorInfo& wt = infos_[index];
+    const TensorInfo& sc = infos_[pair.scale];
+    if (wt.file == sc.file && wt.offset < sc.offset + sc.nbytes &&
+        sc.offset < wt.offset + wt.nbytes) {
+      // One read would then hold both, and the weight's conversion wait for itself.
+      return Status::Unsupported(fmt::format(
+          "quantized tensor '{}' shares bytes of '{}' with its scales '{}'; loadstone does not "
+          "dequantize a weight from bytes that are also its scales",
+          wt.name, file_of_(wt), sc.name));
+    }
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t s, Add(pair.scale));
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t w, Add(index));
     if (targets_[index].conversion == Conversion::kNone) return Status::OK();

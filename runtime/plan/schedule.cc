@@ -227,11 +227,15 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
     // A strided tensor is gathered from its whole span at once (Plan() bounds that span); a
     // dequantized packed one is read in whole blocks.
     uint64_t piece = src.strides.empty() ? options.max_chunk : src.nbytes;
-    if (tp.conversion == Conversion::kDequantBlocks) {
-      // Whole blocks, and few enough that the decoded piece fits max_chunk too: for a GPU it is
-      // decoded into host memory first (Placer::Dequantize), up to 8x the bytes read.
-      const uint64_t in_block = src.packed->block_bytes;
-      const uint64_t out_block = uint64_t{src.packed->block_elems} * (DTypeBits(tp.dtype) / 8);
+    if (tp.conversion == Conversion::kDequantBlocks ||
+        (Unpacks(tp.conversion) && plan.device_of(i) != Device::Cpu())) {
+      // Whole blocks (GGUF; a word for compressed-tensors, a byte for bitsandbytes), and, where
+      // a worker decodes into host memory for a device to copy (Placer::Dequantize), few enough
+      // that the decoded piece fits max_chunk too: up to 16x the bytes read.
+      uint64_t in_block = src.packed->block_bytes, elems = src.packed->block_elems;
+      if (tp.conversion == Conversion::kDequantBnb4) in_block = 1, elems = 2;
+      if (tp.conversion == Conversion::kDequantBnb8) in_block = 1, elems = 1;
+      const uint64_t out_block = elems * (DTypeBits(tp.dtype) / 8);
       piece = std::max<uint64_t>(1, options.max_chunk / std::max(out_block, in_block)) * in_block;
     }
     for (uint64_t done = 0; done < src.nbytes; done += piece) {

@@ -648,6 +648,12 @@ TEST_CASE("pack_quantized_checkpoint: M.weight_packed loads into M.weight, dequa
     CHECK(p.scalar_type() == at::kBFloat16);
     CHECK(torch::equal(p, want));
   }
+  // Into the parameters' own memory (the weight-swap case), by their decoded names.
+  PackQuantizedModel swapped;
+  opt.copy_into_parameters = true;
+  REQUIRE_OK(LoadInto(*swapped, fixtures + "/pack.safetensors", opt));
+  CHECK(torch::equal(swapped->named_parameters()["gidx4.weight"], expected->at("gidx4.weight.bf16")));
+  opt.copy_into_parameters = false;
   auto sd = libtorch::LoadStateDict(fixtures + "/pack.safetensors", opt);  // the decoded names
   REQUIRE_OK(sd);
   CHECK(sd->at("gidx4.weight").defined());

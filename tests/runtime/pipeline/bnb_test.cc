@@ -371,6 +371,14 @@ TEST_CASE(
     CHECK(plan->device_of(i) == Device::Cuda(1));
     CHECK(plan->device_of(tp.scale) == Device::Cpu());
   }
+  // A worker decodes each piece into host memory for the device: no piece decodes to more than
+  // max_chunk.
+  for (const ReadChunk& r : plan->reads) {
+    const TensorPlan& tp = plan->tensors[r.tensors.front()];
+    if (!Unpacks(tp.conversion)) continue;
+    const uint64_t per_byte = tp.conversion == Conversion::kDequantBnb4 ? 2 : 1;
+    CHECK(r.length * per_byte * DTypeBits(dtype) / 8 <= opt.max_chunk);
+  }
   CHECK(decoded > 0);
   LoaderOptions lo;
   lo.platform = opt.platform;
@@ -387,6 +395,47 @@ TEST_CASE(
     CHECK(t.shape() == want->shape);
     CHECK(HostBytes(t) == FileBytes(expected, *want));
   }
+}
+
+TEST_CASE("bnb4: a weight whose scales share its bytes is refused, never waits for itself",
+          "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  TensorInfo weight = *ckpt.Find("nf4.weight"), absmax = *ckpt.Find("nf4.weight.absmax");
+  absmax.offset = weight.offset + 8;  // 24 bytes inside the weight's 192
+  std::vector<TensorInfo> tensors = {weight, absmax};
+  for (const std::string& c : weight.packed->companions()) {
+    if (c != absmax.name) tensors.push_back(*ckpt.Find(c));
+  }
+  auto view = ckpt.WithTensors(tensors);
+  REQUIRE(view.ok());
+  PlanOptions opt;
+  opt.dtype = DType::kF32;
+  auto plan = Plan(*view, opt);
+  REQUIRE_FALSE(plan.ok());
+  CHECK(plan.status().code() == StatusCode::kUnsupported);
+  CHECK_THAT(std::string(plan.status().message()), Catch::Contains("shares bytes"));
+}
+
+TEST_CASE("bnb4: an absmax smaller than the state says is refused before any read", "[bnb]") {
+  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  TensorInfo absmax = *ckpt.Find("nf4.weight.absmax");
+  absmax.shape = {2};  // 6 blocks need 6
+  absmax.nbytes = 8;
+  std::vector<TensorInfo> tensors = {*ckpt.Find("nf4.weight"), absmax};
+  for (const std::string& c : ckpt.Find("nf4.weight")->packed->companions()) {
+    if (c != absmax.name) tensors.push_back(*ckpt.Find(c));
+  }
+  auto view = ckpt.WithTensors(tensors);
+  REQUIRE(view.ok());
+  PlanOptions opt;
+  opt.dtype = DType::kF32;
+  auto plan = Plan(*view, opt);
+  REQUIRE(plan.ok());
+  Loader loader;
+  LoadHandle load = loader.Load(*view, *plan);
+  const Status done = load.Done().get();
+  CHECK(done.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(done.message()), Catch::Contains("does not fit it or its scales"));
 }
 
 TEST_CASE("bnb4: a catalog view without a weight's quant state is refused, not misread", "[bnb]") {
@@ -438,6 +487,15 @@ TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
          SetState(t, d, with("shape", {uint64_t{1} << 40, uint64_t{1} << 40}));
        },
        StatusCode::kCorruption, "2^62"},
+      {"a nested offset beyond float32",
+       [&](auto* t, auto* d) {
+         nlohmann::json doc = good;
+         doc["nested_blocksize"] = 256;
+         doc["nested_dtype"] = "float32";
+         doc["nested_offset"] = 1e300;
+         SetState(t, d, doc.dump());
+       },
+       StatusCode::kCorruption, "finite float32"},
       {"nested without its tables",
        [&](auto* t, auto* d) {
          nlohmann::json doc = good;

@@ -145,6 +145,14 @@ TEST_CASE("pack-quantized: a hostile quant state is refused naming the tensor", 
          z.shape = {50, 2};
        },
        StatusCode::kCorruption, "packed along the output dim"},
+      {"8 columns: 2- or 4-bit codes alike",
+       [&](auto* t, auto* d) {
+         shape_of(196, 8)(t, d);
+         TensorToWrite& w = Named(t, "asym4_group.weight_packed");
+         w.shape = {196, 1};
+         w.data = w.data.subspan(0, 196 * 4);
+       },
+       StatusCode::kUnsupported, "fit codes of 2 and 4 bits"},
       {"a g_idx outside the groups",
        [](auto* t, auto* d) {
          std::vector<std::byte> bytes(128 * 4);
