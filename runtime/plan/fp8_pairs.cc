@@ -1,4 +1,5 @@
-// Which float8 weights are dequantized with which scales (plan.h, PlanOptions::fp8_block).
+// Which float8 weights are dequantized with which scales (plan.h, PlanOptions::fp8_block), and
+// which quantized weights with which quant state.
 #include "runtime/plan/fp8_pairs.h"
 
 #include <fmt/format.h>
@@ -86,5 +87,26 @@ Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
   return pairs;
 }
 
+Status PairQuantStates(const Checkpoint& checkpoint, std::map<size_t, ScalePair>* pairs,
+                       std::vector<bool>* keep_stored) {
+  const auto& infos = checkpoint.tensors();
+  for (size_t w = 0; w < infos.size(); ++w) {
+    const std::optional<PackedLayout>& packed = infos[w].packed;
+    if (!packed || packed->companions().empty()) continue;
+    for (const std::string& c : packed->companions()) {
+      const TensorInfo* companion = checkpoint.Find(c);
+      if (companion == nullptr) {
+        return Status::InvalidArgument(fmt::format(
+            "tensor '{}' is {}-packed, but its quant-state tensor '{}' is not in the checkpoint; "
+            "list it beside the weight",
+            infos[w].name, packed->scheme, c));
+      }
+      (*keep_stored)[static_cast<size_t>(companion - infos.data())] = true;
+    }
+    const TensorInfo* scales = checkpoint.Find(packed->companions().front());
+    (*pairs)[w] = {static_cast<size_t>(scales - infos.data()), 0, 0};
+  }
+  return Status::OK();
+}
 
 }  // namespace loadstone::planning

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "loadstone/checkpoint.h"
 #include "loadstone/plan.h"
@@ -28,6 +29,13 @@ struct ScalePair {
 Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
                                                 const PlanOptions& options,
                                                 std::array<uint64_t, 2> block);
+
+// Adds the quantized weights with a quant state (PackedLayout::companions(): bitsandbytes,
+// compressed-tensors) to `pairs`, each with its first companion (absmax, SCB, weight_scale) as
+// its scales, and marks every companion in `keep_stored` (indexed like Checkpoint::tensors).
+// Errors: InvalidArgument naming a companion the checkpoint lacks (a WithTensors view).
+Status PairQuantStates(const Checkpoint& checkpoint, std::map<size_t, ScalePair>* pairs,
+                       std::vector<bool>* keep_stored);
 
 }  // namespace loadstone::planning
 

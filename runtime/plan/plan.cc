@@ -447,22 +447,7 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
                              planning::PairFp8Scales(checkpoint, options, plan.fp8_block));
   std::vector<bool> is_scale(infos.size());
   std::vector<bool> keep_stored(infos.size());  // scales and every quant-state tensor
-  for (size_t w = 0; w < infos.size(); ++w) {  // a bitsandbytes weight's absmax goes first
-    const std::optional<PackedLayout>& packed = infos[w].packed;
-    if (!packed || packed->companions().empty()) continue;
-    for (const std::string& c : packed->companions()) {
-      const TensorInfo* companion = checkpoint.Find(c);
-      if (companion == nullptr) {  // a catalog made with Checkpoint::WithTensors can lack it
-        return Status::InvalidArgument(fmt::format(
-            "tensor '{}' is {}-packed, but its quant-state tensor '{}' is not in the checkpoint; "
-            "list it beside the weight",
-            infos[w].name, packed->scheme, c));
-      }
-      keep_stored[static_cast<size_t>(companion - infos.data())] = true;
-    }
-    const TensorInfo* scales = checkpoint.Find(packed->companions().front());
-    scale_pairs[w] = {static_cast<size_t>(scales - infos.data()), 0, 0};
-  }
+  LOADSTONE_RETURN_IF_ERROR(planning::PairQuantStates(checkpoint, &scale_pairs, &keep_stored));
   for (const auto& [w, pair] : scale_pairs) is_scale[pair.scale] = keep_stored[pair.scale] = true;
   LOADSTONE_ASSIGN_OR_RETURN(const std::vector<Target> targets,
                              Targets(infos, options, scale_pairs, keep_stored));
