@@ -39,8 +39,8 @@ std::optional<std::array<uint64_t, 2>> ScaleGrid(const TensorInfo& scale) {
 }  // namespace
 
 Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
-                                                const PlanOptions& options,
-                                                std::array<uint64_t, 2> block) {
+                                                  const PlanOptions& options,
+                                                  std::array<uint64_t, 2> block) {
   std::map<size_t, ScalePair> pairs;
   if (!options.dtype) return pairs;
   const auto& infos = checkpoint.tensors();
@@ -70,8 +70,8 @@ Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
     }
     if (pair.block_rows == 0 || pair.block_cols == 0) {
       const std::string expected =
-          deepseek ? fmt::format("2-D f32 scales of ceil(rows / {}) x ceil(cols / {})",
-                                 block_rows, block_cols)
+          deepseek ? fmt::format("2-D f32 scales of ceil(rows / {}) x ceil(cols / {})", block_rows,
+                                 block_cols)
                    : "f32, bf16 or f16 scales of [] or [1] (per tensor), [rows, 1] (per "
                      "channel), [rows, groups] (per group) or [ceil(rows / R), ceil(cols / C)] "
                      "(per block)";

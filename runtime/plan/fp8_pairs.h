@@ -27,8 +27,8 @@ struct ScalePair {
 // it is per tensor, channel, group or block. Errors: InvalidArgument for a scale that fits no
 // rule (naming both tensors and the fix) or a block with a zero side.
 Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
-                                                const PlanOptions& options,
-                                                std::array<uint64_t, 2> block);
+                                                  const PlanOptions& options,
+                                                  std::array<uint64_t, 2> block);
 
 // Adds the quantized weights with a quant state (PackedLayout::companions(): bitsandbytes,
 // compressed-tensors) to `pairs`, each with its first companion (absmax, SCB, weight_scale) as
