@@ -12,94 +12,21 @@
 #include <fmt/ranges.h>
 
 #include "io/formats/offload_folder.h"
-#include "runtime/convert/bitsandbytes.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
-#include "runtime/convert/gguf_blocks.h"
 #include "runtime/plan/fp8_pairs.h"
 #include "runtime/plan/schedule.h"
+#include "runtime/plan/targets.h"
 #include "runtime/planner/planner.h"
 
 namespace loadstone {
-namespace {
 
-bool IsReducedFloat(DType dtype) { return dtype == DType::kF16 || dtype == DType::kBF16; }
-
-// The dtype and conversion of one tensor, whatever its device.
-struct Target {
-  DType dtype = DType::kF32;
-  Conversion conversion = Conversion::kNone;
-};
-
-// Elements of `t` once loaded by `conversion`: a dequantized packed tensor has those of its
-// element shape; any other tensor those of its catalog shape (a packed one's bytes).
-uint64_t PlacedElements(const TensorInfo& t, Conversion conversion) {
-  return Unpacks(conversion) ? t.element_count() : t.numel();
-}
-
-// The conversion that decodes packed tensor `t` into `to`, or kNone when loadstone cannot.
-Conversion DequantOf(const TensorInfo& t, DType to) {
-  if (t.packed->bnb4) return convert::CanDequantBnb4(to) ? Conversion::kDequantBnb4 : Conversion::kNone;
-  if (t.packed->bnb8) return convert::CanDequantBnb4(to) ? Conversion::kDequantBnb8 : Conversion::kNone;
-  if (t.packed->packed_int) {
-    return convert::CanDequantBnb4(to) ? Conversion::kDequantPackedInt : Conversion::kNone;
-  }
-  return convert::CanDequantGguf(t.packed->scheme, to) ? Conversion::kDequantBlocks
-                                                       : Conversion::kNone;
-}
-
-constexpr std::string_view kDecodable =
-    "GGUF Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K blocks, bitsandbytes nf4/fp4/int8 "
-    "and compressed-tensors pack-quantized weights";
-
-Result<Target> TargetOf(const TensorInfo& t, const PlanOptions& options) {
-  Target out{t.dtype, Conversion::kNone};
-  std::optional<DType> target;
-  if (auto special = options.special_dtypes.find(t.name); special != options.special_dtypes.end()) {
-    if (t.packed && DequantOf(t, special->second) == Conversion::kNone) {
-      return Status::InvalidArgument(fmt::format(
-          "special dtype {} for tensor '{}' ({}-packed): loadstone dequantizes {} into f32, f16 "
-          "or bf16 only",
-          TorchName(special->second), t.name, t.packed->scheme, kDecodable));
-    }
-    if (!t.packed && !convert::CanCast(t.dtype, special->second)) {
-      return Status::InvalidArgument(fmt::format(
-          "special dtype {} for tensor '{}' ({}): loadstone casts f32, f16, bf16, f64 and "
-          "float8 tensors to f32, f16 or bf16 only",
-          TorchName(special->second), t.name, TorchName(t.dtype)));
-    }
-    target = special->second;
-  } else if (options.dtype && (IsFloatingPoint(t.dtype) || t.packed)) {
-    target = *options.dtype;
-    if (IsReducedFloat(*target)) {
-      for (const std::string& pattern : options.keep_in_fp32) {
-        if (MatchesModulePattern(t.name, pattern)) target = DType::kF32;
-      }
-    }
-  }
-  if (t.packed) {  // dequantized when it can be, else as stored (Plan warns)
-    if (target && !options.keep_packed && t.packed->bnb8 && t.packed->bnb8->weight_format != 0) {
-      return Status::Unsupported(fmt::format(
-          "tensor '{}' is an LLM.int8 weight in bitsandbytes' weight_format {} (a GPU tile layout, "
-          "not \"row\"): loadstone dequantizes row-format weights only; save it from bitsandbytes "
-          "in row format, or keep it packed (keep_packed, --keep-packed)",
-          t.name, t.packed->bnb8->weight_format));
-    }
-    if (target && !options.keep_packed && DequantOf(t, *target) != Conversion::kNone) {
-      out = {*target, DequantOf(t, *target)};
-    }
-    return out;
-  }
-  if (target && *target != t.dtype && convert::CanCast(t.dtype, *target)) {
-    out = {*target, Conversion::kCast};
-  } else if (!t.plain_layout()) {
-    out.conversion = Conversion::kRelayout;
-  }
-  return out;
-}
-
-
-}  // namespace
+using planning::DequantOf;
+using planning::IsReducedFloat;
+using planning::kDecodable;
+using planning::PlacedElements;
+using planning::Target;
+using planning::Targets;
 
 bool IsCastTarget(DType dtype) {
   return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
@@ -227,24 +154,6 @@ Status CheckOptions(const PlanOptions& options) {
     return Status::InvalidArgument("max_chunk must be a positive multiple of 4096");
   }
   return Status::OK();
-}
-
-// What each tensor becomes (float8 scales and quant-state tensors: as stored; a scaled float8
-// weight that is converted: dequantized), known before any device is.
-Result<std::vector<Target>> Targets(const std::vector<TensorInfo>& infos, const PlanOptions& options,
-                                    const std::map<size_t, planning::ScalePair>& scale_pairs,
-                                    const std::vector<bool>& keep_stored) {
-  PlanOptions as_stored = options;
-  as_stored.dtype.reset();
-  as_stored.special_dtypes.clear();  // a scale or quant-state tensor is read as it is, whatever asked
-  std::vector<Target> targets(infos.size());
-  for (size_t i = 0; i < infos.size(); ++i) {
-    LOADSTONE_ASSIGN_OR_RETURN(targets[i], TargetOf(infos[i], keep_stored[i] ? as_stored : options));
-    if (scale_pairs.contains(i) && !infos[i].packed && targets[i].conversion != Conversion::kNone) {
-      targets[i].conversion = Conversion::kDequantFp8Block;
-    }
-  }
-  return targets;
 }
 
 // Fills LoadPlan::tensors in priority order: each included tensor's device (its map entry, or
