@@ -19,6 +19,7 @@
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
 #include "loadstone/writer.h"
+#include "runtime/pipeline/test_model.h"
 #include "runtime/pipeline/test_platform.h"
 #include "runtime/sim/simulated_platform.h"
 #include "testing/file_bytes.h"
@@ -30,6 +31,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::FileBytes;
+using testing::HostBytes;
 using testing::Named;
 using testing::TempDir;
 const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/bnb";
@@ -214,17 +216,13 @@ TEST_CASE("bnb int8: LLM.int8 weights dequantize as int8_vectorwise_dequant, bit
 TEST_CASE("bnb int8: a weight in a GPU tile format stays packed or is refused, never misread",
           "[bnb]") {
   TempDir dir;
-  const Checkpoint source = Open(kFixtures / "bnb8.safetensors");
-  std::vector<std::vector<std::byte>> data;
-  std::vector<TensorToWrite> tensors;
-  data.reserve(source.tensors().size());
-  for (const TensorInfo& t : source.tensors()) {
-    data.push_back(FileBytes(source, t));
-    if (t.name == "int8a.weight_format") data.back()[0] = std::byte{1};  // col32
-    tensors.push_back({t.name, t.dtype, t.shape, data.back(), {}});
-  }
-  const std::string path = dir.Path("col32.safetensors");
-  REQUIRE(WriteSafetensors(path, tensors).ok());
+  const std::string path =
+      testing::Rewrite(Open(kFixtures / "bnb8.safetensors"), "", dir, [](auto* t, auto* d) {
+        TensorToWrite& format = Named(t, "int8a.weight_format");
+        d->emplace_back(format.data.begin(), format.data.end());
+        d->back()[0] = std::byte{1};  // col32
+        format.data = d->back();
+      });
   const Checkpoint ckpt = Open(path);
   CHECK(ckpt.Find("int8a.weight")->packed->bnb8->weight_format == 1);
   PlanOptions opt;
@@ -239,35 +237,24 @@ TEST_CASE("bnb int8: a weight in a GPU tile format stays packed or is refused, n
 }
 
 TEST_CASE("bnb int8: an SCB without its weight, or of the wrong shape, is refused", "[bnb]") {
-  const Checkpoint source = Open(kFixtures / "bnb8.safetensors");
-  for (const std::string edit : {"no weight", "short SCB", "float weight"}) {
-    INFO(edit);
-    TempDir dir;
-    std::vector<std::vector<std::byte>> data;
-    std::vector<TensorToWrite> tensors;
-    data.reserve(source.tensors().size());
-    for (const TensorInfo& t : source.tensors()) {
-      if (edit == "no weight" && t.name == "int8a.weight") continue;
-      data.push_back(FileBytes(source, t));
-      TensorToWrite w{t.name, t.dtype, t.shape, data.back(), {}};
-      if (edit == "short SCB" && t.name == "int8a.SCB") {
-        w.shape = {7};
-        w.data = w.data.subspan(0, 28);
-      }
-      if (edit == "float weight" && t.name == "int8a.weight") {
-        w.dtype = DType::kU8;
-      }
-      tensors.push_back(w);
-    }
-    const std::string path = dir.Path("bad.safetensors");
-    REQUIRE(WriteSafetensors(path, tensors).ok());
-    auto ckpt = Checkpoint::Open(path);
-    REQUIRE_FALSE(ckpt.ok());
-    INFO(ckpt.status().ToString());
-    CHECK(ckpt.status().code() ==
-          (edit == "no weight" ? StatusCode::kNotFound : StatusCode::kCorruption));
-    CHECK_THAT(std::string(ckpt.status().message()), Catch::Contains("int8a."));
-  }
+  const std::vector<testing::RefusedCase> cases = {
+      {"no weight",
+       [](auto* t, auto*) {
+         std::erase_if(*t, [](const TensorToWrite& x) { return x.name == "int8a.weight"; });
+       },
+       StatusCode::kNotFound, "int8a."},
+      {"short SCB",
+       [](auto* t, auto*) {
+         TensorToWrite& scb = Named(t, "int8a.SCB");
+         scb.shape = {7};
+         scb.data = scb.data.subspan(0, 28);
+       },
+       StatusCode::kCorruption, "int8a."},
+      {"a weight that is not int8",
+       [](auto* t, auto*) { Named(t, "int8a.weight").dtype = DType::kU8; }, StatusCode::kCorruption,
+       "int8a."},
+  };
+  testing::CheckRefused(Open(kFixtures / "bnb8.safetensors"), "int8a.", cases);
 }
 
 // Counts the bytes each file of a load is asked for.
@@ -336,13 +323,6 @@ TEST_CASE("bnb4: a sharded checkpoint whose companions sit in the other shard lo
     CHECK(bytes[f] >= in_file);
     CHECK(bytes[f] < in_file + 8192);  // at most alignment around the reads
   }
-}
-
-// A tensor's bytes, from whichever device holds them.
-std::vector<std::byte> HostBytes(const Tensor& t) {
-  std::vector<std::byte> out(t.nbytes());
-  REQUIRE(t.CopyToHost(out).ok());
-  return out;
 }
 
 TEST_CASE(
@@ -467,6 +447,13 @@ TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
     doc[key] = value;
     return doc.dump();
   };
+  auto nested = [&](double offset) {  // the good state, declared nested (double quantization)
+    nlohmann::json doc = good;
+    doc["nested_blocksize"] = 256;
+    doc["nested_dtype"] = "float32";
+    doc["nested_offset"] = offset;
+    return doc.dump();
+  };
   const std::vector<testing::RefusedCase> cases = {
       {"not JSON", [](auto* t, auto* d) { SetState(t, d, "{\"quant_type\": "); },
        StatusCode::kCorruption, "nf4.weight.quant_state"},
@@ -487,24 +474,11 @@ TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
          SetState(t, d, with("shape", {uint64_t{1} << 40, uint64_t{1} << 40}));
        },
        StatusCode::kCorruption, "2^62"},
-      {"a nested offset beyond float32",
-       [&](auto* t, auto* d) {
-         nlohmann::json doc = good;
-         doc["nested_blocksize"] = 256;
-         doc["nested_dtype"] = "float32";
-         doc["nested_offset"] = 1e300;
-         SetState(t, d, doc.dump());
-       },
+      {"a nested offset beyond float32", [&](auto* t, auto* d) { SetState(t, d, nested(1e300)); },
        StatusCode::kCorruption, "finite float32"},
-      {"nested without its tables",
-       [&](auto* t, auto* d) {
-         nlohmann::json doc = good;
-         doc["nested_blocksize"] = 256;
-         doc["nested_dtype"] = "float32";
-         doc["nested_offset"] = 0.5;
-         SetState(t, d, doc.dump());
-       },
-       StatusCode::kCorruption, "nf4.weight.absmax"},
+      {"nested without its tables",  // nested, but the absmax is f32 and no nested tables exist
+       [&](auto* t, auto* d) { SetState(t, d, nested(0.5)); }, StatusCode::kCorruption,
+       "nf4.weight.absmax"},
       {"no absmax",
        [](auto* t, auto*) {
          std::erase_if(*t, [](const TensorToWrite& x) { return x.name == "nf4.weight.absmax"; });

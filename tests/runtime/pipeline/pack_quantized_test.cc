@@ -13,6 +13,7 @@
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
 #include "loadstone/writer.h"
+#include "runtime/pipeline/test_model.h"
 #include "runtime/sim/simulated_platform.h"
 #include "testing/file_bytes.h"
 #include "testing/rewritten_checkpoint.h"
@@ -23,6 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::FileBytes;
+using testing::HostBytes;
 using testing::Named;
 using testing::TempDir;
 const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/ct";
@@ -38,12 +40,6 @@ Checkpoint Open(const fs::path& path) {
 
 std::string Suffix(DType dtype) {
   return dtype == DType::kF32 ? "f32" : dtype == DType::kBF16 ? "bf16" : "f16";
-}
-
-std::vector<std::byte> HostBytes(const Tensor& t) {
-  std::vector<std::byte> out(t.nbytes());
-  REQUIRE(t.CopyToHost(out).ok());
-  return out;
 }
 
 TEST_CASE("pack-quantized: the catalog reads shapes, zero points and activation order", "[quant]") {
