@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
       state.groups = state.cols / 128;
       state.group_size = 128;
       state.scale_dtype = DType::kBF16;
-      state.zero_point.assign(state.rows * state.groups, 1);
+      state.zeros.assign(state.rows * state.groups, 9);
       const std::vector<std::byte> scales = RandomBytes(state.rows * state.groups * 2, 0x10, 0x3B, 3);
       std::vector<std::byte> out(state.rows * state.cols * out_elem);
       Measure("ct-int4", to, out.size(), seconds, [&] {

@@ -13,6 +13,7 @@
 #include "io/file.h"
 #include "io/formats/gguf.h"
 #include "io/formats/bnb_state.h"
+#include "io/formats/gptq_awq.h"
 #include "io/formats/hf_config.h"
 #include "io/formats/pack_quantized.h"
 #include "io/formats/hf_index.h"
@@ -361,10 +362,9 @@ Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved) {
     const auto it = impl->by_name.find(name);
     return it == impl->by_name.end() ? nullptr : &impl->tensors[it->second];
   };
-  LOADSTONE_RETURN_IF_ERROR(io::CatalogBitsandbytes(impl->files, &impl->tensors, find));
-  LOADSTONE_RETURN_IF_ERROR(io::CatalogPackQuantized(impl->files, &impl->tensors, find));
   if (!resolved.config_dir.empty()) {
-    const std::string config_path = (std::filesystem::path(resolved.config_dir) / "config.json").string();
+    const std::filesystem::path dir(resolved.config_dir);
+    const std::string config_path = (dir / "config.json").string();
     std::error_code ec;
     if (std::filesystem::is_regular_file(config_path, ec)) {
       auto config = io::ReadModelConfig(config_path);
@@ -375,7 +375,20 @@ Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved) {
                                              config.status().message()));
       }
     }
+    // AutoGPTQ keeps its settings beside the weights when config.json has none.
+    const std::string quantize_path = (dir / "quantize_config.json").string();
+    if (impl->config.quant_method.empty() && std::filesystem::is_regular_file(quantize_path, ec)) {
+      const Status read = io::ReadQuantizeConfig(quantize_path, &impl->config);
+      if (!read.ok()) {
+        impl->warnings.push_back(fmt::format("{}; its settings are not used", read.message()));
+        impl->config.quant_method.clear();
+      }
+    }
   }
+  LOADSTONE_RETURN_IF_ERROR(io::CatalogBitsandbytes(impl->files, &impl->tensors, find));
+  LOADSTONE_RETURN_IF_ERROR(io::CatalogPackQuantized(impl->files, &impl->tensors, find));
+  LOADSTONE_RETURN_IF_ERROR(
+      io::CatalogGptqAwq(impl->files, impl->config, &impl->tensors, find, &impl->warnings));
   impl->resolution = resolved.note.empty()
                          ? fmt::format("{} file(s), {} tensors", impl->files.size(),
                                        impl->tensors.size())
@@ -412,6 +425,15 @@ uint64_t TensorInfo::element_count() const {
   uint64_t n = 1;
   for (uint64_t d : packed->element_shape) n *= d;
   return n;
+}
+
+uint64_t PackedIntState::words() const {
+  switch (order) {
+    case PackOrder::kRows: return rows * ((cols * bits + 31) / 32);
+    case PackOrder::kGptq: return cols * bits / 32 * rows;
+    case PackOrder::kAwq: return cols * (rows * bits / 32);
+  }
+  return 0;
 }
 
 const std::vector<std::string>& PackedLayout::companions() const {

@@ -72,23 +72,49 @@ struct BnbInt8State {
   std::vector<std::string> companions;  // M.SCB, then M.weight_format when present
 };
 
-// A compressed-tensors `pack-quantized` weight `M.weight_packed` (shared/specs/quant.md): int32
-// words of `bits`-bit codes along the input dim, LSB first, each code stored + 2^(bits-1); its
-// scales `M.weight_scale` ([out, groups], f32/bf16/f16: the output's dtype) are loaded with it;
-// `M.weight_shape`, the zero points `M.weight_zero_point` (packed along the output dim) and the
-// activation order `M.weight_g_idx` are read at Open. W = (q - zero) * scale, computed in f32 and
-// rounded to the scale's dtype, as compressed-tensors does.
+// How the words of a packed-integer weight hold its codes (shared/specs/quant.md).
+enum class PackOrder : uint8_t {
+  // compressed-tensors `M.weight_packed` int32 [out, ceil(in * bits / 32)]: along the input dim.
+  kRows,
+  // GPTQ `M.qweight` int32 [in * bits / 32, out]: each column of words holds one output's codes
+  // along the input dim, LSB first, as one bit stream per column (3-bit codes straddle words).
+  kGptq,
+  // AWQ (GEMM) `M.qweight` int32 [in, out / 8]: along the output dim, output 8c + k in nibble
+  // [0, 4, 1, 5, 2, 6, 3, 7][k] of word c.
+  kAwq,
+};
+
+// A weight of `bits`-bit integer codes packed into int32 words, decoded W[r][c] = (q - zero[r][g])
+// * scale[r][g], g = g_idx[c] (or c / group_size), computed in f32 and rounded to the scale's
+// dtype, as the producers do; r is the output row, c the input column. Three producers write it:
+// - compressed-tensors `pack-quantized` `M.weight_packed` (PackOrder::kRows): codes stored
+//   + 2^(bits-1); `M.weight_scale` [out, groups]; `M.weight_shape`, the zero points
+//   `M.weight_zero_point` (packed along the output dim) and `M.weight_g_idx`, read at Open.
+// - GPTQ `M.qweight` (kGptq): `M.scales` [groups, out]; `M.qzeros` (packed like the codes, along
+//   out; v1 checkpoints store zero - 1) and `M.g_idx`, read at Open.
+// - AWQ GEMM `M.qweight` (kAwq): `M.scales` [groups, out]; `M.qzeros` (packed as the codes),
+//   read at Open.
+// The scales (f32/bf16/f16: the output's dtype) are loaded with the weight. The GPTQ and AWQ
+// layouts hold an output row's codes across the whole tensor, so such a weight is read whole.
 struct PackedIntState {
-  uint32_t bits = 4;          // 2, 4 or 8
+  uint32_t bits = 4;          // 2, 4 or 8; 3 for GPTQ
+  PackOrder order = PackOrder::kRows;
   uint64_t rows = 0;          // out
   uint64_t cols = 0;          // in
   uint64_t groups = 1;        // scales per row
-  uint64_t group_size = 0;    // columns a scale covers without g_idx (cols / groups)
+  uint64_t group_size = 0;    // columns a scale covers without g_idx (ceil(cols / groups))
   DType scale_dtype = DType::kBF16;
-  std::vector<int8_t> zero_point;  // rows x groups, signed; empty when symmetric
-  std::vector<int32_t> g_idx;      // the group of each column; empty: c / group_size
-  // M.weight_scale first, then M.weight_shape, M.weight_zero_point, M.weight_g_idx (as present).
+  // The code that decodes to 0 for row r, group g, at [r * groups + g]; empty: 2^(bits-1) for
+  // all (a symmetric compressed-tensors weight).
+  std::vector<int16_t> zeros;
+  std::vector<int32_t> g_idx;  // the group of each column; empty: c / group_size
+  // The scales first (M.weight_scale, M.scales), then the tensors read at Open, as present.
   std::vector<std::string> companions;
+
+  // True when an output row's codes are spread over the whole tensor (GPTQ, AWQ): read whole.
+  bool transposed() const { return order != PackOrder::kRows; }
+  // int32 words the weight has.
+  uint64_t words() const;
 };
 
 // How a block-quantized tensor is stored when it is cataloged packed (a GGUF Q4_K, a bitsandbytes
@@ -98,16 +124,18 @@ struct PackedIntState {
 struct PackedLayout {
   // The producer's name for it: "Q4_0", "Q4_K", ... (GGUF); "bnb-nf4", "bnb-fp4", "bnb-int8"
   // (bitsandbytes; an int8 weight's bytes are its elements, its shape its element shape);
-  // "ct-int4" (and ct-int2, ct-int8: compressed-tensors pack-quantized).
+  // "ct-int4" (and ct-int2, ct-int8: compressed-tensors pack-quantized); "gptq-int4" (GPTQ v1;
+  // "gptq_v2-int4" for v2; 2, 3 and 8 bits too) and "awq-int4".
   std::string scheme;
   std::vector<uint64_t> element_shape;  // its shape in elements, PyTorch order
   uint32_t block_elems = 0;            // elements per block (bitsandbytes: per absmax)
   uint32_t block_bytes = 0;            // bytes per block (bitsandbytes: the last may be partial)
   std::shared_ptr<const Bnb4State> bnb4;      // set for "bnb-nf4" and "bnb-fp4"
   std::shared_ptr<const BnbInt8State> bnb8;   // set for "bnb-int8"
-  std::shared_ptr<const PackedIntState> packed_int;  // set for "ct-int2|4|8"
+  std::shared_ptr<const PackedIntState> packed_int;  // set for "ct-*", "gptq*", "awq-*"
   // The name the weight has once dequantized, when not its own ("M.weight" for compressed-tensors'
-  // "M.weight_packed"): what a state dict, a model and a converted checkpoint call it.
+  // "M.weight_packed" and GPTQ's "M.qweight"): what a state dict, a model and a converted
+  // checkpoint call it.
   std::string decoded_name;
 
   // The tensors of its quant state (bitsandbytes: absmax or SCB first, then the tables), which
@@ -152,6 +180,12 @@ struct ModelConfig {
   std::string quant_method;
   // quantization_config.weight_block_size: the rows x columns one float8 scale covers.
   std::optional<std::array<uint64_t, 2>> weight_block_size;
+  // GPTQ and AWQ settings: `bits` (AWQ: also `w_bit`), `group_size` (-1: one group; AWQ: also
+  // `q_group_size`), `checkpoint_format` ("gptq" = v1, "gptq_v2"), AWQ's `version` ("gemm").
+  std::optional<uint32_t> bits;
+  std::optional<int64_t> group_size;
+  std::string checkpoint_format;
+  std::string version;
 };
 
 struct OpenOptions {

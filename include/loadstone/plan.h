@@ -53,11 +53,12 @@ enum class Conversion {
   // its row absmax (TensorPlan::scale: the SCB tensor, as stored), elementwise, by a CPU worker
   // (runtime/convert/bitsandbytes.h); for a GPU target as kDequantBnb4 does.
   kDequantBnb8,
-  // A compressed-tensors pack-quantized weight (PackedLayout::packed_int) decoded into `dtype`
-  // with its scales (TensorPlan::scale: weight_scale, as stored; the zero points and g_idx are
-  // in the catalog), elementwise by a CPU worker (runtime/convert/packed_int.h), from reads of
-  // whole 32-bit words; for a GPU target as kDequantBnb4 does. Loaded as [out, in]; its name once
-  // decoded is PackedLayout::decoded_name.
+  // A packed-integer weight (PackedLayout::packed_int: compressed-tensors pack-quantized, GPTQ,
+  // AWQ) decoded into `dtype` with its scales (TensorPlan::scale: weight_scale or scales, as
+  // stored; the zero points and g_idx are in the catalog), elementwise by a CPU worker
+  // (runtime/convert/packed_int.h), from reads of whole 32-bit words (GPTQ and AWQ: of the whole
+  // tensor); for a GPU target as kDequantBnb4 does. Loaded as [out, in]; its name once decoded is
+  // PackedLayout::decoded_name.
   kDequantPackedInt,
 };
 

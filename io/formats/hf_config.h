@@ -10,8 +10,14 @@
 namespace loadstone::io {
 
 // Reads `path` (a config.json). Errors: IOError, Corruption (not JSON, larger than 16 MiB, a
-// quantization_config whose weight_block_size is not two positive integers).
+// quantization_config whose weight_block_size is not two positive integers, or whose bits or
+// group_size is not an integer in range).
 Result<ModelConfig> ReadModelConfig(const std::string& path);
+
+// Reads AutoGPTQ's quantize_config.json at `path` (the quantization settings a GPTQ checkpoint
+// without a quantization_config keeps beside its weights) into `config`'s quantization fields;
+// quant_method "gptq" unless it names another. Errors as ReadModelConfig's (larger than 1 MiB).
+Status ReadQuantizeConfig(const std::string& path, ModelConfig* config);
 
 }  // namespace loadstone::io
 

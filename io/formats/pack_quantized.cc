@@ -158,49 +158,23 @@ class Cataloger {
                                      fmt::join(zp.shape, ", "), TorchName(zp.dtype),
                                      CeilDiv(state->rows, per_word), state->groups));
     }
-    if (zp.nbytes > kMaxPackedIntTableBytes) {
-      return Status::Unsupported(
-          fmt::format("{}: {} bytes of zero points are more than the {} "
-                      "loadstone reads at open",
-                      Where(zp), zp.nbytes, kMaxPackedIntTableBytes));
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw, reads_.Bytes(zp));
-    const uint32_t mask = (1u << state->bits) - 1, offset = 1u << (state->bits - 1);
-    state->zero_point.resize(state->rows * state->groups);
+    LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw,
+                               ReadTable(&reads_, files_, zp, "zero points"));
+    const uint32_t mask = (1u << state->bits) - 1;
+    state->zeros.resize(state->rows * state->groups);
     for (uint64_t r = 0; r < state->rows; ++r) {
       for (uint64_t g = 0; g < state->groups; ++g) {
         uint32_t word;
         std::memcpy(&word, raw.data() + 4 * ((r / per_word) * state->groups + g), 4);
         const uint32_t u = (word >> (state->bits * (r % per_word))) & mask;
-        state->zero_point[r * state->groups + g] =
-            static_cast<int8_t>(static_cast<int32_t>(u) - static_cast<int32_t>(offset));
+        state->zeros[r * state->groups + g] = static_cast<int16_t>(u);  // stored + 2^(bits-1)
       }
     }
     return Status::OK();
   }
 
   Status ReadGIdx(const TensorInfo& g_idx, PackedIntState* state) {
-    if (g_idx.dtype != DType::kI32 || g_idx.shape != std::vector<uint64_t>{state->cols} ||
-        !g_idx.plain_layout()) {
-      return Refused(g_idx,
-                     fmt::format("is not int32 [{}] (a group for each column)", state->cols));
-    }
-    if (g_idx.nbytes > kMaxPackedIntTableBytes) {
-      return Status::Unsupported(
-          fmt::format("{}: {} bytes of g_idx are more than the {} loadstone "
-                      "reads at open",
-                      Where(g_idx), g_idx.nbytes, kMaxPackedIntTableBytes));
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw, reads_.Bytes(g_idx));
-    state->g_idx.resize(state->cols);
-    std::memcpy(state->g_idx.data(), raw.data(), raw.size());
-    for (uint64_t c = 0; c < state->cols; ++c) {
-      if (state->g_idx[c] < 0 || static_cast<uint64_t>(state->g_idx[c]) >= state->groups) {
-        return Refused(g_idx, fmt::format("gives column {} group {}; there are {} groups", c,
-                                          state->g_idx[c], state->groups));
-      }
-    }
-    return Status::OK();
+    return ReadGroupIndex(&reads_, files_, g_idx, *state, "compressed-tensors", &state->g_idx);
   }
 
   const std::vector<CheckpointFile>& files_;
@@ -209,6 +183,39 @@ class Cataloger {
 };
 
 }  // namespace
+
+Result<std::vector<std::byte>> ReadTable(SmallReads* reads, const std::vector<CheckpointFile>& files,
+                                         const TensorInfo& t, std::string_view what) {
+  if (t.nbytes > kMaxPackedIntTableBytes) {
+    return Status::Unsupported(fmt::format("{}: {} bytes of {} are more than the {} loadstone "
+                                           "reads at open",
+                                           TensorAt(files, t), t.nbytes, what,
+                                           kMaxPackedIntTableBytes));
+  }
+  return reads->Bytes(t);
+}
+
+Status ReadGroupIndex(SmallReads* reads, const std::vector<CheckpointFile>& files,
+                      const TensorInfo& g_idx, const PackedIntState& state,
+                      std::string_view producer, std::vector<int32_t>* out) {
+  const uint64_t cols = state.cols;
+  if (g_idx.dtype != DType::kI32 || g_idx.shape != std::vector<uint64_t>{cols} ||
+      !g_idx.plain_layout()) {
+    return Status::Corruption(fmt::format("{} {} is not int32 [{}] (a group for each column)",
+                                          producer, TensorAt(files, g_idx), cols));
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw, ReadTable(reads, files, g_idx, "g_idx"));
+  out->resize(cols);
+  std::memcpy(out->data(), raw.data(), raw.size());
+  for (uint64_t c = 0; c < cols; ++c) {
+    if ((*out)[c] < 0 || static_cast<uint64_t>((*out)[c]) >= state.groups) {
+      return Status::Corruption(fmt::format("{} {} gives column {} group {}; there are {} groups",
+                                            producer, TensorAt(files, g_idx), c, (*out)[c],
+                                            state.groups));
+    }
+  }
+  return Status::OK();
+}
 
 Status CatalogPackQuantized(const std::vector<CheckpointFile>& files,
                             std::vector<TensorInfo>* tensors,

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "io/formats/small_reads.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/status.h"
 
@@ -18,6 +19,16 @@ namespace loadstone::io {
 
 // Bound on the zero points and g_idx read at Open, each.
 inline constexpr uint64_t kMaxPackedIntTableBytes = 16 << 20;
+
+// Tensor `t`'s bytes (`what`: how errors call it): Unsupported beyond kMaxPackedIntTableBytes.
+Result<std::vector<std::byte>> ReadTable(SmallReads* reads, const std::vector<CheckpointFile>& files,
+                                         const TensorInfo& t, std::string_view what);
+
+// Reads `g_idx` (int32 [state.cols], each a group below state.groups) into `out`; errors
+// name `producer`, the tensor, its file and offset (Corruption; Unsupported beyond the bound).
+Status ReadGroupIndex(SmallReads* reads, const std::vector<CheckpointFile>& files,
+                      const TensorInfo& g_idx, const PackedIntState& state,
+                      std::string_view producer, std::vector<int32_t>* out);
 
 // Sets TensorInfo::packed (PackedIntState) on every pack-quantized weight of `tensors`. The code
 // width comes from the packed shape (ceil(in * bits / 32) words a row; 2, 4 or 8 bits).

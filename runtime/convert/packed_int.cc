@@ -24,37 +24,74 @@ uint32_t Decoded(int32_t diff, uint32_t scale_bits, DType scale_dtype) {
                                       : p;
 }
 
-// One division per row and per group, shifts within a word: the code widths are powers of two.
-template <typename Out, Out (*Encode)(uint32_t)>
+// The code of element (r, c) in the words of a PackOrder (first_word: the index of words[0]).
+template <PackOrder kOrder>
+class Codes {
+ public:
+  Codes(const PackedIntState& s, const std::byte* words, uint64_t first_word)
+      : words_(words), first_word_(first_word), rows_(s.rows), row_words_(WordsPerRow(s)),
+        bits_(s.bits), mask_((1u << s.bits) - 1),
+        word_shift_(static_cast<unsigned>(std::countr_zero(32 / s.bits))) {}
+
+  uint32_t At(uint64_t r, uint64_t c) const {
+    if constexpr (kOrder == PackOrder::kRows) {  // power-of-two widths: no straddling
+      const uint64_t in_word = c & ((uint64_t{1} << word_shift_) - 1);
+      return (Word(r * row_words_ + (c >> word_shift_)) >> (bits_ * in_word)) & mask_;
+    } else if constexpr (kOrder == PackOrder::kGptq) {  // column r is one LSB-first bit stream
+      const uint64_t bit = c * bits_;
+      const unsigned shift = bit % 32;
+      const uint64_t row = bit / 32;
+      uint32_t v = Word(row * rows_ + r) >> shift;
+      if (shift + bits_ > 32) v |= Word((row + 1) * rows_ + r) << (32 - shift);
+      return v & mask_;
+    } else {  // kAwq: 4-bit, outputs interleaved in the word
+      static constexpr unsigned kNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+      return (Word(c * (rows_ / 8) + r / 8) >> (4 * kNibble[r % 8])) & mask_;
+    }
+  }
+
+ private:
+  uint32_t Word(uint64_t w) const {
+    uint32_t word;
+    std::memcpy(&word, words_ + 4 * (w - first_word_), 4);
+    return word;
+  }
+
+  const std::byte* words_;
+  uint64_t first_word_, rows_, row_words_;
+  uint32_t bits_, mask_;
+  unsigned word_shift_;  // log2 of the codes a word (kRows)
+};
+
+// Row by row; a group's scale and zero are looked up once, and without g_idx its 2- to 4-bit
+// outputs are computed once into a table.
+template <PackOrder kOrder, typename Out, Out (*Encode)(uint32_t)>
 void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word, uint64_t first,
             uint64_t count, const std::byte* scales, std::byte* dst) {
-  const uint64_t per_word = 32 / s.bits, row_words = WordsPerRow(s);
-  const unsigned word_shift = static_cast<unsigned>(std::countr_zero(per_word));
+  const Codes<kOrder> codes(s, words, first_word);
   const uint32_t mask = (1u << s.bits) - 1;
-  const int32_t offset = 1 << (s.bits - 1);
+  const auto symmetric_zero = static_cast<int16_t>(1 << (s.bits - 1));
   const uint64_t scale_bytes = DTypeBits(s.scale_dtype) / 8;
+  const bool table = s.g_idx.empty() && s.bits <= 4;
   std::byte* out = dst;
   for (uint64_t e = first, end = first + count; e < end;) {
     const uint64_t r = e / s.cols;
     const uint64_t c_begin = e - r * s.cols;
     const uint64_t c_end = std::min(s.cols, c_begin + (end - e));
-    // Word index of column c: base + (c >> word_shift), never negative (the sum is taken in
-    // unsigned arithmetic, so a piece that starts mid-row wraps base and the sum back).
-    const uint64_t base = r * row_words - first_word;
     uint64_t group = UINT64_MAX, group_end = 0;
     uint32_t scale_bits = 0;
     int32_t zero = 0;
-    std::array<Out, 16> lut{};  // 2- and 4-bit codes: every output of the group, computed once
+    std::array<Out, 16> lut{};
     auto use_group = [&](uint64_t g) {
       group = g;
+      const uint64_t at = kOrder == PackOrder::kRows ? r * s.groups + g : g * s.rows + r;
       uint32_t raw = 0;
-      std::memcpy(&raw, scales + (r * s.groups + g) * scale_bytes, scale_bytes);
+      std::memcpy(&raw, scales + at * scale_bytes, scale_bytes);
       scale_bits = Fp8ScaleToF32Bits(raw, s.scale_dtype);
-      zero = s.zero_point.empty() ? 0 : s.zero_point[r * s.groups + g];
-      if (s.bits <= 4) {
+      zero = s.zeros.empty() ? symmetric_zero : s.zeros[r * s.groups + g];
+      if (table) {
         for (uint32_t u = 0; u <= mask; ++u) {
-          lut[u] =
-              Encode(Decoded(static_cast<int32_t>(u) - offset - zero, scale_bits, s.scale_dtype));
+          lut[u] = Encode(Decoded(static_cast<int32_t>(u) - zero, scale_bits, s.scale_dtype));
         }
       }
     };
@@ -66,17 +103,29 @@ void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word
         use_group(c / s.group_size);
         group_end = (group + 1) * s.group_size;
       }
-      uint32_t word;
-      std::memcpy(&word, words + 4 * (base + (c >> word_shift)), 4);
-      const uint32_t u = (word >> (s.bits * (c & (per_word - 1)))) & mask;
-      const Out v =
-          s.bits <= 4
-              ? lut[u]
-              : Encode(Decoded(static_cast<int32_t>(u) - offset - zero, scale_bits, s.scale_dtype));
+      const uint32_t u = codes.At(r, c);
+      const Out v = table ? lut[u]
+                          : Encode(Decoded(static_cast<int32_t>(u) - zero, scale_bits,
+                                           s.scale_dtype));
       std::memcpy(out, &v, sizeof(Out));
       out += sizeof(Out);
     }
     e += c_end - c_begin;
+  }
+}
+
+template <typename Out, Out (*Encode)(uint32_t)>
+void DecodeAny(const PackedIntState& s, const std::byte* words, uint64_t first_word,
+               uint64_t first, uint64_t count, const std::byte* scales, std::byte* dst) {
+  switch (s.order) {
+    case PackOrder::kRows:
+      return Decode<PackOrder::kRows, Out, Encode>(s, words, first_word, first, count, scales,
+                                                   dst);
+    case PackOrder::kGptq:
+      return Decode<PackOrder::kGptq, Out, Encode>(s, words, first_word, first, count, scales,
+                                                   dst);
+    case PackOrder::kAwq:
+      return Decode<PackOrder::kAwq, Out, Encode>(s, words, first_word, first, count, scales, dst);
   }
 }
 
@@ -85,11 +134,18 @@ constexpr uint32_t Identity(uint32_t f) { return f; }
 }  // namespace
 
 uint64_t WordOf(const PackedIntState& s, uint64_t e) {
+  if (s.transposed()) return 0;  // read whole
   return e / s.cols * WordsPerRow(s) + e % s.cols / (32 / s.bits);
 }
 
 void ElementsOfWords(const PackedIntState& s, uint64_t w0, uint64_t w1, uint64_t* first,
                      uint64_t* end) {
+  if (s.transposed()) {  // only the whole tensor decodes
+    const uint64_t n = s.rows * s.cols;
+    *first = w0 == 0 ? 0 : n;
+    *end = w1 >= s.words() ? n : 0;
+    return;
+  }
   const uint64_t per_word = 32 / s.bits, row_words = WordsPerRow(s);
   auto start_of = [&](uint64_t w) {  // the first element of word w (or the row's end)
     return w / row_words * s.cols + std::min(s.cols, w % row_words * per_word);
@@ -111,13 +167,13 @@ Status DequantPackedInt(const PackedIntState& state, DType to, const std::byte* 
   }
   switch (to) {
     case DType::kF32:
-      Decode<uint32_t, Identity>(state, words, first_word, first, count, scales, dst);
+      DecodeAny<uint32_t, Identity>(state, words, first_word, first, count, scales, dst);
       return Status::OK();
     case DType::kF16:
-      Decode<uint16_t, F32ToF16Bits>(state, words, first_word, first, count, scales, dst);
+      DecodeAny<uint16_t, F32ToF16Bits>(state, words, first_word, first, count, scales, dst);
       return Status::OK();
     case DType::kBF16:
-      Decode<uint16_t, F32ToBF16Bits>(state, words, first_word, first, count, scales, dst);
+      DecodeAny<uint16_t, F32ToBF16Bits>(state, words, first_word, first, count, scales, dst);
       return Status::OK();
     default:
       return Status::InvalidArgument(fmt::format(

@@ -75,10 +75,15 @@ Status CheckQuantState(const Checkpoint& checkpoint, const LoadPlan& plan, const
   } else if (p.packed_int) {
     const PackedIntState& s = *p.packed_int;
     needed = static_cast<Wide>(s.rows) * s.groups * (DTypeBits(s.scale_dtype) / 8);
-    tables_fit = s.groups > 0 && s.group_size > 0 && s.rows * s.cols == n &&
-                 (s.bits == 2 || s.bits == 4 || s.bits == 8) &&
-                 src.nbytes >= s.rows * ((s.cols * s.bits + 31) / 32) * 4 &&
-                 (s.zero_point.empty() || s.zero_point.size() == s.rows * s.groups) &&
+    const bool shape_fits =
+        s.order == PackOrder::kRows   ? s.bits == 2 || s.bits == 4 || s.bits == 8
+        : s.order == PackOrder::kGptq ? (s.bits == 2 || s.bits == 3 || s.bits == 4 ||
+                                         s.bits == 8) && s.cols * s.bits % 32 == 0
+                                      : s.bits == 4 && s.rows % 8 == 0;
+    tables_fit = s.groups > 0 && s.group_size > 0 && s.rows * s.cols == n && shape_fits &&
+                 (!s.g_idx.empty() || (s.cols + s.group_size - 1) / s.group_size <= s.groups) &&
+                 src.nbytes / 4 >= s.words() &&
+                 (s.zeros.empty() || s.zeros.size() == s.rows * s.groups) &&
                  (s.g_idx.empty() ||
                   (s.g_idx.size() == s.cols &&
                    std::all_of(s.g_idx.begin(), s.g_idx.end(), [&](int32_t g) {
@@ -181,6 +186,13 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
     const uint64_t lo = std::max(r.offset, src.offset);
     const uint64_t hi = std::min(r.offset + r.length, src.offset + src.nbytes);
     const uint64_t block = src.packed->block_bytes;
+    const bool whole = conversion == Conversion::kDequantPackedInt &&
+                       src.packed->packed_int && src.packed->packed_int->transposed();
+    if (whole && (lo != src.offset || hi != src.offset + src.nbytes)) {
+      return Refused(fmt::format("tensor '{}' ({}) is dequantized from a read of part of it; it "
+                                 "is read whole",
+                                 src.name, src.packed->scheme));
+    }
     if (block == 0 || (lo - src.offset) % block != 0 || (hi - lo) % block != 0) {
       return Refused(fmt::format("tensor '{}' is dequantized from a read that cuts its {} blocks",
                                  src.name, src.packed->scheme));

@@ -225,6 +225,16 @@ class TensorPlanner {
           "tensor contiguous (.contiguous()) and load that",
           t.name, t.nbytes, materialised, planning::kMaxRelayoutSpan));
     }
+    const Conversion conversion = targets_[index].conversion;
+    if (conversion == Conversion::kDequantPackedInt && t.packed->packed_int->transposed() &&
+        std::max(t.nbytes, PlacedElements(t, conversion) * DTypeBits(targets_[index].dtype) / 8) >
+            planning::kMaxRelayoutSpan) {
+      return Status::Unsupported(fmt::format(
+          "{} weight '{}' is {} bytes that become {} elements; loadstone dequantizes a GPTQ or AWQ "
+          "weight read whole, at most {} bytes either way: load it packed (--keep-packed)",
+          t.packed->scheme, t.name, t.nbytes, PlacedElements(t, conversion),
+          planning::kMaxRelayoutSpan));
+    }
     if (device->type == Device::Type::kDisk) return Offload(index);
     TensorPlan tp;
     tp.source = index;

@@ -238,6 +238,9 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
       const uint64_t out_block = elems * (DTypeBits(tp.dtype) / 8);
       piece = std::max<uint64_t>(1, options.max_chunk / std::max(out_block, in_block)) * in_block;
     }
+    if (tp.conversion == Conversion::kDequantPackedInt && src.packed->packed_int->transposed()) {
+      piece = src.nbytes;  // GPTQ, AWQ: an output row's codes span the tensor (Plan() bounds it)
+    }
     for (uint64_t done = 0; done < src.nbytes; done += piece) {
       keyed.push_back({i, {src.file, src.offset + done, std::min(piece, src.nbytes - done), {i},
                            route}});

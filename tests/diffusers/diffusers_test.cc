@@ -660,6 +660,33 @@ TEST_CASE("pack_quantized_checkpoint: M.weight_packed loads into M.weight, dequa
   CHECK_FALSE(sd->at("gidx4.weight_packed").defined());
 }
 
+// GPTQ and AWQ checkpoints (tests/fixtures/make_gptq_fixtures.py): one Linear `layer` each.
+TEST_CASE("gptq_awq_checkpoint: M.qweight loads into M.weight, dequantized", "[diffusers]") {
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gptq";
+  auto expected = libtorch::LoadStateDict(fixtures + "/expected.safetensors");
+  REQUIRE_OK(expected);
+  for (const std::string c : {"gptq4_desc_act", "gptq3_g32", "gptq4_v2", "awq4_g32"}) {
+    INFO(c);
+    const torch::Tensor want = expected->at(c + ".weight.f32");
+    struct Model : torch::nn::Module {
+      Model(int64_t in, int64_t out) {
+        layer = register_module("layer",
+                                torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
+      }
+      torch::nn::Linear layer{nullptr};
+    } model(want.size(1), want.size(0));
+    TorchLoadOptions opt;
+    opt.dtype = at::kFloat;
+    opt.strict = true;  // qweight is the model's weight; scales, qzeros, g_idx its quant state
+    auto report = LoadInto(model, fixtures + "/" + c, opt);
+    REQUIRE_OK(report);
+    CHECK(report->missing_keys.empty());
+    CHECK(report->unexpected_keys.empty());
+    CHECK(model.layer->weight.scalar_type() == at::kFloat);
+    CHECK(torch::equal(model.layer->weight, want));
+  }
+}
+
 TEST_CASE("LoadStateDict hands over loadstone's memory", "[diffusers]") {
   auto model = Fresh<AutoencoderKL>(1);
   TempDir dir;

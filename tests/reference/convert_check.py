@@ -11,8 +11,9 @@ output; and a folder output with --max-shard-size, its shards and index as Huggi
 them, the index's weight_map covering every tensor once. Last, quantized checkpoints with
 --dtype: GGUF blocks (tests/fixtures/gguf/dequant), bitsandbytes nf4/fp4/int8
 (tests/fixtures/bnb, sharded included) and compressed-tensors pack-quantized weights
-(tests/fixtures/ct, written as M.weight) come out dequantized, their quant state dropped, equal bit
-for bit to what the producers decode them to (the fixtures' expected*.safetensors).
+(tests/fixtures/ct, written as M.weight), GPTQ and AWQ (tests/fixtures/gptq, M.qweight written as
+M.weight) come out dequantized, their quant state dropped, equal bit for bit to what the producers
+decode them to (the fixtures' expected*.safetensors).
 
 Usage: convert_check.py --loadstone PATH
 """
@@ -149,6 +150,22 @@ def check_quantized(loadstone, tmp):
                 check(t is not None and t.dtype == want.dtype and t.shape == want.shape and
                       np.array_equal(t.view(np.uint8), want.view(np.uint8)),
                       f"{label}: {name} differs from the producer's decode")
+    # GPTQ and AWQ: one model folder a case (config.json says which), M.qweight written as
+    # M.weight; the other tensors are its quant state.
+    gptq = os.path.join(FIXTURES, "gptq")
+    expected = load_file(os.path.join(gptq, "expected.safetensors"))
+    for case in sorted(d for d in os.listdir(gptq) if os.path.isdir(os.path.join(gptq, d))):
+        for suffix in ("f32", "bf16", "f16"):
+            label = f"gptq/{case} --dtype {suffix}"
+            out = os.path.join(tmp, "q.safetensors")
+            if not convert(loadstone, os.path.join(gptq, case), out, "--dtype", suffix):
+                continue
+            got = tensors_of(out)
+            want = expected[f"{case}.weight.{suffix}"]
+            t = got.get("layer.weight")
+            check(set(got) == {"layer.weight"} and t.dtype == want.dtype and
+                  t.shape == want.shape and np.array_equal(t.view(np.uint8), want.view(np.uint8)),
+                  f"{label}: {sorted(got)} differs from the producer's decode")
     # Without --dtype GGUF blocks would lose their type as bytes: refused.
     r = subprocess.run([loadstone, "convert", os.path.join(FIXTURES, "gguf", "dequant", "blocks.gguf"),
                         os.path.join(tmp, "refused.safetensors")], capture_output=True, text=True)

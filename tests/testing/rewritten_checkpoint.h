@@ -19,10 +19,10 @@ namespace loadstone::testing {
 using TensorEdit = std::function<void(std::vector<TensorToWrite>* tensors,
                                       std::vector<std::vector<std::byte>>* data)>;
 
-// The tensors of `source` whose names start with `prefix`, `edit`ed, written to
-// DIR/hostile.safetensors.
+// The tensors of `source` whose names start with `prefix`, `edit`ed, written to DIR/`file`.
 inline std::string Rewrite(const Checkpoint& source, const std::string& prefix, const TempDir& dir,
-                           const TensorEdit& edit) {
+                           const TensorEdit& edit,
+                           const std::string& file = "hostile.safetensors") {
   std::vector<std::vector<std::byte>> data;
   std::vector<TensorToWrite> tensors;
   data.reserve(source.tensors().size() + 16);
@@ -32,7 +32,7 @@ inline std::string Rewrite(const Checkpoint& source, const std::string& prefix, 
     tensors.push_back({t.name, t.dtype, t.shape, data.back(), {}});
   }
   edit(&tensors, &data);
-  const std::string path = dir.Path("hostile.safetensors");
+  const std::string path = dir.Path(file);
   REQUIRE(WriteSafetensors(path, tensors).ok());
   return path;
 }
@@ -47,7 +47,8 @@ inline TensorToWrite& Named(std::vector<TensorToWrite>* tensors, const std::stri
 }
 
 // Each case's rewritten file is refused with `code` and a message containing `says`; the file
-// rewritten without an edit opens.
+// rewritten without an edit opens. With a `config_json`, each is a model folder: that config.json
+// beside a model.safetensors.
 struct RefusedCase {
   std::string what;
   TensorEdit edit;
@@ -55,18 +56,24 @@ struct RefusedCase {
   std::string says;
 };
 inline void CheckRefused(const Checkpoint& source, const std::string& prefix,
-                         const std::vector<RefusedCase>& cases) {
+                         const std::vector<RefusedCase>& cases, const std::string& config_json = "") {
+  auto open = [&](const TempDir& dir, const TensorEdit& edit) {
+    if (config_json.empty()) return Checkpoint::Open(Rewrite(source, prefix, dir, edit));
+    dir.Write("config.json", config_json);
+    Rewrite(source, prefix, dir, edit, "model.safetensors");
+    return Checkpoint::Open(dir.path());
+  };
   for (const RefusedCase& c : cases) {
     INFO(c.what);
     TempDir dir;
-    auto ckpt = Checkpoint::Open(Rewrite(source, prefix, dir, c.edit));
+    auto ckpt = open(dir, c.edit);
     REQUIRE_FALSE(ckpt.ok());
     INFO(ckpt.status().ToString());
     CHECK(ckpt.status().code() == c.code);
     CHECK_THAT(std::string(ckpt.status().message()), Catch::Contains(c.says));
   }
   TempDir dir;
-  CHECK(Checkpoint::Open(Rewrite(source, prefix, dir, [](auto*, auto*) {})).ok());
+  CHECK(open(dir, [](auto*, auto*) {}).ok());
 }
 
 }  // namespace loadstone::testing

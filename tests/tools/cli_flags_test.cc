@@ -452,6 +452,20 @@ TEST_CASE("cli: bitsandbytes weights: inspect shows the scheme, plan --json the 
   REQUIRE(ct_convert.code == 0);
   const auto ct_out = RunCli("inspect " + dir.Path("ct.safetensors") + " --json");
   CHECK(ct_out.out.find("\"gidx4.weight\"") != std::string::npos);
+  // GPTQ: the scheme from the model folder's config.json, the column as wide as it.
+  const std::string gptq = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gptq/gptq4_v2";
+  const auto gptq_inspect = RunCli("inspect " + gptq);
+  CHECK(gptq_inspect.out.find("layer.qweight  gptq_v2-int4 [64, 128]") != std::string::npos);
+  const auto gptq_plan = nlohmann::json::parse(RunCli("plan " + gptq + " --dtype f16 --json").out);
+  REQUIRE(gptq_plan.at("quantized").size() == 1);
+  CHECK(gptq_plan.at("quantized")[0].at("scheme") == "gptq_v2-int4");
+  CHECK(gptq_plan.at("quantized")[0].at("mode") == "dequantize");
+  const auto gptq_convert =
+      RunCli("convert " + gptq + " " + dir.Path("gptq.safetensors") + " --dtype f16");
+  REQUIRE(gptq_convert.code == 0);
+  const auto gptq_out = RunCli("inspect " + dir.Path("gptq.safetensors") + " --json");
+  CHECK(gptq_out.out.find("\"layer.weight\"") != std::string::npos);
+  CHECK(gptq_out.out.find("qzeros") == std::string::npos);
   // On a (simulated) GPU: decoded by the workers, copied to the device.
   const auto gpu = RunCli("load " + bnb4 + " --device-map cuda:0 --assume-gpus 1x8GiB --dtype bf16 --json");
   INFO(gpu.err);

@@ -59,19 +59,22 @@ void PrintJson(const Checkpoint& ckpt) {
 }
 
 void PrintTable(const Checkpoint& ckpt) {
-  size_t name_width = 4;
-  for (const TensorInfo& t : ckpt.tensors()) name_width = std::max(name_width, t.name.size());
+  size_t name_width = 4, dtype_width = 8;  // a packed tensor's scheme can be longer
+  for (const TensorInfo& t : ckpt.tensors()) {
+    name_width = std::max(name_width, t.name.size());
+    if (t.packed) dtype_width = std::max(dtype_width, t.packed->scheme.size());
+  }
   name_width = std::min<size_t>(name_width, 72);
-  std::cout << fmt::format("{:<{}}  {:<8} {:<22} {:>12}  {}\n", "name", name_width, "dtype",
-                           "shape", "size", "shard");
+  std::cout << fmt::format("{:<{}}  {:<{}} {:<22} {:>12}  {}\n", "name", name_width, "dtype",
+                           dtype_width, "shape", "size", "shard");
   std::map<std::string_view, std::pair<size_t, uint64_t>> per_dtype;
   std::vector<std::pair<size_t, uint64_t>> per_file(ckpt.files().size());
   for (const TensorInfo& t : ckpt.tensors()) {
     // A packed tensor by its scheme and element shape (its catalog entry is U8 bytes).
     const std::string_view dtype = t.packed ? std::string_view(t.packed->scheme)
                                             : SafetensorsName(t.dtype);
-    std::cout << fmt::format("{:<{}}  {:<8} {:<22} {:>12}  {}\n", t.name, name_width, dtype,
-                             ShapeString(t.packed ? t.packed->element_shape : t.shape),
+    std::cout << fmt::format("{:<{}}  {:<{}} {:<22} {:>12}  {}\n", t.name, name_width, dtype,
+                             dtype_width, ShapeString(t.packed ? t.packed->element_shape : t.shape),
                              HumanBytes(t.nbytes), t.file);
     auto& d = per_dtype[dtype];
     ++d.first;
@@ -81,7 +84,8 @@ void PrintTable(const Checkpoint& ckpt) {
   }
   std::cout << "\nper dtype:\n";
   for (const auto& [dtype, count_bytes] : per_dtype) {
-    std::cout << fmt::format("  {:<10} {:>8} tensors {:>12}\n", dtype, count_bytes.first,
+    std::cout << fmt::format("  {:<{}} {:>8} tensors {:>12}\n", dtype, dtype_width + 2,
+                             count_bytes.first,
                              HumanBytes(count_bytes.second));
   }
   std::cout << "per shard:\n";

@@ -53,7 +53,7 @@ TEST_CASE("pack-quantized: the catalog reads shapes, zero points and activation 
   CHECK(s.bits == 4);
   CHECK(s.groups == 4);
   CHECK(s.group_size == 32);
-  CHECK(s.zero_point.size() == 196 * 4);
+  CHECK(s.zeros.size() == 196 * 4);
   CHECK(s.companions.front() == "asym4_group.weight_scale");
   CHECK(ckpt.Find("sym2_group.weight_packed")->packed->scheme == "ct-int2");
   CHECK(ckpt.Find("sym8_channel.weight_packed")->packed->packed_int->scale_dtype == DType::kF16);
