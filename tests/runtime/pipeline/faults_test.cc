@@ -80,9 +80,6 @@ TEST_CASE("faults: a shard truncated after Open → Corruption naming file, tens
   RequireLoaderStillWorks(loader);
 }
 
-// Hands out the real reader's page-cache views, and truncates the file right after the first
-// one: the workers' copy out of that mapping then meets pages past the end of the file (which
-// from user space would be SIGBUS).
 // Whether `load`'s workers copy cached chunks themselves (fresh pages need userfaultfd); says
 // that the test is skipped when not.
 bool WorkersCopyFromCache(const LoadHandle& load) {
@@ -91,25 +88,31 @@ bool WorkersCopyFromCache(const LoadHandle& load) {
   return false;
 }
 
+// Where ShrinkingAfterView cuts the file of the view it hands out.
+enum class Cut {
+  kInsideLastPage,  // 100 bytes before the view's end: the mapping reads the lost tail as zeros
+  kAtViewStart,     // at the view's first byte: its later pages are past the end (SIGBUS)
+};
+
+// Hands out the real reader's page-cache views, and truncates the file right after one: the
+// workers' copy out of that mapping then meets pages past the end of the file (which from user
+// space would be SIGBUS).
 class ShrinkingAfterView final : public io::ReaderWrapper {
  public:
-  // `*shrunk` receives the path of the file it truncated; it must outlive the reader. The file
-  // is cut to nothing, or (`inside_last_page`) 100 bytes before the end of the viewed range,
-  // inside its last page: a mapping reads that page's lost tail as zeros, without a fault.
-  // `*cut_at` (when given) receives the offset it cut the file at; with `only_ending_at`, only
-  // a view of file F ending at only_ending_at[F] is cut.
+  // `*shrunk` receives the path of the file it truncated; it must outlive the reader. Only a
+  // view of file F ending at only_ending_at[F] is cut (the file's last tensor: then no other
+  // read of that file meets the cut), once; `*cut_at` (when given) receives the offset.
   ShrinkingAfterView(std::unique_ptr<io::Reader> inner, std::vector<std::string> paths,
-                     std::string* shrunk, bool inside_last_page = false, uint64_t* cut_at = nullptr,
-                     std::map<uint32_t, uint64_t> only_ending_at = {})
+                     std::string* shrunk, Cut cut, std::map<uint32_t, uint64_t> only_ending_at,
+                     uint64_t* cut_at = nullptr)
       : ReaderWrapper(std::move(inner)), paths_(std::move(paths)), shrunk_(shrunk),
-        cut_at_(cut_at), inside_last_page_(inside_last_page), only_ending_at_(std::move(only_ending_at)) {}
+        cut_at_(cut_at), cut_(cut), only_ending_at_(std::move(only_ending_at)) {}
   const std::byte* CachedView(uint32_t file, uint64_t offset, uint64_t length) const override {
     const std::byte* view = inner()->CachedView(file, offset, length);
     const auto target = only_ending_at_.find(file);
-    const bool wanted = only_ending_at_.empty() ||
-                        (target != only_ending_at_.end() && target->second == offset + length);
+    const bool wanted = target != only_ending_at_.end() && target->second == offset + length;
     if (view != nullptr && wanted && !done_.exchange(true)) {
-      const uint64_t cut = inside_last_page_ ? offset + length - 100 : 0;
+      const uint64_t cut = cut_ == Cut::kInsideLastPage ? offset + length - 100 : offset;
       std::filesystem::resize_file(paths_[file], cut);
       *shrunk_ = paths_[file];
       if (cut_at_) *cut_at_ = cut;
@@ -121,10 +124,27 @@ class ShrinkingAfterView final : public io::ReaderWrapper {
   const std::vector<std::string> paths_;
   std::string* const shrunk_;
   uint64_t* const cut_at_;
-  const bool inside_last_page_;
+  const Cut cut_;
   const std::map<uint32_t, uint64_t> only_ending_at_;
   mutable std::atomic<bool> done_{false};
 };
+
+// File -> the end of its last tensor, for the files whose last tensor is read in one chunk
+// into fresh pages (256 KiB to 16 MiB): the views ShrinkingAfterView may cut.
+std::map<uint32_t, uint64_t> LastTensorEnds(const Checkpoint& ckpt) {
+  std::map<uint32_t, uint64_t> last_end;
+  for (uint32_t f = 0; f < ckpt.files().size(); ++f) {
+    const TensorInfo* last = nullptr;
+    for (const TensorInfo& t : ckpt.tensors()) {
+      if (t.file == f && (!last || t.offset > last->offset)) last = &t;
+    }
+    if (last && last->nbytes >= (256u << 10) && last->nbytes <= (16u << 20)) {
+      last_end[f] = last->offset + last->nbytes;
+    }
+  }
+  REQUIRE_FALSE(last_end.empty());
+  return last_end;
+}
 
 // Into fresh pages the kernel copies (UFFDIO_COPY: EFAULT); into the caller's memory the workers
 // copy with streaming stores (io/mapped_copy.h: the SIGBUS caught, the page named).
@@ -137,14 +157,23 @@ TEST_CASE("faults: a shard that shrinks under a page-cache copy → IOError, no 
   if (caller) opt.caller_memory = [](const TensorInfo&) { return true; };
   auto plan = Plan(ckpt, opt);
   REQUIRE(plan.ok());
+  // Cut at the start of a file's last tensor, whose pages the copy then finds past the end; no
+  // other read of the file meets the cut (a read of it that did would fail first, Corruption).
+  const std::map<uint32_t, uint64_t> last_end = LastTensorEnds(ckpt);
   std::string shrunk;  // written on the loop thread before the copy that fails
   testing::ReaderSwitch shrinking([&](const std::vector<std::string>& paths,
                                       const io::ReaderOptions& options,
                                       std::string* log) -> Result<std::unique_ptr<io::Reader>> {
     LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
-    return std::unique_ptr<io::Reader>(new ShrinkingAfterView(std::move(inner), paths, &shrunk));
+    return std::unique_ptr<io::Reader>(new ShrinkingAfterView(std::move(inner), paths, &shrunk,
+                                                              Cut::kAtViewStart, last_end));
   });
-  Loader loader(shrinking.Options());
+  // Workers enough that no copy waits for one: a copy that waits asks for its view again, after
+  // the cut, then reads the file and fails Corruption (a clean error, but not the copy's).
+  LoaderOptions options = shrinking.Options();
+  options.worker_threads = 64;
+  REQUIRE(plan->reads.size() < 2 * 64);
+  Loader loader(options);
   std::map<std::string, std::vector<std::byte>> memory;  // touched only on the loop thread
   LoadOptions lo;
   if (caller) {
@@ -177,17 +206,7 @@ TEST_CASE("faults: a shard cut inside a copied page fails the tensor, never zero
   REQUIRE(plan.ok());
   // The cut goes through the last tensor of a file, read in one chunk into fresh pages: nothing
   // after it fails the load first, so only the copy's own check can stop it from resolving.
-  std::map<uint32_t, uint64_t> last_end;  // file → end of its last tensor, when it qualifies
-  for (uint32_t f = 0; f < ckpt.files().size(); ++f) {
-    const TensorInfo* last = nullptr;
-    for (const TensorInfo& t : ckpt.tensors()) {
-      if (t.file == f && (!last || t.offset > last->offset)) last = &t;
-    }
-    if (last && last->nbytes >= (256u << 10) && last->nbytes <= (16u << 20)) {
-      last_end[f] = last->offset + last->nbytes;
-    }
-  }
-  REQUIRE_FALSE(last_end.empty());
+  const std::map<uint32_t, uint64_t> last_end = LastTensorEnds(ckpt);
   std::string shrunk;
   uint64_t cut = 0;
   testing::ReaderSwitch cutting([&](const std::vector<std::string>& paths,
@@ -195,7 +214,7 @@ TEST_CASE("faults: a shard cut inside a copied page fails the tensor, never zero
                                     std::string* log) -> Result<std::unique_ptr<io::Reader>> {
     LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, options, log));
     return std::unique_ptr<io::Reader>(new ShrinkingAfterView(
-        std::move(inner), paths, &shrunk, /*inside_last_page=*/true, &cut, last_end));
+        std::move(inner), paths, &shrunk, Cut::kInsideLastPage, last_end, &cut));
   });
   Loader loader(cutting.Options());
   LoadHandle load = loader.Load(ckpt, *plan);
