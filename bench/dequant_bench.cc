@@ -110,18 +110,26 @@ int main(int argc, char** argv) {
                 });
       }
     }
-    {  // compressed-tensors int4, groups of 128, bf16 scales, asymmetric
+    // 4-bit packed integers, groups of 128, asymmetric: compressed-tensors (bf16 scales, packed
+    // along the input dim), GPTQ and AWQ (f16 scales, the weight stored [in, out]: a worker
+    // decodes it whole, in output order).
+    const std::pair<const char*, loadstone::PackOrder> orders[] = {
+        {"ct-int4", loadstone::PackOrder::kRows},
+        {"gptq-int4", loadstone::PackOrder::kGptq},
+        {"awq-int4", loadstone::PackOrder::kAwq}};
+    for (const auto& [name, order] : orders) {
       loadstone::PackedIntState state;
+      state.order = order;
       state.bits = 4;
       state.cols = 4096;
       state.rows = in_bytes / (state.cols / 2);
       state.groups = state.cols / 128;
       state.group_size = 128;
-      state.scale_dtype = DType::kBF16;
+      state.scale_dtype = order == loadstone::PackOrder::kRows ? DType::kBF16 : DType::kF16;
       state.zeros.assign(state.rows * state.groups, 9);
       const std::vector<std::byte> scales = RandomBytes(state.rows * state.groups * 2, 0x10, 0x3B, 3);
       std::vector<std::byte> out(state.rows * state.cols * out_elem);
-      Measure("ct-int4", to, out.size(), seconds, [&] {
+      Measure(name, to, out.size(), seconds, [&] {
         if (!loadstone::convert::DequantPackedInt(state, to, packed.data(), 0, 0,
                                                   state.rows * state.cols, scales.data(), out.data())
                  .ok()) {

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 
+#include "runtime/convert/dequant_element.h"
 #include "runtime/convert/float_bits.h"
 
 namespace loadstone::convert {
@@ -18,17 +19,15 @@ float AbsmaxOf(const Bnb4State& s, const std::byte* absmax, uint64_t block) {
     std::memcpy(&a, absmax + block * 4, 4);
     return a;
   }
-  const auto code = static_cast<uint8_t>(absmax[block]);
-  const float scaled = s.nested_code[code] * s.nested_absmax[block / s.nested_blocksize];
-  return scaled + s.nested_offset;
+  return Bnb4NestedAbsmax(s.nested_code.data(), s.nested_absmax.data(), s.nested_blocksize,
+                          s.nested_offset, static_cast<uint8_t>(absmax[block]), block);
 }
 
 // The f32 value of each nibble in a block whose absmax is `a`.
 std::array<uint32_t, 16> BlockValues(const Bnb4State& s, float a) {
   std::array<uint32_t, 16> v{};
   for (uint32_t k = 0; k < 16; ++k) {
-    const float x = s.fp4 ? (k & 8 ? -(s.code[k & 7] * a) : s.code[k & 7] * a) : s.code[k] * a;
-    v[k] = std::bit_cast<uint32_t>(x);
+    v[k] = std::bit_cast<uint32_t>(Bnb4Value(s.fp4, s.code.data(), k, a));
   }
   return v;
 }
@@ -66,9 +65,6 @@ void Decode(const Bnb4State& s, uint64_t blocksize, const std::byte* packed, uin
 
 constexpr uint32_t Identity(uint32_t f) { return f; }
 
-// bitsandbytes multiplies by 7.874015718698502e-3, which torch rounds to the f32 nearest 1/127.
-constexpr float kInv127 = static_cast<float>(7.874015718698502e-3);
-
 template <typename Out, Out (*Encode)(uint32_t)>
 void DecodeInt8(const std::byte* codes, uint64_t first, uint64_t count, uint64_t cols,
                 const std::byte* scb, std::byte* dst) {
@@ -78,8 +74,7 @@ void DecodeInt8(const std::byte* codes, uint64_t first, uint64_t count, uint64_t
     float absmax;
     std::memcpy(&absmax, scb + row * 4, 4);
     for (; e < run_end; ++e) {
-      const float x =
-          (static_cast<float>(static_cast<int8_t>(codes[e - first])) * absmax) * kInv127;
+      const float x = BnbInt8Value(static_cast<int8_t>(codes[e - first]), absmax);
       const Out v = Encode(std::bit_cast<uint32_t>(x));
       std::memcpy(dst + (e - first) * sizeof(Out), &v, sizeof(Out));
     }

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 
+#include "runtime/convert/dequant_element.h"
 #include "runtime/convert/float_bits.h"
 #include "runtime/convert/fp8_block.h"
 
@@ -15,102 +16,94 @@ namespace {
 
 uint64_t WordsPerRow(const PackedIntState& s) { return (s.cols * s.bits + 31) / 32; }
 
-// (q - zero) * scale rounded to the scale's dtype, as f32 bits.
-uint32_t Decoded(int32_t diff, uint32_t scale_bits, DType scale_dtype) {
-  const uint32_t p =
-      std::bit_cast<uint32_t>(static_cast<float>(diff) * std::bit_cast<float>(scale_bits));
-  return scale_dtype == DType::kBF16  ? BF16ToF32Bits(F32ToBF16Bits(p))
-         : scale_dtype == DType::kF16 ? F16ToF32Bits(F32ToF16Bits(p))
-                                      : p;
+// Columns [c_begin, c_end) of row r into `out`, their codes at code[c_begin - c0] on. A group's
+// scale and zero are looked up once, and without g_idx its 2- to 4-bit outputs are computed once
+// into a table that the group's run of columns then indexes.
+template <PackOrder kOrder, typename Out, Out (*Encode)(uint32_t)>
+void DecodeRow(const PackedIntState& s, const std::byte* scales, uint64_t r, uint64_t c_begin,
+               uint64_t c_end, const uint8_t* code, Out* out) {
+  const uint64_t scale_bytes = DTypeBits(s.scale_dtype) / 8;
+  struct Group {
+    uint32_t scale_bits;
+    int32_t zero;
+  };
+  auto group = [&](uint64_t g) {
+    const uint64_t at = kOrder == PackOrder::kRows ? r * s.groups + g : g * s.rows + r;
+    uint32_t raw = 0;
+    std::memcpy(&raw, scales + at * scale_bytes, scale_bytes);
+    return Group{Fp8ScaleToF32Bits(raw, s.scale_dtype),
+                 s.zeros.empty() ? (1 << (s.bits - 1)) : s.zeros[r * s.groups + g]};
+  };
+  auto value = [&](const Group& g, int32_t u) {
+    return Encode(PackedIntValueBits(u - g.zero, g.scale_bits, s.scale_dtype));
+  };
+  if (!s.g_idx.empty() || s.bits > 4) {  // element by element
+    uint64_t last = UINT64_MAX;
+    Group at{};
+    for (uint64_t c = c_begin; c < c_end; ++c) {
+      const uint64_t g = s.g_idx.empty() ? c / s.group_size : static_cast<uint64_t>(s.g_idx[c]);
+      if (g != last) at = group(last = g);
+      *out++ = value(at, code[c - c_begin]);
+    }
+    return;
+  }
+  std::array<Out, 16> lut;
+  for (uint64_t c = c_begin; c < c_end;) {
+    const uint64_t g = c / s.group_size;
+    const uint64_t run_end = std::min(c_end, (g + 1) * s.group_size);
+    const Group at = group(g);
+    for (uint32_t u = 0; u < (1u << s.bits); ++u) lut[u] = value(at, static_cast<int32_t>(u));
+    const uint8_t* run = code + (c - c_begin);
+    for (uint64_t i = 0, n = run_end - c; i < n; ++i) out[i] = lut[run[i]];
+    out += run_end - c;
+    c = run_end;
+  }
 }
 
-// The code of element (r, c) in the words of a PackOrder (first_word: the index of words[0]).
-template <PackOrder kOrder>
-class Codes {
- public:
-  Codes(const PackedIntState& s, const std::byte* words, uint64_t first_word)
-      : words_(words), first_word_(first_word), rows_(s.rows), row_words_(WordsPerRow(s)),
-        bits_(s.bits), mask_((1u << s.bits) - 1),
-        word_shift_(static_cast<unsigned>(std::countr_zero(32 / s.bits))) {}
-
-  uint32_t At(uint64_t r, uint64_t c) const {
-    if constexpr (kOrder == PackOrder::kRows) {  // power-of-two widths: no straddling
-      const uint64_t in_word = c & ((uint64_t{1} << word_shift_) - 1);
-      return (Word(r * row_words_ + (c >> word_shift_)) >> (bits_ * in_word)) & mask_;
-    } else if constexpr (kOrder == PackOrder::kGptq) {  // column r is one LSB-first bit stream
-      const uint64_t bit = c * bits_;
-      const unsigned shift = bit % 32;
-      const uint64_t row = bit / 32;
-      uint32_t v = Word(row * rows_ + r) >> shift;
-      if (shift + bits_ > 32) v |= Word((row + 1) * rows_ + r) << (32 - shift);
-      return v & mask_;
-    } else {  // kAwq: 4-bit, outputs interleaved in the word
-      static constexpr unsigned kNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-      return (Word(c * (rows_ / 8) + r / 8) >> (4 * kNibble[r % 8])) & mask_;
-    }
-  }
-
- private:
-  uint32_t Word(uint64_t w) const {
-    uint32_t word;
-    std::memcpy(&word, words_ + 4 * (w - first_word_), 4);
-    return word;
-  }
-
-  const std::byte* words_;
-  uint64_t first_word_, rows_, row_words_;
-  uint32_t bits_, mask_;
-  unsigned word_shift_;  // log2 of the codes a word (kRows)
-};
-
-// Row by row; a group's scale and zero are looked up once, and without g_idx its 2- to 4-bit
-// outputs are computed once into a table.
+// Band by band: the codes of up to kBandRows rows x kBandCols columns gathered into bytes (in
+// the order their words lie: along a row for kRows; GPTQ and AWQ keep a row's codes a word-row
+// apart and neighbouring rows' words side by side, so column by column), then decoded row by
+// row. Only the range's first and last rows are partial.
 template <PackOrder kOrder, typename Out, Out (*Encode)(uint32_t)>
 void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word, uint64_t first,
             uint64_t count, const std::byte* scales, std::byte* dst) {
-  const Codes<kOrder> codes(s, words, first_word);
-  const uint32_t mask = (1u << s.bits) - 1;
-  const auto symmetric_zero = static_cast<int16_t>(1 << (s.bits - 1));
-  const uint64_t scale_bytes = DTypeBits(s.scale_dtype) / 8;
-  const bool table = s.g_idx.empty() && s.bits <= 4;
-  std::byte* out = dst;
-  for (uint64_t e = first, end = first + count; e < end;) {
-    const uint64_t r = e / s.cols;
-    const uint64_t c_begin = e - r * s.cols;
-    const uint64_t c_end = std::min(s.cols, c_begin + (end - e));
-    uint64_t group = UINT64_MAX, group_end = 0;
-    uint32_t scale_bits = 0;
-    int32_t zero = 0;
-    std::array<Out, 16> lut{};
-    auto use_group = [&](uint64_t g) {
-      group = g;
-      const uint64_t at = kOrder == PackOrder::kRows ? r * s.groups + g : g * s.rows + r;
-      uint32_t raw = 0;
-      std::memcpy(&raw, scales + at * scale_bytes, scale_bytes);
-      scale_bits = Fp8ScaleToF32Bits(raw, s.scale_dtype);
-      zero = s.zeros.empty() ? symmetric_zero : s.zeros[r * s.groups + g];
-      if (table) {
-        for (uint32_t u = 0; u <= mask; ++u) {
-          lut[u] = Encode(Decoded(static_cast<int32_t>(u) - zero, scale_bits, s.scale_dtype));
+  if (count == 0) return;
+  const PackedCodes codes{words,  first_word, s.rows, WordsPerRow(s), s.bits,
+                          static_cast<unsigned>(std::countr_zero(32 / s.bits))};
+  constexpr uint64_t kBandRows = kOrder == PackOrder::kRows ? 1 : 32, kBandCols = 1024;
+  std::array<uint8_t, kBandRows * kBandCols> band;
+  std::array<Out, kBandCols> decoded;
+  const uint64_t end = first + count;
+  const uint64_t r_first = first / s.cols, r_last = (end - 1) / s.cols;
+  for (uint64_t rb = r_first; rb <= r_last; rb += kBandRows) {
+    const uint64_t rb_end = std::min(r_last + 1, rb + kBandRows);
+    // The columns any row of the band wants (one row: its own).
+    const uint64_t want_lo = rb == r_first ? first - rb * s.cols : 0;
+    const uint64_t want_hi = rb_end - 1 == r_last ? end - r_last * s.cols : s.cols;
+    const uint64_t c_from = kBandRows == 1 ? want_lo : 0;
+    const uint64_t c_to = kBandRows == 1 ? want_hi : s.cols;
+    for (uint64_t c0 = c_from; c0 < c_to; c0 += kBandCols) {
+      const uint64_t c1 = std::min(c_to, c0 + kBandCols);
+      if constexpr (kOrder == PackOrder::kRows) {
+        for (uint64_t c = c0; c < c1; ++c) band[c - c0] = static_cast<uint8_t>(codes.At<kOrder>(rb, c));
+      } else {
+        for (uint64_t c = c0; c < c1; ++c) {
+          for (uint64_t r = rb; r < rb_end; ++r) {
+            band[(r - rb) * kBandCols + (c - c0)] = static_cast<uint8_t>(codes.At<kOrder>(r, c));
+          }
         }
       }
-    };
-    for (uint64_t c = c_begin; c < c_end; ++c) {
-      if (!s.g_idx.empty()) {
-        const auto g = static_cast<uint64_t>(s.g_idx[c]);
-        if (g != group) use_group(g);
-      } else if (c >= group_end) {
-        use_group(c / s.group_size);
-        group_end = (group + 1) * s.group_size;
+      for (uint64_t r = rb; r < rb_end; ++r) {
+        const uint64_t lo = std::max(c0, r == r_first ? first - r * s.cols : 0);
+        const uint64_t hi = std::min(c1, r == r_last ? end - r * s.cols : s.cols);
+        if (lo >= hi) continue;
+        DecodeRow<kOrder, Out, Encode>(s, scales, r, lo, hi,
+                                       band.data() + (r - rb) * kBandCols + (lo - c0),
+                                       decoded.data());
+        std::memcpy(dst + (r * s.cols + lo - first) * sizeof(Out), decoded.data(),
+                    (hi - lo) * sizeof(Out));
       }
-      const uint32_t u = codes.At(r, c);
-      const Out v = table ? lut[u]
-                          : Encode(Decoded(static_cast<int32_t>(u) - zero, scale_bits,
-                                           s.scale_dtype));
-      std::memcpy(out, &v, sizeof(Out));
-      out += sizeof(Out);
     }
-    e += c_end - c_begin;
   }
 }
 

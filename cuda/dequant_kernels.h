@@ -1,0 +1,70 @@
+// Dequantization on the GPU, bit-exact with runtime/convert's CPU references: the kernels apply
+// the very per-element rules of runtime/convert/dequant_element.h (shared with DequantPackedInt,
+// DequantBnb4 and DequantBnbInt8) and encode with float_bits.h, as the cast kernels do.
+// One thread per output element, grid-stride; every table a kernel indexes is a device address
+// in the structs below.
+//
+// Not yet wired into the load pipeline (a GPU target's quantized weights are decoded by the CPU
+// workers and copied); tested against the CPU references by tests/gpu/dequant_kernels_test.cc
+// (label gpu). Compiled, not yet run on a GPU.
+#ifndef LOADSTONE_CUDA_DEQUANT_KERNELS_H_
+#define LOADSTONE_CUDA_DEQUANT_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/dtype.h"
+#include "loadstone/status.h"
+
+namespace loadstone::cuda {
+
+// A PackedIntState with its tables at device addresses.
+struct DevicePackedInt {
+  uint32_t bits = 4;
+  PackOrder order = PackOrder::kRows;
+  uint64_t rows = 0, cols = 0, groups = 1, group_size = 0;
+  DType scale_dtype = DType::kBF16;
+  const int16_t* zeros = nullptr;  // rows x groups; nullptr: 2^(bits-1) for all
+  const int32_t* g_idx = nullptr;  // cols; nullptr: c / group_size
+};
+
+// A Bnb4State with its tables at device addresses (the 16 codes travel by value).
+struct DeviceBnb4 {
+  bool fp4 = false;
+  float code[16] = {};
+  uint64_t blocksize = 0;  // elements per absmax
+  bool nested = false;
+  uint32_t nested_blocksize = 0;
+  float nested_offset = 0;
+  const float* nested_code = nullptr;    // 256
+  const float* nested_absmax = nullptr;  // one per nested block
+};
+
+// True when the kernels below decode into `to`: f32, f16 or bf16 (convert::CanDequantBnb4).
+bool CanDequantOnDevice(DType to);
+
+// Each enqueues on `stream` (a cudaStream_t; nullptr = the legacy default stream) of the
+// current device the decode of elements [first, first + count) (row-major over the element
+// shape) into `count` elements of `to` at `dst`, with the arguments of its CPU reference, all
+// device addresses. Returns at once. Errors: InvalidArgument for a target other than f32, f16
+// or bf16, a state the reference would refuse, or a null pointer; a launch error as its Status.
+// sm_count: the device's multiprocessor count (the grid depends on it).
+//
+// convert::DequantPackedInt: `words` from word `first_word` on; `scales` the whole tensor.
+Status LaunchDequantPackedInt(const DevicePackedInt& state, DType to, const std::byte* words,
+                              uint64_t first_word, uint64_t first, uint64_t count,
+                              const std::byte* scales, std::byte* dst, void* stream,
+                              uint32_t sm_count, int device);
+// convert::DequantBnb4: `packed` the byte holding element `first`; `absmax` the whole tensor.
+Status LaunchDequantBnb4(const DeviceBnb4& state, DType to, const std::byte* packed, uint64_t first,
+                         uint64_t count, const std::byte* absmax, std::byte* dst, void* stream,
+                         uint32_t sm_count, int device);
+// convert::DequantBnbInt8: `codes` those elements' int8 codes; `scb` the whole row absmax.
+Status LaunchDequantBnbInt8(DType to, const std::byte* codes, uint64_t first, uint64_t count,
+                            uint64_t cols, const std::byte* scb, std::byte* dst, void* stream,
+                            uint32_t sm_count, int device);
+
+}  // namespace loadstone::cuda
+
+#endif  // LOADSTONE_CUDA_DEQUANT_KERNELS_H_
