@@ -14,6 +14,7 @@
 #include "runtime/convert/dequant_element.h"
 #include "runtime/convert/float_bits.h"
 #include "runtime/convert/fp8_block.h"
+#include "runtime/convert/gguf_blocks.h"
 
 namespace loadstone::cuda {
 namespace {
@@ -93,6 +94,19 @@ __global__ void BnbInt8Kernel(const std::byte* __restrict__ codes, uint64_t firs
     const float absmax = std::bit_cast<float>(cv::LoadWord(scb + 4 * row));
     const auto q = static_cast<int8_t>(codes[i]);
     Put<Enc>(dst, i, std::bit_cast<uint32_t>(cv::BnbInt8Value(q, absmax)));
+  }
+}
+
+// One GGUF block a step: its values decoded into local memory, then encoded.
+template <typename Enc>
+__global__ void GgufKernel(cv::gguf::GgufType type, uint32_t elems, uint32_t bytes,
+                           const std::byte* __restrict__ src, uint64_t blocks,
+                           std::byte* __restrict__ dst) {
+  float y[cv::gguf::kQK];
+  for (uint64_t i = GlobalThread(); i < blocks; i += GridStride()) {
+    cv::gguf::DecodeBlock(type, reinterpret_cast<const uint8_t*>(src + i * bytes), y);
+    for (uint32_t k = 0; k < elems; ++k)
+      Put<Enc>(dst, i * elems + k, std::bit_cast<uint32_t>(y[k]));
   }
 }
 
@@ -209,6 +223,26 @@ Status LaunchDequantBnbInt8(DType to, const std::byte* codes, uint64_t first, ui
   return WithEncoder(to, what, device, [&](auto enc) {
     BnbInt8Kernel<decltype(enc)><<<blocks, kCastThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         codes, first, count, cols, scb, dst);
+  });
+}
+
+Status LaunchDequantGgufBlocks(std::string_view scheme, DType to, const std::byte* src,
+                               std::byte* dst, uint64_t blocks, void* stream, uint32_t sm_count,
+                               int device) {
+  const cv::GgufBlockType* type = cv::FindGgufBlockType(scheme);
+  const std::string what = "GGUF " + std::string(scheme) + " dequant kernel";
+  if (type == nullptr) {
+    return Status::InvalidArgument(DeviceName(device) + ": no " + what +
+                                   " (types: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K)");
+  }
+  if (blocks == 0) return Status::OK();
+  if (src == nullptr || dst == nullptr) {
+    return Status::InvalidArgument(DeviceName(device) + ": " + what + " with a null pointer");
+  }
+  const uint32_t grid = Blocks(blocks, sm_count);
+  return WithEncoder(to, what, device, [&](auto enc) {
+    GgufKernel<decltype(enc)><<<grid, kCastThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        type->id, type->block_elems, type->block_bytes, src, blocks, dst);
   });
 }
 

@@ -1,8 +1,9 @@
 // Dequantization on the GPU, bit-exact with runtime/convert's CPU references: the kernels apply
 // the very per-element rules of runtime/convert/dequant_element.h (shared with DequantPackedInt,
-// DequantBnb4 and DequantBnbInt8) and encode with float_bits.h, as the cast kernels do.
-// One thread per output element, grid-stride; every table a kernel indexes is a device address
-// in the structs below.
+// DequantBnb4 and DequantBnbInt8) and the block decoders of gguf_block_decode.h (shared with
+// DequantGgufBlocks), and encode with float_bits.h, as the cast kernels do. One thread per
+// output element (GGUF: per block), grid-stride; every table a kernel indexes is a device
+// address in the structs below.
 //
 // Not yet wired into the load pipeline (a GPU target's quantized weights are decoded by the CPU
 // workers and copied); tested against the CPU references by tests/gpu/dequant_kernels_test.cc
@@ -12,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "loadstone/checkpoint.h"
 #include "loadstone/dtype.h"
@@ -64,6 +66,12 @@ Status LaunchDequantBnb4(const DeviceBnb4& state, DType to, const std::byte* pac
 Status LaunchDequantBnbInt8(DType to, const std::byte* codes, uint64_t first, uint64_t count,
                             uint64_t cols, const std::byte* scb, std::byte* dst, void* stream,
                             uint32_t sm_count, int device);
+
+// convert::DequantGgufBlocks: `blocks` whole blocks of `scheme` ("Q4_0" ... "Q6_K") at `src`,
+// one block a thread step.
+Status LaunchDequantGgufBlocks(std::string_view scheme, DType to, const std::byte* src,
+                               std::byte* dst, uint64_t blocks, void* stream, uint32_t sm_count,
+                               int device);
 
 }  // namespace loadstone::cuda
 

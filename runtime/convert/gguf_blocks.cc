@@ -1,180 +1,35 @@
 #include "runtime/convert/gguf_blocks.h"
 
 #include <array>
-#include <bit>
 
 #include <fmt/format.h>
 
 #include "runtime/convert/cast.h"
-#include "runtime/convert/float_bits.h"
+#include "runtime/convert/gguf_block_decode.h"
 
 namespace loadstone::convert {
 namespace {
 
-using Block = const uint8_t*;
-constexpr uint32_t kQK = 256;  // a K-quant super-block's elements
+using gguf::Block;
+using gguf::GgufType;
+using gguf::kQK;
 
-// The IEEE half at b[0..1], little-endian, as f32 (exact).
-float Half(Block b) {
-  return std::bit_cast<float>(F16ToF32Bits(static_cast<uint16_t>(b[0] | (b[1] << 8))));
-}
-
-uint32_t U32(Block b) {
-  return static_cast<uint32_t>(b[0]) | (static_cast<uint32_t>(b[1]) << 8) |
-         (static_cast<uint32_t>(b[2]) << 16) | (static_cast<uint32_t>(b[3]) << 24);
-}
-
-// Each decoder fills y[0 .. block_elems) with f32 values, in the producers' order of operations.
-
-void Q4_0(Block b, float* y) {  // half d; u8 qs[16]: low nibbles first, then high
-  const float d = Half(b);
-  const Block qs = b + 2;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>((qs[j] & 15) - 8);
-    y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
-  }
-}
-
-void Q4_1(Block b, float* y) {  // half d, m; u8 qs[16]
-  const float d = Half(b), m = Half(b + 2);
-  const Block qs = b + 4;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>(qs[j] & 15) + m;
-    y[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
-  }
-}
-
-void Q5_0(Block b, float* y) {  // half d; u32 qh (bit j: element j's fifth bit); u8 qs[16]
-  const float d = Half(b);
-  const uint32_t qh = U32(b + 2);
-  const Block qs = b + 6;
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (qs[j] & 15) | static_cast<int>(((qh >> j) & 1) << 4);
-    const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
-    y[j] = d * static_cast<float>(lo - 16);
-    y[j + 16] = d * static_cast<float>(hi - 16);
-  }
-}
-
-void Q5_1(Block b, float* y) {  // half d, m; u32 qh; u8 qs[16]
-  const float d = Half(b), m = Half(b + 2);
-  const uint32_t qh = U32(b + 4);
-  const Block qs = b + 8;
-  for (int j = 0; j < 16; ++j) {
-    const int lo = (qs[j] & 15) | static_cast<int>(((qh >> j) & 1) << 4);
-    const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
-    y[j] = d * static_cast<float>(lo) + m;
-    y[j + 16] = d * static_cast<float>(hi) + m;
-  }
-}
-
-void Q8_0(Block b, float* y) {  // half d; i8 qs[32]
-  const float d = Half(b);
-  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(b[2 + j])) * d;
-}
-
-// Q2_K: u8 scales[16] (low nibble: scale, high: min, of each 16 elements); u8 qs[64] (2 bits
-// each: element 128h + 32k + l is bits 2k of qs[32h + l]); half d; half dmin — d at the end.
-void Q2_K(Block b, float* y) {
-  const Block scales = b, qs = b + 16;
-  const float d = Half(b + 80), dmin = Half(b + 82);
-  for (uint32_t e = 0; e < kQK; ++e) {
-    const uint32_t h = e / 128, k = (e % 128) / 32, l = e % 32, s = e / 16;
-    const float dl = d * static_cast<float>(scales[s] & 0xF);
-    const float ml = dmin * static_cast<float>(scales[s] >> 4);
-    const float q = static_cast<float>((qs[32 * h + l] >> (2 * k)) & 3);
-    y[e] = dl * q - ml;
-  }
-}
-
-// Q3_K: u8 hmask[32] (bit k of hmask[l]: element 32k + l's high bit, set = no offset); u8 qs[64]
-// (low 2 bits, as Q2_K); u8 scales[12] (sixteen 6-bit signed scales, biased by 32); half d.
-void Q3_K(Block b, float* y) {
-  const Block hmask = b, qs = b + 32, packed = b + 96;
-  const float d = Half(b + 108);
-  std::array<float, 16> dl{};
-  for (uint32_t i = 0; i < 16; ++i) {
-    const uint32_t low = (packed[i % 8] >> (4 * (i / 8))) & 0xF;
-    const uint32_t high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-    dl[i] = d * static_cast<float>(static_cast<int>(low | (high << 4)) - 32);
-  }
-  for (uint32_t e = 0; e < kQK; ++e) {
-    const uint32_t h = e / 128, k = (e % 128) / 32, l = e % 32;
-    const int low = (qs[32 * h + l] >> (2 * k)) & 3;
-    const int offset = ((hmask[l] >> (e / 32)) & 1) ? 0 : 4;
-    y[e] = dl[e / 16] * static_cast<float>(low - offset);
-  }
-}
-
-// The eight 6-bit scales and mins of a Q4_K / Q5_K super-block, from its 12 bytes.
-void ScaleMin(Block s, uint32_t j, uint32_t* sc, uint32_t* m) {
-  if (j < 4) {
-    *sc = s[j] & 63;
-    *m = s[j + 4] & 63;
-  } else {
-    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-// Q4_K: half d, dmin; u8 scales[12]; u8 qs[128] (sub-block 2c: low nibbles of qs[32c ..], 2c+1:
-// their high nibbles). Q5_K: the same with u8 qh[32] before qs (bit j of qh[l]: the fifth bit of
-// element 32j + l); `qh` is null for Q4_K.
-void Q45_K(Block b, Block qh, Block qs, float* y) {
-  const float d = Half(b), dmin = Half(b + 2);
-  const Block scales = b + 4;
-  for (uint32_t j = 0; j < 8; ++j) {
-    uint32_t sc = 0, m = 0;
-    ScaleMin(scales, j, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    const Block q = qs + 32 * (j / 2);
-    for (uint32_t l = 0; l < 32; ++l) {
-      uint32_t v = (q[l] >> (4 * (j % 2))) & 0xF;
-      if (qh != nullptr) v |= ((qh[l] >> j) & 1) << 4;
-      y[32 * j + l] = d1 * static_cast<float>(v) - m1;
-    }
-  }
-}
-
-void Q4_K(Block b, float* y) { Q45_K(b, nullptr, b + 16, y); }
-void Q5_K(Block b, float* y) { Q45_K(b, b + 16, b + 48, y); }
-
-// Q6_K: u8 ql[128]; u8 qh[64]; i8 scales[16]; half d — d at the end. Element 128h + r takes
-// nibble r / 64 of ql[64h + r % 64] and bits 2 (r / 32) of qh[32h + r % 32], biased by 32.
-void Q6_K(Block b, float* y) {
-  const Block ql = b, qh = b + 128;
-  const auto* scales = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = Half(b + 208);
-  for (uint32_t e = 0; e < kQK; ++e) {
-    const uint32_t h = e / 128, r = e % 128;
-    const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
-    const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
-    const float ds = d * static_cast<float>(scales[e / 16]);
-    y[e] = ds * static_cast<float>((low | (high << 4)) - 32);
-  }
-}
-
-struct Decoder {
-  GgufBlockType type;
-  void (*decode)(Block, float*);
-};
-
-constexpr std::array<Decoder, 10> kDecoders = {{
-    {{"Q4_0", 32, 18}, Q4_0},
-    {{"Q4_1", 32, 20}, Q4_1},
-    {{"Q5_0", 32, 22}, Q5_0},
-    {{"Q5_1", 32, 24}, Q5_1},
-    {{"Q8_0", 32, 34}, Q8_0},
-    {{"Q2_K", kQK, 84}, Q2_K},
-    {{"Q3_K", kQK, 110}, Q3_K},
-    {{"Q4_K", kQK, 144}, Q4_K},
-    {{"Q5_K", kQK, 176}, Q5_K},
-    {{"Q6_K", kQK, 210}, Q6_K},
+constexpr std::array<GgufBlockType, 10> kTypes = {{
+    {"Q4_0", 32, 18, GgufType::kQ4_0},
+    {"Q4_1", 32, 20, GgufType::kQ4_1},
+    {"Q5_0", 32, 22, GgufType::kQ5_0},
+    {"Q5_1", 32, 24, GgufType::kQ5_1},
+    {"Q8_0", 32, 34, GgufType::kQ8_0},
+    {"Q2_K", kQK, 84, GgufType::kQ2_K},
+    {"Q3_K", kQK, 110, GgufType::kQ3_K},
+    {"Q4_K", kQK, 144, GgufType::kQ4_K},
+    {"Q5_K", kQK, 176, GgufType::kQ5_K},
+    {"Q6_K", kQK, 210, GgufType::kQ6_K},
 }};
 
-const Decoder* FindDecoder(std::string_view scheme) {
-  for (const Decoder& d : kDecoders) {
-    if (d.type.name == scheme) return &d;
+const GgufBlockType* FindDecoder(std::string_view scheme) {
+  for (const GgufBlockType& t : kTypes) {
+    if (t.name == scheme) return &t;
   }
   return nullptr;
 }
@@ -184,8 +39,7 @@ bool IsTarget(DType to) { return to == DType::kF32 || to == DType::kBF16 || to =
 }  // namespace
 
 const GgufBlockType* FindGgufBlockType(std::string_view scheme) {
-  const Decoder* d = FindDecoder(scheme);
-  return d ? &d->type : nullptr;
+  return FindDecoder(scheme);
 }
 
 bool CanDequantGguf(std::string_view scheme, DType to) {
@@ -194,18 +48,18 @@ bool CanDequantGguf(std::string_view scheme, DType to) {
 
 Status DequantGgufBlocks(std::string_view scheme, DType to, const std::byte* src, std::byte* dst,
                          uint64_t blocks) {
-  const Decoder* decoder = FindDecoder(scheme);
+  const GgufBlockType* decoder = FindDecoder(scheme);
   if (decoder == nullptr || !IsTarget(to)) {
     return Status::InvalidArgument(fmt::format(
         "loadstone cannot dequantize GGUF {} blocks into {} (types: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 "
         "Q2_K Q3_K Q4_K Q5_K Q6_K; targets: float32, bfloat16, float16)",
         scheme, TorchName(to)));
   }
-  const uint32_t elems = decoder->type.block_elems, bytes = decoder->type.block_bytes;
+  const uint32_t elems = decoder->block_elems, bytes = decoder->block_bytes;
   const uint64_t out_elem = DTypeBits(to) / 8;
   std::array<float, kQK> y{};
   for (uint64_t i = 0; i < blocks; ++i) {
-    decoder->decode(reinterpret_cast<Block>(src + i * bytes), y.data());
+    gguf::DecodeBlock(decoder->id, reinterpret_cast<Block>(src + i * bytes), y.data());
     // Encoded as every f32 source is (a copy into f32).
     LOADSTONE_RETURN_IF_ERROR(CastBuffer(DType::kF32, to, reinterpret_cast<const std::byte*>(y.data()),
                                          dst + i * elems * out_elem, elems));

@@ -17,14 +17,17 @@
 
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
+#include "runtime/convert/gguf_block_decode.h"
 
 namespace loadstone::convert {
 
-// A block type this file dequantizes: its ggml name, elements and bytes per block.
+// A block type this file dequantizes: its ggml name, elements and bytes per block, and its
+// decoder (gguf_block_decode.h, shared with the CUDA kernels).
 struct GgufBlockType {
   std::string_view name;
   uint32_t block_elems = 0;
   uint32_t block_bytes = 0;
+  gguf::GgufType id = gguf::GgufType::kQ4_0;
 };
 
 // The type named `scheme` (PackedLayout::scheme: "Q4_K", ...), or nullptr when it is not one of

@@ -18,6 +18,7 @@
 #include "gpu_test_util.h"
 #include "io/formats/bnb_state.h"
 #include "runtime/convert/bitsandbytes.h"
+#include "runtime/convert/gguf_blocks.h"
 #include "runtime/convert/packed_int.h"
 
 namespace loadstone::cuda {
@@ -232,6 +233,29 @@ TEST_CASE("dequant kernels: bitsandbytes NF4/FP4 (plain, nested) and LLM.int8, a
                                  SmCount(), 0)
                 .ok());
     CHECK(Fetch(out, want.size()) == want);
+  }
+}
+
+TEST_CASE("dequant kernels: every GGUF block type, as the CPU decodes", "[gpu]") {
+  LOADSTONE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(31);
+  for (const char* scheme :
+       {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}) {
+    const convert::GgufBlockType& type = *convert::FindGgufBlockType(scheme);
+    // Random bytes with bit 6 cleared: every f16 field's exponent stays below 16 (finite).
+    const uint64_t blocks = 1000;
+    std::vector<std::byte> src = RandomBytes(blocks * type.block_bytes, rng);
+    for (auto& b : src) b &= std::byte{0xBF};
+    for (DType to : {DType::kF32, DType::kBF16, DType::kF16}) {
+      INFO(scheme << " to " << TorchName(to));
+      std::vector<std::byte> want(blocks * type.block_elems * (DTypeBits(to) / 8));
+      REQUIRE(convert::DequantGgufBlocks(scheme, to, src.data(), want.data(), blocks).ok());
+      Uploads up;
+      std::byte* out = up.Output(want.size());
+      REQUIRE(LaunchDequantGgufBlocks(scheme, to, up.Put(src), out, blocks, nullptr, SmCount(), 0)
+                  .ok());
+      CHECK(Fetch(out, want.size()) == want);
+    }
   }
 }
 
