@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/cast_kernels.h"
+#include "cuda/dequant_kernels.h"
 #include "cuda/cuda_handles.h"
 #include "cuda/place_job.h"
 #include "runtime/convert/cast.h"
@@ -214,7 +215,9 @@ class CudaDevice::Impl {
     LOADSTONE_RETURN_IF_ERROR(Check(cudaStreamWaitEvent(compute_.get(), copied_.get(), 0),
                                     {"cudaStreamWaitEvent", dev}));
     LOADSTONE_RETURN_IF_ERROR(mark(2, compute_));
-    if (job.fp8.scales != nullptr) {
+    if (job.quant != nullptr) {
+      LOADSTONE_RETURN_IF_ERROR(LaunchQuantJob(job, target, compute_.get(), sm_count_, dev));
+    } else if (job.fp8.scales != nullptr) {
       LOADSTONE_RETURN_IF_ERROR(LaunchDequantFp8Block(job.from, job.to, target, job.dst, job.first,
                                                       job.count, job.fp8, compute_.get(),
                                                       sm_count_, dev));

@@ -52,6 +52,8 @@ class CudaDevice final : public device::Device {
   Result<device::HostStaging> AllocateStaging(uint64_t bytes) override;
   bool CanConvert(DType from, DType to) const override;
   bool CanDequantFp8Block(DType from, DType to) const override;
+  // Yes: the kernels of dequant_kernels.h (compiled, not yet run on a GPU).
+  bool DecodesQuantized() const override { return true; }
   void Submit(device::PlaceJob job) override;
   Status CopyToHost(const std::byte* device_src, uint64_t bytes, std::byte* host_dst) override;
   void Drain() override;

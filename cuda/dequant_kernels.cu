@@ -15,6 +15,7 @@
 #include "runtime/convert/float_bits.h"
 #include "runtime/convert/fp8_block.h"
 #include "runtime/convert/gguf_blocks.h"
+#include "runtime/convert/packed_int.h"
 
 namespace loadstone::cuda {
 namespace {
@@ -224,6 +225,55 @@ Status LaunchDequantBnbInt8(DType to, const std::byte* codes, uint64_t first, ui
     BnbInt8Kernel<decltype(enc)><<<blocks, kCastThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         codes, first, count, cols, scb, dst);
   });
+}
+
+Status LaunchQuantJob(const device::PlaceJob& job, const std::byte* src, void* stream,
+                      uint32_t sm_count, int device) {
+  const device::QuantDecode& q = *job.quant;
+  switch (q.conversion) {
+    case Conversion::kDequantPackedInt: {
+      const PackedIntState& s = *q.layout.packed_int;
+      DevicePackedInt d;
+      d.bits = s.bits;
+      d.order = s.order;
+      d.rows = s.rows;
+      d.cols = s.cols;
+      d.groups = s.groups;
+      d.group_size = s.group_size;
+      d.scale_dtype = s.scale_dtype;
+      d.zeros = q.zeros;
+      d.g_idx = q.g_idx;
+      return LaunchDequantPackedInt(d, job.to, src, convert::WordOf(s, job.first), job.first,
+                                    job.count, q.scales, job.dst, stream, sm_count, device);
+    }
+    case Conversion::kDequantBnb4: {
+      const Bnb4State& s = *q.layout.bnb4;
+      DeviceBnb4 d;
+      d.fp4 = s.fp4;
+      for (size_t k = 0; k < 16; ++k) d.code[k] = s.code[k];
+      d.blocksize = q.layout.block_elems;
+      d.nested = s.nested;
+      d.nested_blocksize = s.nested_blocksize;
+      d.nested_offset = s.nested_offset;
+      d.nested_code = q.nested_code;
+      d.nested_absmax = q.nested_absmax;
+      return LaunchDequantBnb4(d, job.to, src, job.first, job.count, q.scales, job.dst, stream,
+                               sm_count, device);
+    }
+    case Conversion::kDequantBnb8:
+      return LaunchDequantBnbInt8(job.to, src, job.first, job.count, q.int8_cols, q.scales,
+                                  job.dst, stream, sm_count, device);
+    case Conversion::kDequantBlocks: {
+      const cv::GgufBlockType* type = cv::FindGgufBlockType(q.layout.scheme);
+      if (type == nullptr) break;
+      return LaunchDequantGgufBlocks(q.layout.scheme, job.to, src, job.dst,
+                                     job.count / type->block_elems, stream, sm_count, device);
+    }
+    default:
+      break;
+  }
+  return Status::InvalidArgument(DeviceName(device) + ": no kernel decodes " + q.layout.scheme +
+                                 " weights");
 }
 
 Status LaunchDequantGgufBlocks(std::string_view scheme, DType to, const std::byte* src,

@@ -5,9 +5,9 @@
 // output element (GGUF: per block), grid-stride; every table a kernel indexes is a device
 // address in the structs below.
 //
-// Not yet wired into the load pipeline (a GPU target's quantized weights are decoded by the CPU
-// workers and copied); tested against the CPU references by tests/gpu/dequant_kernels_test.cc
-// (label gpu). Compiled, not yet run on a GPU.
+// CudaDevice runs them for quantized PlaceJobs (LaunchQuantJob): a GPU target's quantized
+// weights are copied packed and decoded on the device. Tested against the CPU references by
+// tests/gpu/dequant_kernels_test.cc (label gpu). Compiled, not yet run on a GPU.
 #ifndef LOADSTONE_CUDA_DEQUANT_KERNELS_H_
 #define LOADSTONE_CUDA_DEQUANT_KERNELS_H_
 
@@ -18,6 +18,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
+#include "runtime/device/device.h"
 
 namespace loadstone::cuda {
 
@@ -72,6 +73,12 @@ Status LaunchDequantBnbInt8(DType to, const std::byte* codes, uint64_t first, ui
 Status LaunchDequantGgufBlocks(std::string_view scheme, DType to, const std::byte* src,
                                std::byte* dst, uint64_t blocks, void* stream, uint32_t sm_count,
                                int device);
+
+// The kernel a quantized PlaceJob (PlaceJob::quant) asks for, reading the job's packed bytes
+// from `src` (device scratch holding job.bytes) and its quant state from job.quant's device
+// addresses, writing job.dst. Errors as the launchers'.
+Status LaunchQuantJob(const device::PlaceJob& job, const std::byte* src, void* stream,
+                      uint32_t sm_count, int device);
 
 }  // namespace loadstone::cuda
 

@@ -38,16 +38,17 @@ enum class Conversion {
   kRelayout,
   // A packed block-quantized tensor (TensorInfo::packed: GGUF Q4_0 ... Q6_K) decoded into `dtype`
   // (specs/quant.md, "GGUF blocks"; runtime/convert/gguf_blocks.h), by a CPU worker as its read
-  // completes (for a GPU target, before the device copies the result: no device kernel yet).
-  // Its reads hold whole blocks; its shape once loaded is PackedLayout::element_shape.
+  // completes; for a GPU target by the device, from the packed bytes (Device::DecodesQuantized;
+  // a device that cannot has the worker decode and copies the result). Its reads hold whole
+  // blocks; its shape once loaded is PackedLayout::element_shape.
   kDequantBlocks,
   // A bitsandbytes 4-bit weight (TensorInfo::packed with PackedLayout::bnb4: "bnb-nf4",
   // "bnb-fp4") decoded into `dtype` with its per-block absmax (TensorPlan::scale: planned and read
   // before it, loaded as stored) by a CPU worker as its read completes (specs/quant.md;
   // runtime/convert/bitsandbytes.h). Two codes a byte: any piece of whole bytes decodes on its own. Its
-  // shape once loaded is PackedLayout::element_shape. For a GPU target the worker decodes into
-  // host memory and the device copies the result (no device kernel yet); the absmax then stays
-  // in host memory, an input of the decode.
+  // shape once loaded is PackedLayout::element_shape. For a GPU target the device decodes the
+  // packed bytes (as kDequantBlocks), the absmax and the nested tables copied there first; the
+  // absmax tensor itself stays in host memory, loaded as stored.
   kDequantBnb4,
   // A bitsandbytes LLM.int8 weight (PackedLayout::bnb8, "row" format) decoded into `dtype` with
   // its row absmax (TensorPlan::scale: the SCB tensor, as stored), elementwise, by a CPU worker

@@ -22,7 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "loadstone/checkpoint.h"
 #include "loadstone/dtype.h"
+#include "loadstone/plan.h"
 #include "loadstone/status.h"
 #include "runtime/convert/fp8_block.h"
 
@@ -51,6 +53,22 @@ struct JobTiming {
   std::chrono::steady_clock::time_point copy_begin, copy_end, kernel_begin, kernel_end;
 };
 
+// How a device decodes a quantized weight (Device::DecodesQuantized): what the weight is, and
+// where its quant state lies in device memory (on a simulated device: host memory). One per
+// weight, shared by its jobs; `owner` keeps that memory until the last of them is gone.
+struct QuantDecode {
+  Conversion conversion = Conversion::kNone;  // kDequantBlocks, kDequantBnb4, kDequantBnb8 or
+                                              // kDequantPackedInt
+  PackedLayout layout;     // the weight's (TensorInfo::packed): scheme, states, host tables
+  uint64_t int8_cols = 0;  // kDequantBnb8: the weight's columns
+  const std::byte* scales = nullptr;  // absmax, SCB or weight_scale / scales (not for GGUF)
+  const int16_t* zeros = nullptr;     // PackedIntState::zeros (nullptr when empty)
+  const int32_t* g_idx = nullptr;     // PackedIntState::g_idx (nullptr when empty)
+  const float* nested_code = nullptr;    // Bnb4State::nested_code (nested only)
+  const float* nested_absmax = nullptr;  // Bnb4State::nested_absmax (nested only)
+  std::shared_ptr<void> owner;
+};
+
 struct PlaceJob {
   const std::byte* src = nullptr;  // host staging, `bytes` long; untouched after `done`
   uint64_t bytes = 0;
@@ -64,15 +82,19 @@ struct PlaceJob {
   // address): src holds elements first .. first + count of the row-major weight.
   convert::Fp8BlockScales fp8;
   uint64_t first = 0;
+  // A quantized weight's decode instead of a cast when set: src holds the packed bytes of its
+  // elements first .. first + count (whole blocks, words or bytes as the plan reads them), dst
+  // receives them as `to`.
+  std::shared_ptr<const QuantDecode> quant;
   std::function<void(Status)> done;  // called exactly once, from a device thread
   // Set by a traced load only: called once before `done`, from a device thread, when the job
   // ran. Costs the device a few events per job.
   std::function<void(const JobTiming&)> timed;
 };
 
-// True when the job runs a kernel (a cast or a float8 dequant), not only a copy.
+// True when the job runs a kernel (a cast or a dequant), not only a copy.
 inline bool Converts(const PlaceJob& job) {
-  return job.from != job.to || job.fp8.scales != nullptr;
+  return job.from != job.to || job.fp8.scales != nullptr || job.quant != nullptr;
 }
 
 struct DeviceInfo {
@@ -98,6 +120,9 @@ class Device {
   virtual bool CanConvert(DType from, DType to) const = 0;
   // True when Submit can run a float8 block dequant from → to (PlaceJob::fp8).
   virtual bool CanDequantFp8Block(DType from, DType to) const = 0;
+  // True when Submit decodes quantized weights (PlaceJob::quant: every scheme and target the
+  // CPU decoders take); else the load's workers decode them and the device copies the result.
+  virtual bool DecodesQuantized() const { return false; }
 
   // Queues the job; returns at once. A job that cannot start (bad arguments) completes with
   // its error through `done` as well, so that every job completes exactly once.

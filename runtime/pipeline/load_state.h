@@ -126,7 +126,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void SubmitDevicePiece(uint64_t chunk, size_t slot, uint32_t t, device::PlaceJob job,
                          uint64_t file_bytes, std::shared_ptr<std::vector<std::byte>> keep);
   // A device piece the CPU prepares first, on a worker, then SubmitDevicePiece: a strided or
-  // big-endian tensor's relayout, a packed tensor's block dequant (no device kernel yet).
+  // big-endian tensor's relayout, a quantized weight's decode for a device that cannot decode.
   void PrepareForDevice(uint64_t chunk, size_t slot, uint32_t t);
   void ConvertStaged(uint64_t chunk, size_t slot);  // runs on a worker thread
   // ConvertStaged's pieces of an unshared chunk, staged at `staged`: each CPU tensor's, converted
@@ -158,6 +158,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     const TensorPlan& tp = plan.tensors[t];
     return UsesScales(tp.conversion) ? tensors[tp.scale].data : nullptr;
   }
+  // Quantized weight `t`'s quant state on its device, for a device that decodes
+  // (Device::DecodesQuantized): its scales (in host memory by now) and the catalog's tables,
+  // copied into one device allocation by one job, the first time a piece of `t` goes there.
+  Result<std::shared_ptr<const device::QuantDecode>> DeviceQuant(uint32_t t);
   // Where an unstaged read lands: its (first) tensor's memory at the read's offset in it — the
   // read's own tensor, or the start of its shared buffer.
   std::byte* ReadDestination(uint64_t id) const {
@@ -214,7 +218,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   RouteCounts route_counts_{};
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
-  size_t conversions_in_flight_ = 0;  // staged pieces and cached copies
+  // Per tensor, once made: its quant state on its device (DeviceQuant).
+  std::vector<std::shared_ptr<const device::QuantDecode>> device_quant_;
+  size_t conversions_in_flight_ = 0;  // staged pieces, cached copies, quant-state uploads
   size_t cached_copies_ = 0;
   bool stopping_ = false;
   Status error_;

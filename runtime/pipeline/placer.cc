@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -177,6 +178,29 @@ std::pair<uint64_t, uint64_t> Placer::ElementsOf(uint32_t t, uint64_t lo, uint64
   }
   const uint64_t first = (lo - src.offset) * 2;  // two 4-bit codes a byte, the last maybe a pad
   return {first, std::min((hi - lo) * 2, src.element_count() - first)};
+}
+
+Result<device::PlaceJob> Placer::QuantJob(const ReadChunk& read, uint32_t t, std::byte* data,
+                                          const std::byte* staged,
+                                          std::shared_ptr<const device::QuantDecode> quant) const {
+  const TensorPlan& tp = plan_.tensors[t];
+  const TensorInfo& src = checkpoint_.tensors()[tp.source];
+  const auto [lo, hi] = PieceOf(read, src);
+  device::PlaceJob job;
+  if (tp.conversion == Conversion::kDequantBlocks) {
+    LOADSTONE_ASSIGN_OR_RETURN(const Blocks b, BlocksOf(t, lo, hi));
+    job.first = b.first * src.packed->block_elems;
+    job.count = b.count * src.packed->block_elems;
+  } else {
+    std::tie(job.first, job.count) = ElementsOf(t, lo, hi);
+  }
+  job.src = staged + (lo - read.offset);
+  job.bytes = hi - lo;
+  job.from = src.dtype;
+  job.to = tp.dtype;
+  job.dst = data + job.first * (DTypeBits(tp.dtype) / 8);
+  job.quant = std::move(quant);
+  return job;
 }
 
 device::PlaceJob Placer::DeviceJob(const ReadChunk& read, uint32_t t, std::byte* data,

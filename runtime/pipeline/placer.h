@@ -44,6 +44,11 @@ class Placer {
   // The same for the piece [lo, hi) of a contiguous little-endian tensor at `from`: what
   // Relayout made of a strided or big-endian one (lo: where the piece's file bytes start, hi:
   // lo plus the bytes Relayout made).
+  // The job that has a device decode quantized tensor `t`'s piece of staged read `read` (its
+  // bytes at `staged`) into memory `data`, with `quant` (Device::DecodesQuantized).
+  Result<device::PlaceJob> QuantJob(const ReadChunk& read, uint32_t t, std::byte* data,
+                                    const std::byte* staged,
+                                    std::shared_ptr<const device::QuantDecode> quant) const;
   device::PlaceJob DeviceJobFrom(uint32_t t, std::byte* data, const std::byte* scales,
                                  const std::byte* from, uint64_t lo, uint64_t hi) const;
   // The file bytes [lo, hi) of tensor `t` (a strided one whole, a big-endian one in whole

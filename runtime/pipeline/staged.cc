@@ -32,6 +32,18 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     ++chunks_[id].parts_left;
     ++conversions_in_flight_;
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+    if (Unpacks(plan.tensors[t].conversion) && devices[device]->DecodesQuantized()) {
+      auto quant = DeviceQuant(t);
+      auto job = quant.ok() ? placer_.QuantJob(chunk, t, tensors[t].data, staged, *quant)
+                            : Result<device::PlaceJob>(quant.status());
+      const auto [lo, hi] = PieceOf(chunk, src);
+      if (!job.ok()) {
+        OnDevicePieceDone(id, slot, t, hi - lo, job.status());
+        continue;
+      }
+      SubmitDevicePiece(id, slot, t, std::move(*job), hi - lo, nullptr);
+      continue;
+    }
     if (!src.plain_layout() || Unpacks(plan.tensors[t].conversion)) {
       asio::post(workers, [self = shared_from_this(), id, slot, t] {
         self->PrepareForDevice(id, slot, t);
@@ -48,6 +60,73 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     ++conversions_in_flight_;
     asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
   }
+}
+
+Result<std::shared_ptr<const device::QuantDecode>> LoadHandle::State::DeviceQuant(uint32_t t) {
+  if (device_quant_.empty()) device_quant_.resize(tensors.size());
+  if (device_quant_[t]) return device_quant_[t];
+  const TensorPlan& tp = plan.tensors[t];
+  const TensorInfo& src = checkpoint.tensors()[tp.source];
+  auto quant = std::make_shared<device::QuantDecode>();
+  quant->conversion = tp.conversion;
+  quant->layout = *src.packed;
+  if (tp.conversion == Conversion::kDequantBnb8) quant->int8_cols = src.shape.at(1);
+  // Every table at an 8-byte-aligned offset of one host block; the device copies it whole.
+  auto host = std::make_shared<std::vector<std::byte>>();
+  auto add = [&](const void* data, uint64_t bytes) {
+    const uint64_t at = (host->size() + 7) / 8 * 8;
+    host->resize(at + bytes);
+    if (bytes) std::memcpy(host->data() + at, data, bytes);
+    return at;
+  };
+  constexpr uint64_t kNone = UINT64_MAX;
+  uint64_t scales = kNone, zeros = kNone, g_idx = kNone, nested_code = kNone, nested_absmax = kNone;
+  if (UsesScales(tp.conversion)) scales = add(ScalesOf(t), plan.tensors[tp.scale].nbytes);
+  if (const auto& s = src.packed->packed_int) {
+    if (!s->zeros.empty()) zeros = add(s->zeros.data(), s->zeros.size() * sizeof(int16_t));
+    if (!s->g_idx.empty()) g_idx = add(s->g_idx.data(), s->g_idx.size() * sizeof(int32_t));
+  }
+  if (const auto& s = src.packed->bnb4; s && s->nested) {
+    nested_code = add(s->nested_code.data(), sizeof(s->nested_code));
+    nested_absmax = add(s->nested_absmax.data(), s->nested_absmax.size() * sizeof(float));
+  }
+  if (!host->empty()) {
+    const int device = DeviceOf(t);
+    auto memory = devices[device]->Allocate(host->size());
+    if (!memory.ok()) {
+      return memory.status().WithContext(
+          fmt::format("the quant state of tensor '{}' ({} bytes)", src.name, host->size()));
+    }
+    std::byte* base = memory->data;
+    auto at = [base](uint64_t offset) { return offset == kNone ? nullptr : base + offset; };
+    quant->scales = at(scales);
+    quant->zeros = reinterpret_cast<const int16_t*>(at(zeros));
+    quant->g_idx = reinterpret_cast<const int32_t*>(at(g_idx));
+    quant->nested_code = reinterpret_cast<const float*>(at(nested_code));
+    quant->nested_absmax = reinterpret_cast<const float*>(at(nested_absmax));
+    quant->owner = memory->owner;
+    device::PlaceJob upload;  // before every piece of `t` on this device, whose jobs run in order
+    upload.src = host->data();
+    upload.bytes = upload.count = host->size();
+    upload.dst = base;
+    ++conversions_in_flight_;
+    upload.done = [self = shared_from_this(), t, host](Status status) {
+      asio::post(self->loop, [self, t, status = std::move(status)]() mutable {
+        --self->conversions_in_flight_;
+        if (!status.ok()) {
+          const TensorPlan& p = self->plan.tensors[t];
+          self->Fail(status.WithContext(
+              fmt::format("copying the quant state of tensor '{}' to {}",
+                          self->checkpoint.tensors()[p.source].name,
+                          self->plan.device_of(t).ToString())));
+        }
+        self->MaybeFinish();
+      });
+    };
+    devices[device]->Submit(std::move(upload));
+  }
+  device_quant_[t] = quant;
+  return device_quant_[t];
 }
 
 void LoadHandle::State::PrepareForDevice(uint64_t id, size_t slot, uint32_t t) {

@@ -6,7 +6,10 @@
 #include <fmt/format.h>
 
 #include "runtime/convert/cast.h"
+#include "runtime/convert/bitsandbytes.h"
 #include "runtime/convert/fp8_block.h"
+#include "runtime/convert/gguf_blocks.h"
+#include "runtime/convert/packed_int.h"
 
 namespace loadstone::device {
 
@@ -98,7 +101,53 @@ Status SimDevice::Execute(const PlaceJob& job, JobTiming* timing) {
   return status;
 }
 
+namespace {
+
+// A quantized piece decoded by the CPU reference with the quant state the job points at — its
+// "device" copy, host memory here — so that what the pipeline uploaded is what decodes.
+Status DecodeQuantized(const PlaceJob& job) {
+  const QuantDecode& q = *job.quant;
+  switch (q.conversion) {
+    case Conversion::kDequantPackedInt: {
+      PackedIntState s = *q.layout.packed_int;
+      if (!s.zeros.empty()) s.zeros.assign(q.zeros, q.zeros + s.zeros.size());
+      if (!s.g_idx.empty()) s.g_idx.assign(q.g_idx, q.g_idx + s.g_idx.size());
+      return convert::DequantPackedInt(s, job.to, job.src, convert::WordOf(s, job.first),
+                                       job.first, job.count, q.scales, job.dst);
+    }
+    case Conversion::kDequantBnb4: {
+      auto state = std::make_shared<Bnb4State>(*q.layout.bnb4);
+      if (state->nested) {
+        std::copy(q.nested_code, q.nested_code + state->nested_code.size(),
+                  state->nested_code.begin());
+        state->nested_absmax.assign(q.nested_absmax,
+                                    q.nested_absmax + state->nested_absmax.size());
+      }
+      PackedLayout layout = q.layout;
+      layout.bnb4 = std::move(state);
+      return convert::DequantBnb4(layout, job.to, job.src, job.first, job.count, q.scales,
+                                  job.dst);
+    }
+    case Conversion::kDequantBnb8:
+      return convert::DequantBnbInt8(job.to, job.src, job.first, job.count, q.int8_cols, q.scales,
+                                     job.dst);
+    case Conversion::kDequantBlocks: {
+      const convert::GgufBlockType* type = convert::FindGgufBlockType(q.layout.scheme);
+      if (type == nullptr) break;
+      return convert::DequantGgufBlocks(q.layout.scheme, job.to, job.src, job.dst,
+                                        job.count / type->block_elems);
+    }
+    default:
+      break;
+  }
+  return Status::InvalidArgument(
+      fmt::format("a quantized job of {} weights the device cannot decode", q.layout.scheme));
+}
+
+}  // namespace
+
 Status SimDevice::Place(const PlaceJob& job) {
+  if (job.quant != nullptr) return DecodeQuantized(job);
   if (job.fp8.scales != nullptr) {
     return convert::DequantFp8Block(job.from, job.to, job.src, job.dst, job.first, job.count,
                                     job.fp8);

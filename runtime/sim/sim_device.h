@@ -22,6 +22,9 @@ struct SimDeviceOptions {
   std::chrono::microseconds latency{0};         // per job
   double bandwidth_bytes_per_s = 0;             // 0: unlimited
   int64_t fail_job = -1;                        // the job with this sequence number fails (IOError)
+  // Decodes quantized weights itself (DecodesQuantized); false: as a device without those
+  // kernels, which has the load's workers decode them.
+  bool decodes_quantized = true;
 };
 
 class SimDevice final : public Device {
@@ -34,6 +37,9 @@ class SimDevice final : public Device {
   Result<HostStaging> AllocateStaging(uint64_t bytes) override;
   bool CanConvert(DType from, DType to) const override;
   bool CanDequantFp8Block(DType from, DType to) const override;
+  // With the CPU references, the quant state read from the job's device addresses (unless
+  // SimDeviceOptions::decodes_quantized is false).
+  bool DecodesQuantized() const override { return options_.decodes_quantized; }
   void Submit(PlaceJob job) override;
   Status CopyToHost(const std::byte* device_src, uint64_t bytes, std::byte* host_dst) override;
   void Drain() override;

@@ -17,6 +17,7 @@
 #include "runtime/sim/sim_device.h"
 #include "tests/runtime/pipeline/test_platform.h"
 #include "test_model.h"
+#include "testing/quantized_fixtures.h"
 
 namespace loadstone {
 namespace {
@@ -229,6 +230,53 @@ TEST_CASE("sim: the trace shows each device's copy and compute streams, job by j
   CHECK(spans["cuda:0 compute|fp8-block-dequant"] == 4);
   CHECK(dequant_track.size() == 4);
   CHECK(spans.size() == 3);
+}
+
+// Quantized weights go to the device packed and the device decodes them (Device::
+// DecodesQuantized; the simulated one with the CPU references and the quant state it was sent),
+// bit for bit the producers' values: bitsandbytes 4-bit (nested absmax tables) and LLM.int8,
+// compressed-tensors, GPTQ with activation order (zeros and g_idx tables), AWQ, GGUF blocks.
+TEST_CASE("sim: quantized weights are decoded on the device from their packed bytes") {
+  // A device without the kernels: the workers decode, the device copies (no kernel span).
+  const bool on_device = GENERATE(true, false);
+  INFO((on_device ? "the device decodes" : "the workers decode"));
+  for (const testing::QuantFixture& fixture : testing::QuantFixtures()) {
+    INFO(fixture.path);
+    TempDir dir;
+    auto ckpt = Checkpoint::Open(testing::FixturePath(fixture.path));
+    REQUIRE(ckpt.ok());
+    PlanOptions po;
+    po.device_map = "cuda:0";
+    po.dtype = DType::kF32;
+    auto plan = Plan(*ckpt, po);
+    REQUIRE(plan.ok());
+    auto sims = MakeSims(1, {.decodes_quantized = on_device});
+    Loader loader(testing::OnDevices(AsSet(sims)));
+    LoadOptions options;
+    options.trace = true;
+    LoadHandle load = loader.Load(*ckpt, *plan, options);
+    const Status done = load.Done().get();
+    INFO(done.ToString());
+    REQUIRE(done.ok());
+    const size_t decoded = testing::CheckDecoded(fixture, *ckpt, *plan, load, "f32");
+    CHECK(decoded > 0);
+    // A kernel span per decoded piece on the device's compute track; none when the workers
+    // decode (the device then copies the decoded values).
+    const auto doc = nlohmann::json::parse(testing::TraceText(load, dir));
+    std::map<uint64_t, std::string> tracks;
+    for (const auto& e : doc["traceEvents"]) {
+      if (e["ph"] == "M") tracks[e["tid"].get<uint64_t>()] = e["args"]["name"].get<std::string>();
+    }
+    size_t kernels = 0;
+    for (const auto& e : doc["traceEvents"]) {
+      if (e["ph"] == "X" && tracks[e["tid"].get<uint64_t>()] == "cuda:0 compute" &&
+          e["name"].get<std::string>().starts_with(fixture.kernel)) {
+        ++kernels;
+      }
+    }
+    if (on_device) CHECK(kernels >= decoded);
+    if (!on_device) CHECK(kernels == 0);
+  }
 }
 
 TEST_CASE("sim: staging stays bounded and slots are recycled under backpressure") {
