@@ -7,6 +7,10 @@
 #include <bit>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "runtime/convert/dequant_element.h"
 #include "runtime/convert/float_bits.h"
 #include "runtime/convert/fp8_block.h"
@@ -15,6 +19,63 @@ namespace loadstone::convert {
 namespace {
 
 uint64_t WordsPerRow(const PackedIntState& s) { return (s.cols * s.bits + 31) / 32; }
+
+// The eight 4-bit codes of a word, LSB first, one a byte.
+uint64_t SpreadNibbles(uint32_t word) {
+  uint64_t x = word;
+  x = (x | x << 16) & 0x0000FFFF0000FFFFULL;
+  x = (x | x << 8) & 0x00FF00FF00FF00FFULL;
+  return (x | x << 4) & 0x0F0F0F0F0F0F0F0FULL;
+}
+
+#if defined(__x86_64__)
+// out[i] = lut[code[i]] (codes below 16) sixteen at a time: the table's bytes as 2 or 4 SSSE3
+// byte-shuffle tables, the looked-up bytes interleaved back into values. Returns how many it did
+// (a multiple of 16).
+template <typename Out>
+__attribute__((target("ssse3"))) uint64_t LookupSsse3(const std::array<Out, 16>& lut,
+                                                      const uint8_t* code, uint64_t n, Out* out) {
+  constexpr size_t kPlanes = sizeof(Out);
+  alignas(16) uint8_t planes[kPlanes][16];
+  for (size_t k = 0; k < 16; ++k) {
+    for (size_t b = 0; b < kPlanes; ++b) planes[b][k] = static_cast<uint8_t>(lut[k] >> (8 * b));
+  }
+  __m128i t[kPlanes];
+  for (size_t b = 0; b < kPlanes; ++b) {
+    t[b] = _mm_load_si128(reinterpret_cast<const __m128i*>(planes[b]));
+  }
+  auto store = [](Out* at, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(at), v); };
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i));
+    const __m128i b0 = _mm_shuffle_epi8(t[0], c), b1 = _mm_shuffle_epi8(t[1], c);
+    if constexpr (kPlanes == 2) {
+      store(out + i, _mm_unpacklo_epi8(b0, b1));
+      store(out + i + 8, _mm_unpackhi_epi8(b0, b1));
+    } else {
+      const __m128i b2 = _mm_shuffle_epi8(t[2], c), b3 = _mm_shuffle_epi8(t[3], c);
+      const __m128i lo01 = _mm_unpacklo_epi8(b0, b1), hi01 = _mm_unpackhi_epi8(b0, b1);
+      const __m128i lo23 = _mm_unpacklo_epi8(b2, b3), hi23 = _mm_unpackhi_epi8(b2, b3);
+      store(out + i, _mm_unpacklo_epi16(lo01, lo23));
+      store(out + i + 4, _mm_unpackhi_epi16(lo01, lo23));
+      store(out + i + 8, _mm_unpacklo_epi16(hi01, hi23));
+      store(out + i + 12, _mm_unpackhi_epi16(hi01, hi23));
+    }
+  }
+  return i;
+}
+const bool kSsse3 = __builtin_cpu_supports("ssse3");
+#endif
+
+// out[i] = lut[code[i]] for n codes.
+template <typename Out>
+void Lookup(const std::array<Out, 16>& lut, const uint8_t* code, uint64_t n, Out* out) {
+  uint64_t i = 0;
+#if defined(__x86_64__)
+  if (kSsse3) i = LookupSsse3(lut, code, n, out);
+#endif
+  for (; i < n; ++i) out[i] = lut[code[i]];
+}
 
 // Columns [c_begin, c_end) of row r into `out`, their codes at code[c_begin - c0] on. A group's
 // scale and zero are looked up once, and without g_idx its 2- to 4-bit outputs are computed once
@@ -54,7 +115,7 @@ void DecodeRow(const PackedIntState& s, const std::byte* scales, uint64_t r, uin
     const Group at = group(g);
     for (uint32_t u = 0; u < (1u << s.bits); ++u) lut[u] = value(at, static_cast<int32_t>(u));
     const uint8_t* run = code + (c - c_begin);
-    for (uint64_t i = 0, n = run_end - c; i < n; ++i) out[i] = lut[run[i]];
+    Lookup(lut, run, run_end - c, out);
     out += run_end - c;
     c = run_end;
   }
@@ -75,7 +136,10 @@ void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word
   std::array<Out, kBandCols> decoded;
   const uint64_t end = first + count;
   const uint64_t r_first = first / s.cols, r_last = (end - 1) / s.cols;
-  for (uint64_t rb = r_first; rb <= r_last; rb += kBandRows) {
+  // Transposed bands start on a multiple of 8 rows (AWQ's words hold 8 rows): rows before
+  // r_first are gathered, not decoded.
+  const uint64_t r_start = kBandRows == 1 ? r_first : r_first - r_first % 8;
+  for (uint64_t rb = r_start; rb <= r_last; rb += kBandRows) {
     const uint64_t rb_end = std::min(r_last + 1, rb + kBandRows);
     // The columns any row of the band wants (one row: its own).
     const uint64_t want_lo = rb == r_first ? first - rb * s.cols : 0;
@@ -85,7 +149,34 @@ void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word
     for (uint64_t c0 = c_from; c0 < c_to; c0 += kBandCols) {
       const uint64_t c1 = std::min(c_to, c0 + kBandCols);
       if constexpr (kOrder == PackOrder::kRows) {
-        for (uint64_t c = c0; c < c1; ++c) band[c - c0] = static_cast<uint8_t>(codes.At<kOrder>(rb, c));
+        uint64_t c = c0;
+        if (s.bits == 4) {  // whole words: eight codes at once
+          for (; c % 8 != 0 && c < c1; ++c) {
+            band[c - c0] = static_cast<uint8_t>(codes.At<kOrder>(rb, c));
+          }
+          for (; c + 8 <= c1; c += 8) {
+            const uint64_t eight = SpreadNibbles(codes.Word(rb * codes.row_words + c / 8));
+            std::memcpy(band.data() + (c - c0), &eight, 8);
+          }
+        }
+        for (; c < c1; ++c) band[c - c0] = static_cast<uint8_t>(codes.At<kOrder>(rb, c));
+      } else if (kOrder == PackOrder::kGptq && s.bits == 4 && c0 % 8 == 0 && c1 % 8 == 0) {
+        for (uint64_t c = c0; c < c1; c += 8) {  // word (c / 8, r): row r's codes c .. c + 7
+          for (uint64_t r = rb; r < rb_end; ++r) {
+            const uint64_t eight = SpreadNibbles(codes.Word(c / 8 * s.rows + r));
+            std::memcpy(band.data() + (r - rb) * kBandCols + (c - c0), &eight, 8);
+          }
+        }
+      } else if (kOrder == PackOrder::kAwq) {  // word (c, r / 8): column c of rows r .. r + 7
+        for (uint64_t c = c0; c < c1; ++c) {
+          for (uint64_t r = rb; r < rb_end; r += 8) {
+            const uint64_t eight = SpreadNibbles(codes.Word(c * (s.rows / 8) + r / 8));
+            for (uint64_t k = 0; k < 8 && r + k < rb_end; ++k) {  // row r + k: nibble [0,4,1,5,..][k]
+              band[(r + k - rb) * kBandCols + (c - c0)] =
+                  static_cast<uint8_t>(eight >> (8 * ((k >> 1) | ((k & 1) << 2))));
+            }
+          }
+        }
       } else {
         for (uint64_t c = c0; c < c1; ++c) {
           for (uint64_t r = rb; r < rb_end; ++r) {
@@ -93,7 +184,7 @@ void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word
           }
         }
       }
-      for (uint64_t r = rb; r < rb_end; ++r) {
+      for (uint64_t r = std::max(rb, r_first); r < rb_end; ++r) {
         const uint64_t lo = std::max(c0, r == r_first ? first - r * s.cols : 0);
         const uint64_t hi = std::min(c1, r == r_last ? end - r * s.cols : s.cols);
         if (lo >= hi) continue;
