@@ -141,6 +141,36 @@ Status WithEncoder(DType to, const std::string& what, int device, const Launch& 
 
 }  // namespace
 
+DevicePackedInt DeviceStateOf(const PackedIntState& state, const int16_t* zeros,
+                              const int32_t* g_idx) {
+  DevicePackedInt d;
+  d.bits = state.bits;
+  d.order = state.order;
+  d.rows = state.rows;
+  d.cols = state.cols;
+  d.groups = state.groups;
+  d.group_size = state.group_size;
+  d.scale_dtype = state.scale_dtype;
+  d.zeros = state.zeros.empty() ? nullptr : zeros;
+  d.g_idx = state.g_idx.empty() ? nullptr : g_idx;
+  return d;
+}
+
+DeviceBnb4 DeviceStateOf(const PackedLayout& layout, const float* nested_code,
+                         const float* nested_absmax) {
+  const Bnb4State& s = *layout.bnb4;
+  DeviceBnb4 d;
+  d.fp4 = s.fp4;
+  for (size_t k = 0; k < 16; ++k) d.code[k] = s.code[k];
+  d.blocksize = layout.block_elems;
+  d.nested = s.nested;
+  d.nested_blocksize = s.nested_blocksize;
+  d.nested_offset = s.nested_offset;
+  d.nested_code = s.nested ? nested_code : nullptr;
+  d.nested_absmax = s.nested ? nested_absmax : nullptr;
+  return d;
+}
+
 bool CanDequantOnDevice(DType to) {
   return to == DType::kF32 || to == DType::kF16 || to == DType::kBF16;
 }
@@ -233,36 +263,16 @@ Status LaunchQuantJob(const device::PlaceJob& job, const std::byte* src, void* s
   switch (q.conversion) {
     case Conversion::kDequantPackedInt: {
       const PackedIntState& s = *q.layout.packed_int;
-      DevicePackedInt d;
-      d.bits = s.bits;
-      d.order = s.order;
-      d.rows = s.rows;
-      d.cols = s.cols;
-      d.groups = s.groups;
-      d.group_size = s.group_size;
-      d.scale_dtype = s.scale_dtype;
-      d.zeros = q.zeros;
-      d.g_idx = q.g_idx;
-      return LaunchDequantPackedInt(d, job.to, src, convert::WordOf(s, job.first), job.first,
-                                    job.count, q.scales, job.dst, stream, sm_count, device);
+      return LaunchDequantPackedInt(DeviceStateOf(s, q.zeros, q.g_idx), job.to, src,
+                                    convert::WordOf(s, job.first), job.first, job.count, q.scales,
+                                    job.dst, stream, sm_count, device);
     }
-    case Conversion::kDequantBnb4: {
-      const Bnb4State& s = *q.layout.bnb4;
-      DeviceBnb4 d;
-      d.fp4 = s.fp4;
-      for (size_t k = 0; k < 16; ++k) d.code[k] = s.code[k];
-      d.blocksize = q.layout.block_elems;
-      d.nested = s.nested;
-      d.nested_blocksize = s.nested_blocksize;
-      d.nested_offset = s.nested_offset;
-      d.nested_code = q.nested_code;
-      d.nested_absmax = q.nested_absmax;
-      return LaunchDequantBnb4(d, job.to, src, job.first, job.count, q.scales, job.dst, stream,
-                               sm_count, device);
-    }
+    case Conversion::kDequantBnb4:
+      return LaunchDequantBnb4(DeviceStateOf(q.layout, q.nested_code, q.nested_absmax), job.to, src,
+                               job.first, job.count, q.scales, job.dst, stream, sm_count, device);
     case Conversion::kDequantBnb8:
-      return LaunchDequantBnbInt8(job.to, src, job.first, job.count, q.int8_cols, q.scales,
-                                  job.dst, stream, sm_count, device);
+      return LaunchDequantBnbInt8(job.to, src, job.first, job.count, q.int8_cols, q.scales, job.dst,
+                                  stream, sm_count, device);
     case Conversion::kDequantBlocks: {
       const cv::GgufBlockType* type = cv::FindGgufBlockType(q.layout.scheme);
       if (type == nullptr) break;

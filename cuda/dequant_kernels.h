@@ -44,6 +44,14 @@ struct DeviceBnb4 {
   const float* nested_absmax = nullptr;  // one per nested block
 };
 
+// The kernels' view of `state` with its zeros and g_idx at device addresses (null when the
+// state has none), and of a bitsandbytes 4-bit `layout` (PackedLayout::bnb4 set) with its nested
+// tables at device addresses (null when not nested).
+DevicePackedInt DeviceStateOf(const PackedIntState& state, const int16_t* zeros,
+                              const int32_t* g_idx);
+DeviceBnb4 DeviceStateOf(const PackedLayout& layout, const float* nested_code,
+                         const float* nested_absmax);
+
 // True when the kernels below decode into `to`: f32, f16 or bf16 (convert::CanDequantBnb4).
 bool CanDequantOnDevice(DType to);
 

@@ -136,16 +136,7 @@ TEST_CASE("dequant kernels: packed integers, every order and width, as the CPU d
                                           n - start, scales.data(), want.data())
                     .ok());
         Uploads up;
-        DevicePackedInt d;
-        d.bits = s.bits;
-        d.order = s.order;
-        d.rows = s.rows;
-        d.cols = s.cols;
-        d.groups = s.groups;
-        d.group_size = s.group_size;
-        d.scale_dtype = s.scale_dtype;
-        d.zeros = up.Put(s.zeros);
-        d.g_idx = up.Put(s.g_idx);
+        const DevicePackedInt d = DeviceStateOf(s, up.Put(s.zeros), up.Put(s.g_idx));
         const std::vector<std::byte> tail(words.begin() + 4 * first_word, words.end());
         std::byte* out = up.Output(want.size());
         REQUIRE(LaunchDequantPackedInt(d, to, up.Put(tail), first_word, start, n - start,
@@ -197,16 +188,10 @@ TEST_CASE("dequant kernels: bitsandbytes NF4/FP4 (plain, nested) and LLM.int8, a
                                        absmax.data(), want.data())
                       .ok());
           Uploads up;
-          DeviceBnb4 d;
-          d.fp4 = fp4;
-          std::memcpy(d.code, state->code.data(), sizeof(d.code));
-          d.blocksize = blocksize;
-          d.nested = nested;
-          d.nested_blocksize = state->nested_blocksize;
-          d.nested_offset = state->nested_offset;
-          d.nested_code =
-              up.Put(std::vector<float>(state->nested_code.begin(), state->nested_code.end()));
-          d.nested_absmax = up.Put(state->nested_absmax);
+          const DeviceBnb4 d = DeviceStateOf(
+              layout,
+              up.Put(std::vector<float>(state->nested_code.begin(), state->nested_code.end())),
+              up.Put(state->nested_absmax));
           const std::vector<std::byte> tail(packed.begin() + first / 2, packed.end());
           std::byte* out = up.Output(want.size());
           REQUIRE(LaunchDequantBnb4(d, to, up.Put(tail), first, n - first, up.Put(absmax), out,

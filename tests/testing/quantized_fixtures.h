@@ -5,6 +5,7 @@
 #define LOADSTONE_TESTS_TESTING_QUANTIZED_FIXTURES_H_
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,19 @@ inline const std::vector<QuantFixture>& QuantFixtures() {
       {"gguf/dequant/blocks.gguf", "gguf/dequant/expected.safetensors", "block-dequant", ""},
   };
   return kFixtures;
+}
+
+// The checkpoint at `path`, opened (the test stops with its status otherwise).
+inline Checkpoint OpenFixture(const std::filesystem::path& path) {
+  auto ckpt = Checkpoint::Open(path.string());
+  INFO(path << ": " << ckpt.status().ToString());
+  REQUIRE(ckpt.ok());
+  return *ckpt;
+}
+
+// How the fixtures' expected values name a target dtype: "f32", "bf16", "f16".
+inline std::string DTypeSuffix(DType dtype) {
+  return dtype == DType::kF32 ? "f32" : dtype == DType::kBF16 ? "bf16" : "f16";
 }
 
 inline std::string FixturePath(const std::string& path) {

@@ -23,6 +23,7 @@
 #include "runtime/pipeline/test_platform.h"
 #include "runtime/sim/simulated_platform.h"
 #include "testing/file_bytes.h"
+#include "testing/quantized_fixtures.h"
 #include "testing/rewritten_checkpoint.h"
 #include "testing/temp_dir.h"
 
@@ -39,22 +40,13 @@ const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/bnb"
 const std::vector<std::string> kCases = {"nf4",  "fp4",    "fp4_neg_zero", "nested", "fp4_nested",
                                          "bs32", "bs4096", "storage_bf16", "odd"};
 
-Checkpoint Open(const fs::path& path) {
-  auto ckpt = Checkpoint::Open(path.string());
-  INFO(ckpt.status().ToString());
-  REQUIRE(ckpt.ok());
-  return *ckpt;
-}
 
-std::string Suffix(DType dtype) {
-  return dtype == DType::kF32 ? "f32" : dtype == DType::kBF16 ? "bf16" : "f16";
-}
 
 // The loaded tensor `name` has the bytes of expected.safetensors' `name.<dtype>`.
 void CheckDecoded(LoadHandle& load, const Checkpoint& expected, const std::string& name,
                   DType dtype) {
-  INFO(name << " as " << Suffix(dtype));
-  const TensorInfo* want = expected.Find(name + "." + Suffix(dtype));
+  INFO(name << " as " << testing::DTypeSuffix(dtype));
+  const TensorInfo* want = expected.Find(name + "." + testing::DTypeSuffix(dtype));
   REQUIRE(want != nullptr);
   const Tensor& got = load.Tensor(name).get();
   CHECK(got.dtype() == dtype);
@@ -65,7 +57,7 @@ void CheckDecoded(LoadHandle& load, const Checkpoint& expected, const std::strin
 }
 
 TEST_CASE("bnb4: the catalog reads each weight's quant state", "[bnb]") {
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb4.safetensors");
   const TensorInfo* nested = ckpt.Find("nested.weight");
   REQUIRE(nested != nullptr);
   REQUIRE(nested->packed);
@@ -92,9 +84,9 @@ TEST_CASE("bnb4: every case dequantizes as bitsandbytes decodes it, bit for bit"
   const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
   // Reads of a few KiB cut the larger weights into pieces that start inside a block.
   const uint64_t max_chunk = GENERATE(uint64_t{16} << 20, uint64_t{4096});
-  INFO(Suffix(dtype) << ", max_chunk " << max_chunk);
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
-  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  INFO(testing::DTypeSuffix(dtype) << ", max_chunk " << max_chunk);
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb4.safetensors");
+  const Checkpoint expected = testing::OpenFixture(kFixtures / "expected.safetensors");
   PlanOptions opt;
   opt.dtype = dtype;
   opt.max_chunk = max_chunk;
@@ -127,7 +119,7 @@ TEST_CASE("bnb4: every case dequantizes as bitsandbytes decodes it, bit for bit"
 }
 
 TEST_CASE("bnb4: FP4 code 8 is -0.0 (the fixture holds it)", "[bnb]") {
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb4.safetensors");
   PlanOptions opt;
   opt.dtype = DType::kF32;
   auto plan = Plan(ckpt, opt);
@@ -150,8 +142,8 @@ TEST_CASE("bnb4: FP4 code 8 is -0.0 (the fixture holds it)", "[bnb]") {
 }
 
 TEST_CASE("bnb4: keep_in_fp32 applies to the dequantized weight", "[bnb]") {
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
-  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb4.safetensors");
+  const Checkpoint expected = testing::OpenFixture(kFixtures / "expected.safetensors");
   PlanOptions opt;
   opt.dtype = DType::kBF16;
   opt.keep_in_fp32 = {"nested"};
@@ -165,7 +157,7 @@ TEST_CASE("bnb4: keep_in_fp32 applies to the dequantized weight", "[bnb]") {
 }
 
 TEST_CASE("bnb4: keep_packed places every packed tensor and companion as stored", "[bnb]") {
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb4.safetensors");
   PlanOptions opt;
   opt.dtype = DType::kBF16;
   opt.keep_packed = true;
@@ -188,14 +180,14 @@ TEST_CASE("bnb4: keep_packed places every packed tensor and companion as stored"
 TEST_CASE("bnb int8: LLM.int8 weights dequantize as int8_vectorwise_dequant, bit for bit",
           "[bnb]") {
   const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
-  INFO(Suffix(dtype));
-  const Checkpoint ckpt = Open(kFixtures / "bnb8.safetensors");
+  INFO(testing::DTypeSuffix(dtype));
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb8.safetensors");
   const TensorInfo* w = ckpt.Find("int8b.weight");
   REQUIRE((w->packed && w->packed->bnb8));
   CHECK(w->packed->scheme == "bnb-int8");
   CHECK(w->packed->bnb8->scb == "int8b.SCB");
   CHECK(w->packed->companions() == std::vector<std::string>{"int8b.SCB", "int8b.weight_format"});
-  const Checkpoint expected = Open(kFixtures / "expected8.safetensors");
+  const Checkpoint expected = testing::OpenFixture(kFixtures / "expected8.safetensors");
   PlanOptions opt;
   opt.dtype = dtype;
   auto plan = Plan(ckpt, opt);
@@ -217,13 +209,13 @@ TEST_CASE("bnb int8: a weight in a GPU tile format stays packed or is refused, n
           "[bnb]") {
   TempDir dir;
   const std::string path =
-      testing::Rewrite(Open(kFixtures / "bnb8.safetensors"), "", dir, [](auto* t, auto* d) {
+      testing::Rewrite(testing::OpenFixture(kFixtures / "bnb8.safetensors"), "", dir, [](auto* t, auto* d) {
         TensorToWrite& format = Named(t, "int8a.weight_format");
         d->emplace_back(format.data.begin(), format.data.end());
         d->back()[0] = std::byte{1};  // col32
         format.data = d->back();
       });
-  const Checkpoint ckpt = Open(path);
+  const Checkpoint ckpt = testing::OpenFixture(path);
   CHECK(ckpt.Find("int8a.weight")->packed->bnb8->weight_format == 1);
   PlanOptions opt;
   opt.dtype = DType::kBF16;
@@ -254,7 +246,7 @@ TEST_CASE("bnb int8: an SCB without its weight, or of the wrong shape, is refuse
        [](auto* t, auto*) { Named(t, "int8a.weight").dtype = DType::kU8; }, StatusCode::kCorruption,
        "int8a."},
   };
-  testing::CheckRefused(Open(kFixtures / "bnb8.safetensors"), "int8a.", cases);
+  testing::CheckRefused(testing::OpenFixture(kFixtures / "bnb8.safetensors"), "int8a.", cases);
 }
 
 // Counts the bytes each file of a load is asked for.
@@ -278,14 +270,14 @@ class CountingReader final : public io::ReaderWrapper {
 
 TEST_CASE("bnb4: a sharded checkpoint whose companions sit in the other shard loads unmerged",
           "[bnb]") {
-  const Checkpoint ckpt = Open(kFixtures / "sharded");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "sharded");
   REQUIRE(ckpt.files().size() == 2);
   const TensorInfo* nested = ckpt.Find("nested.weight");
   const TensorInfo* absmax = ckpt.Find("nested.weight.absmax");
   REQUIRE((nested->packed && absmax != nullptr));
   CHECK(nested->file != absmax->file);
   CHECK(ckpt.Find("fp4.weight")->file != ckpt.Find("fp4.weight.absmax")->file);
-  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  const Checkpoint expected = testing::OpenFixture(kFixtures / "expected.safetensors");
   PlanOptions opt;
   opt.dtype = DType::kBF16;
   auto plan = Plan(ckpt, opt);
@@ -330,9 +322,9 @@ TEST_CASE(
     "[bnb][sim]") {
   const DType dtype = GENERATE(DType::kBF16, DType::kF32);
   const std::string file = GENERATE("bnb4.safetensors", "bnb8.safetensors", "sharded");
-  INFO(file << " into " << Suffix(dtype));
-  const Checkpoint ckpt = Open(kFixtures / file);
-  const Checkpoint expected = Open(
+  INFO(file << " into " << testing::DTypeSuffix(dtype));
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / file);
+  const Checkpoint expected = testing::OpenFixture(
       kFixtures / (file == "bnb8.safetensors" ? "expected8.safetensors" : "expected.safetensors"));
   PlanOptions opt;
   opt.dtype = dtype;
@@ -368,7 +360,7 @@ TEST_CASE(
   INFO(done.ToString());
   REQUIRE(done.ok());
   for (const Tensor& t : load.Tensors()) {
-    const TensorInfo* want = expected.Find(t.name() + "." + Suffix(dtype));
+    const TensorInfo* want = expected.Find(t.name() + "." + testing::DTypeSuffix(dtype));
     if (want == nullptr) continue;  // a quant-state tensor or a bias
     INFO(t.name());
     CHECK(t.device() == "cuda:1");
@@ -379,7 +371,7 @@ TEST_CASE(
 
 TEST_CASE("bnb4: a weight whose scales share its bytes is refused, never waits for itself",
           "[bnb]") {
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb4.safetensors");
   TensorInfo weight = *ckpt.Find("nf4.weight"), absmax = *ckpt.Find("nf4.weight.absmax");
   absmax.offset = weight.offset + 8;  // 24 bytes inside the weight's 192
   std::vector<TensorInfo> tensors = {weight, absmax};
@@ -397,7 +389,7 @@ TEST_CASE("bnb4: a weight whose scales share its bytes is refused, never waits f
 }
 
 TEST_CASE("bnb4: an absmax smaller than the state says is refused before any read", "[bnb]") {
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb4.safetensors");
   TensorInfo absmax = *ckpt.Find("nf4.weight.absmax");
   absmax.shape = {2};  // 6 blocks need 6
   absmax.nbytes = 8;
@@ -419,7 +411,7 @@ TEST_CASE("bnb4: an absmax smaller than the state says is refused before any rea
 }
 
 TEST_CASE("bnb4: a catalog view without a weight's quant state is refused, not misread", "[bnb]") {
-  const Checkpoint ckpt = Open(kFixtures / "bnb4.safetensors");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "bnb4.safetensors");
   auto alone = ckpt.WithTensors({*ckpt.Find("nf4.weight")});  // packed, its absmax left out
   REQUIRE(alone.ok());
   PlanOptions opt;
@@ -507,7 +499,7 @@ TEST_CASE("bnb4: a hostile quant state is refused naming the tensor", "[bnb]") {
        StatusCode::kNotFound, "'nf4.weight'"},
   };
   // One weight and its state ("nf4.weight*"), edited.
-  testing::CheckRefused(Open(kFixtures / "bnb4.safetensors"), "nf4.weight", cases);
+  testing::CheckRefused(testing::OpenFixture(kFixtures / "bnb4.safetensors"), "nf4.weight", cases);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "runtime/pipeline/test_model.h"
 #include "runtime/sim/simulated_platform.h"
 #include "testing/file_bytes.h"
+#include "testing/quantized_fixtures.h"
 #include "testing/rewritten_checkpoint.h"
 #include "testing/temp_dir.h"
 
@@ -31,16 +32,7 @@ const std::vector<std::string> kCases = {"gptq4_g32",     "gptq4_g32_nowrap", "g
                                          "gptq2_g32",     "gptq3_g32",        "gptq8_g64",
                                          "gptq4_v2",      "awq4_g32"};
 
-Checkpoint Open(const fs::path& path) {
-  auto ckpt = Checkpoint::Open(path.string());
-  INFO(path << ": " << ckpt.status().ToString());
-  REQUIRE(ckpt.ok());
-  return *ckpt;
-}
 
-std::string Suffix(DType dtype) {
-  return dtype == DType::kF32 ? "f32" : dtype == DType::kBF16 ? "bf16" : "f16";
-}
 
 const PackedIntState& StateOf(const Checkpoint& ckpt) {
   const TensorInfo& w = *ckpt.Find("layer.qweight");
@@ -50,7 +42,7 @@ const PackedIntState& StateOf(const Checkpoint& ckpt) {
 
 TEST_CASE("gptq/awq: the catalog reads scheme, shape, zeros and groups from the producers' files",
           "[quant]") {
-  const Checkpoint g4 = Open(kFixtures / "gptq4_g32");
+  const Checkpoint g4 = testing::OpenFixture(kFixtures / "gptq4_g32");
   const TensorInfo& w = *g4.Find("layer.qweight");
   REQUIRE(w.packed);
   CHECK(w.packed->scheme == "gptq-int4");
@@ -64,18 +56,18 @@ TEST_CASE("gptq/awq: the catalog reads scheme, shape, zeros and groups from the 
   CHECK(s.g_idx.size() == 128);
   CHECK(s.companions == std::vector<std::string>{"layer.scales", "layer.qzeros", "layer.g_idx"});
 
-  CHECK(StateOf(Open(kFixtures / "gptq3_g32")).bits == 3);
-  CHECK(StateOf(Open(kFixtures / "gptq8_g64")).scale_dtype == DType::kBF16);
-  CHECK(StateOf(Open(kFixtures / "gptq4_one_group")).groups == 1);
-  const Checkpoint sym_ckpt = Open(kFixtures / "gptq4_sym");
+  CHECK(StateOf(testing::OpenFixture(kFixtures / "gptq3_g32")).bits == 3);
+  CHECK(StateOf(testing::OpenFixture(kFixtures / "gptq8_g64")).scale_dtype == DType::kBF16);
+  CHECK(StateOf(testing::OpenFixture(kFixtures / "gptq4_one_group")).groups == 1);
+  const Checkpoint sym_ckpt = testing::OpenFixture(kFixtures / "gptq4_sym");
   const PackedIntState& sym = StateOf(sym_ckpt);
   CHECK(std::all_of(sym.zeros.begin(), sym.zeros.end(), [](int16_t z) { return z == 8; }));
-  const Checkpoint no_gidx = Open(kFixtures / "gptq4_no_gidx");  // quantize_config.json only
+  const Checkpoint no_gidx = testing::OpenFixture(kFixtures / "gptq4_no_gidx");  // quantize_config.json only
   CHECK(StateOf(no_gidx).g_idx.empty());
   CHECK(StateOf(no_gidx).group_size == 32);
   CHECK(no_gidx.config().quant_method == "gptq");
-  CHECK(Open(kFixtures / "gptq4_v2").Find("layer.qweight")->packed->scheme == "gptq_v2-int4");
-  const Checkpoint awq = Open(kFixtures / "awq4_g32");
+  CHECK(testing::OpenFixture(kFixtures / "gptq4_v2").Find("layer.qweight")->packed->scheme == "gptq_v2-int4");
+  const Checkpoint awq = testing::OpenFixture(kFixtures / "awq4_g32");
   CHECK(awq.Find("layer.qweight")->packed->scheme == "awq-int4");
   CHECK(StateOf(awq).order == PackOrder::kAwq);
   CHECK(StateOf(awq).rows == 128);
@@ -87,11 +79,11 @@ TEST_CASE("gptq/awq: every case dequantizes as its producer does, bit for bit", 
   // whole.
   const uint64_t max_chunk = GENERATE(uint64_t{16} << 20, uint64_t{4096});
   const bool gpu = GENERATE(false, true);
-  INFO(Suffix(dtype) << ", max_chunk " << max_chunk << (gpu ? ", simulated cuda:0" : ""));
-  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  INFO(testing::DTypeSuffix(dtype) << ", max_chunk " << max_chunk << (gpu ? ", simulated cuda:0" : ""));
+  const Checkpoint expected = testing::OpenFixture(kFixtures / "expected.safetensors");
   for (const std::string& c : kCases) {
     INFO(c);
-    const Checkpoint ckpt = Open(kFixtures / c);
+    const Checkpoint ckpt = testing::OpenFixture(kFixtures / c);
     PlanOptions opt;
     opt.dtype = dtype;
     opt.max_chunk = max_chunk;
@@ -117,7 +109,7 @@ TEST_CASE("gptq/awq: every case dequantizes as its producer does, bit for bit", 
     INFO(done.ToString());
     REQUIRE(done.ok());
     const Tensor& got = load.Tensor("layer.qweight").get();
-    const TensorInfo& want = *expected.Find(c + ".weight." + Suffix(dtype));
+    const TensorInfo& want = *expected.Find(c + ".weight." + testing::DTypeSuffix(dtype));
     CHECK(got.dtype() == dtype);
     CHECK(got.shape() == want.shape);
     CHECK(got.device() == (gpu ? "cuda:0" : "cpu"));
@@ -127,7 +119,7 @@ TEST_CASE("gptq/awq: every case dequantizes as its producer does, bit for bit", 
 
 TEST_CASE("gptq/awq: kept packed, every tensor lands as the file holds it", "[quant]") {
   const std::string c = GENERATE(as<std::string>{}, "gptq3_g32", "awq4_g32");
-  const Checkpoint ckpt = Open(kFixtures / c);
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / c);
   PlanOptions opt;
   opt.dtype = DType::kBF16;
   opt.keep_packed = true;
@@ -147,13 +139,13 @@ TEST_CASE("gptq/awq: kept packed, every tensor lands as the file holds it", "[qu
 
 TEST_CASE("gptq/awq: without a quantization config", "[quant]") {
   SECTION("a qweight with a g_idx reads as GPTQ v1, with a warning") {
-    const Checkpoint ckpt = Open(kFixtures / "gptq4_g32/model.safetensors");
+    const Checkpoint ckpt = testing::OpenFixture(kFixtures / "gptq4_g32/model.safetensors");
     CHECK(ckpt.Find("layer.qweight")->packed->scheme == "gptq-int4");
     REQUIRE(ckpt.warnings().size() == 1);
     CHECK_THAT(ckpt.warnings()[0], Catch::Contains("read as GPTQ v1"));
   }
   SECTION("an AWQ qweight loads as stored, with a warning") {
-    const Checkpoint ckpt = Open(kFixtures / "awq4_g32/model.safetensors");
+    const Checkpoint ckpt = testing::OpenFixture(kFixtures / "awq4_g32/model.safetensors");
     CHECK_FALSE(ckpt.Find("layer.qweight")->packed);
     REQUIRE(ckpt.warnings().size() == 1);
     CHECK_THAT(ckpt.warnings()[0], Catch::Contains("loaded as stored, not dequantized"));
@@ -197,9 +189,9 @@ TEST_CASE("gptq/awq: hostile settings and quant states are refused naming the te
       {"a g_idx of other columns", reshape("layer.g_idx", {100}), StatusCode::kCorruption,
        "layer.g_idx"},
   };
-  testing::CheckRefused(Open(kFixtures / "gptq4_g32"), "layer.", gptq, gptq_config);
+  testing::CheckRefused(testing::OpenFixture(kFixtures / "gptq4_g32"), "layer.", gptq, gptq_config);
 
-  const Checkpoint source = Open(kFixtures / "gptq4_g32");
+  const Checkpoint source = testing::OpenFixture(kFixtures / "gptq4_g32");
   const std::vector<std::pair<std::string, std::string>> configs = {
       {R"({"quantization_config": {"quant_method": "gptq", "bits": 8}})", "says bits 8"},
       {R"({"quantization_config": {"quant_method": "gptq", "checkpoint_format": "marlin"}})",

@@ -16,6 +16,7 @@
 #include "runtime/pipeline/test_model.h"
 #include "runtime/sim/simulated_platform.h"
 #include "testing/file_bytes.h"
+#include "testing/quantized_fixtures.h"
 #include "testing/rewritten_checkpoint.h"
 #include "testing/temp_dir.h"
 
@@ -31,19 +32,10 @@ const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures/ct";
 const std::vector<std::string> kCases = {"sym4_group",    "asym4_group", "sym8_channel",
                                          "asym8_channel", "sym2_group",  "gidx4"};
 
-Checkpoint Open(const fs::path& path) {
-  auto ckpt = Checkpoint::Open(path.string());
-  INFO(ckpt.status().ToString());
-  REQUIRE(ckpt.ok());
-  return *ckpt;
-}
 
-std::string Suffix(DType dtype) {
-  return dtype == DType::kF32 ? "f32" : dtype == DType::kBF16 ? "bf16" : "f16";
-}
 
 TEST_CASE("pack-quantized: the catalog reads shapes, zero points and activation order", "[quant]") {
-  const Checkpoint ckpt = Open(kFixtures / "pack.safetensors");
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "pack.safetensors");
   const TensorInfo& asym = *ckpt.Find("asym4_group.weight_packed");
   REQUIRE((asym.packed && asym.packed->packed_int));
   CHECK(asym.packed->scheme == "ct-int4");
@@ -65,9 +57,9 @@ TEST_CASE("pack-quantized: every case dequantizes as compressed-tensors does, bi
   const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
   const uint64_t max_chunk = GENERATE(uint64_t{16} << 20, uint64_t{4096});
   const bool gpu = GENERATE(false, true);
-  INFO(Suffix(dtype) << ", max_chunk " << max_chunk << (gpu ? ", simulated cuda:0" : ""));
-  const Checkpoint ckpt = Open(kFixtures / "pack.safetensors");
-  const Checkpoint expected = Open(kFixtures / "expected.safetensors");
+  INFO(testing::DTypeSuffix(dtype) << ", max_chunk " << max_chunk << (gpu ? ", simulated cuda:0" : ""));
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "pack.safetensors");
+  const Checkpoint expected = testing::OpenFixture(kFixtures / "expected.safetensors");
   PlanOptions opt;
   opt.dtype = dtype;
   opt.max_chunk = max_chunk;
@@ -101,7 +93,7 @@ TEST_CASE("pack-quantized: every case dequantizes as compressed-tensors does, bi
   for (const std::string& c : kCases) {
     INFO(c);
     const Tensor& got = load.Tensor(c + ".weight_packed").get();
-    const TensorInfo& want = *expected.Find(c + ".weight." + Suffix(dtype));
+    const TensorInfo& want = *expected.Find(c + ".weight." + testing::DTypeSuffix(dtype));
     CHECK(got.dtype() == dtype);
     CHECK(got.shape() == want.shape);
     CHECK(got.device() == (gpu ? "cuda:0" : "cpu"));
@@ -159,7 +151,7 @@ TEST_CASE("pack-quantized: a hostile quant state is refused naming the tensor", 
        },
        StatusCode::kCorruption, "column 5 group 9"},
   };
-  testing::CheckRefused(Open(kFixtures / "pack.safetensors"), "asym4_group.", cases);
+  testing::CheckRefused(testing::OpenFixture(kFixtures / "pack.safetensors"), "asym4_group.", cases);
 }
 
 }  // namespace
