@@ -1,7 +1,7 @@
-// compressed-tensors pack-quantized checkpoints (tests/fixtures/make_ct_fixtures.py:
-// compressed-tensors 0.12.2's own quantize, packing and dequantize) loaded and dequantized, on
-// the CPU and on a simulated GPU, against compressed-tensors' decode, bit for bit; hostile
-// quant states refused.
+// compressed-tensors pack-quantized and float-quantized checkpoints
+// (tests/fixtures/make_ct_fixtures.py: compressed-tensors 0.12.2's own quantize, packing and
+// dequantize) loaded and dequantized, on the CPU and on a simulated GPU, against
+// compressed-tensors' decode, bit for bit; hostile quant states refused.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -97,6 +97,46 @@ TEST_CASE("pack-quantized: every case dequantizes as compressed-tensors does, bi
     CHECK(got.dtype() == dtype);
     CHECK(got.shape() == want.shape);
     CHECK(got.device() == (gpu ? "cuda:0" : "cpu"));
+    CHECK(HostBytes(got) == FileBytes(expected, want));
+  }
+}
+
+// compressed-tensors float-quantized weights (make_ct_fixtures.py: its FloatQuantizationCompressor
+// and dequantize) per tensor, channel, group of 64 and 128 x 128 block, with f32, bf16 and f16
+// scales: x_q.to(scale.dtype) * scale, then the target — on the CPU and on a simulated GPU.
+TEST_CASE("float-quantized: every strategy dequantizes as compressed-tensors does, bit for bit",
+          "[quant]") {
+  const DType dtype = GENERATE(DType::kF32, DType::kBF16, DType::kF16);
+  const bool gpu = GENERATE(false, true);
+  INFO(testing::DTypeSuffix(dtype) << (gpu ? ", simulated cuda:0" : ""));
+  const Checkpoint ckpt = testing::OpenFixture(kFixtures / "float.safetensors");
+  const Checkpoint expected = testing::OpenFixture(kFixtures / "float_expected.safetensors");
+  PlanOptions opt;
+  opt.dtype = dtype;
+  if (gpu) {
+    opt.platform = SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30}, 8ULL << 30});
+    opt.device_map = "cuda:0";
+  }
+  auto plan = Plan(ckpt, opt);
+  INFO(plan.status().ToString());
+  REQUIRE(plan.ok());
+  size_t dequantized = 0;
+  for (const TensorPlan& tp : plan->tensors) {
+    dequantized += tp.conversion == Conversion::kDequantFp8Block;
+  }
+  CHECK(dequantized == 4);
+  LoaderOptions lo;
+  lo.platform = opt.platform;
+  Loader loader(lo);
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Status done = load.Done().get();
+  INFO(done.ToString());
+  REQUIRE(done.ok());
+  for (const std::string c : {"f8_tensor", "f8_channel", "f8_group", "f8_block"}) {
+    INFO(c);
+    const Tensor& got = load.Tensor(c + ".weight").get();
+    const TensorInfo& want = *expected.Find(c + ".weight." + testing::DTypeSuffix(dtype));
+    CHECK(got.dtype() == dtype);
     CHECK(HostBytes(got) == FileBytes(expected, want));
   }
 }
