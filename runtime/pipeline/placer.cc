@@ -78,7 +78,8 @@ Status Placer::PlaceOnCpu(uint32_t t, std::byte* data, const std::byte* scales,
                        });
   }
   if (DecodesWithState(tp.conversion)) {
-    const auto [first, count] = ElementsOf(t, lo, hi);
+    const auto elements = ElementsOf(t, lo, hi);  // not bound by name: a lambda captures it
+    const uint64_t first = elements.first, count = elements.second;
     const uint64_t out_elem = DTypeBits(tp.dtype) / 8;
     return write_units(data + first * out_elem, count, out_elem,
                        [&](std::byte* out, uint64_t at, uint64_t n) {
