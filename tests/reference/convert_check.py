@@ -11,7 +11,7 @@ output; and a folder output with --max-shard-size, its shards and index as Huggi
 them, the index's weight_map covering every tensor once. Last, quantized checkpoints with
 --dtype: GGUF blocks (tests/fixtures/gguf/dequant), bitsandbytes nf4/fp4/int8
 (tests/fixtures/bnb, sharded included) and compressed-tensors pack-quantized weights
-(tests/fixtures/ct, written as M.weight), GPTQ and AWQ (tests/fixtures/gptq, M.qweight written as
+(tests/fixtures/ct, written as M.weight) and float-quantized (their weight_scale dropped), GPTQ and AWQ (tests/fixtures/gptq, M.qweight written as
 M.weight) come out dequantized, their quant state dropped, equal bit for bit to what the producers
 decode them to (the fixtures' expected*.safetensors).
 
@@ -131,6 +131,8 @@ def check_quantized(loadstone, tmp):
          ["int8a.bias", "int8b.bias"]),
         (os.path.join(FIXTURES, "ct", "pack.safetensors"),
          os.path.join(FIXTURES, "ct", "expected.safetensors"), []),
+        (os.path.join(FIXTURES, "ct", "float.safetensors"),
+         os.path.join(FIXTURES, "ct", "float_expected.safetensors"), []),
     ]
     for src, expected_path, plain in cases:
         expected = load_file(expected_path)

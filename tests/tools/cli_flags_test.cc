@@ -352,8 +352,8 @@ TEST_CASE("cli: a full disk, an unwritable trace, a FIFO are errors, not exit 0 
   CHECK(pipe.err.find("is a FIFO (named pipe): a checkpoint is a file or a folder") != std::string::npos);
 }
 
-TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, leaving nothing",
-          "[tools][cli]") {
+TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, leaving nothing; "
+          "float8 weights go dequantized", "[tools][cli]") {
   Model m;
   TempDir dir;
   const auto bad_dtype = RunCli("convert " + m.path + " " + dir.Path("o.safetensors") + " --dtype int4");
@@ -368,12 +368,19 @@ TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, l
   const auto variant = RunCli("convert " + m.path + " " + dir.Path("o.safetensors") + " --variant fp16");
   CHECK(OneErrorLine(variant));
   CHECK(variant.err.find("--variant names the files of a folder output") != std::string::npos);
-  // The model's float8 weight has scales: --dtype would dequantize it, which convert refuses
-  // rather than writing unscaled values; without --dtype it is copied as stored.
+  // The model's float8 weight has scales: --dtype writes it dequantized and drops them
+  // (values: tests/reference/convert_check.py); without --dtype both are copied as stored.
   const auto fp8 = RunCli("convert " + m.path + " " + dir.Path("f.safetensors") + " --dtype bf16");
-  CHECK(OneErrorLine(fp8));
-  CHECK(fp8.err.find("is a scaled float8 weight") != std::string::npos);
-  CHECK(RunCli("convert " + m.path + " " + dir.Path("f.safetensors")).code == 0);
+  CHECK(fp8.code == 0);
+  const auto fp8_out = RunCli("inspect " + dir.Path("f.safetensors"));
+  const size_t fp8_line = fp8_out.out.find("model.layers.1.mlp.fp8.weight ");
+  REQUIRE(fp8_line != std::string::npos);
+  CHECK(fp8_out.out.substr(fp8_line, fp8_out.out.find('\n', fp8_line) - fp8_line).find("BF16") !=
+        std::string::npos);
+  CHECK(fp8_out.out.find("weight_scale_inv") == std::string::npos);
+  CHECK(RunCli("convert " + m.path + " " + dir.Path("s.safetensors")).code == 0);
+  CHECK(RunCli("inspect " + dir.Path("s.safetensors")).out.find("weight_scale_inv") !=
+        std::string::npos);
   const auto missing = RunCli("convert " + m.path);
   CHECK(missing.code != 0);
   CHECK(missing.err.find("out is required") != std::string::npos);

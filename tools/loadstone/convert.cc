@@ -60,6 +60,9 @@ struct Unit {
   uint64_t out_bytes = 0;     // bytes it has once converted
   TensorInfo view;
   std::vector<TensorInfo> with;
+  // The view keeps its own name in its batch (a float8 weight: Plan pairs it with its scales by
+  // name); the others are named by their unit number.
+  bool named = false;
 };
 
 struct Batch {
@@ -82,11 +85,17 @@ class Feeder {
         first_unit_(ckpt.tensors().size(), SIZE_MAX) {}
 
   // Lays out the units of output tensor `tensor` (source `src`, `out_bytes` once converted;
-  // `decoded`: a packed tensor dequantized) in the order the writer will ask for them.
-  void AddTensor(size_t tensor, const TensorInfo& src, uint64_t out_bytes, bool decoded) {
+  // `decoded`: a packed tensor dequantized; `scales`: a float8 weight's, when it is dequantized
+  // with them) in the order the writer will ask for them.
+  void AddTensor(size_t tensor, const TensorInfo& src, uint64_t out_bytes, bool decoded,
+                 const TensorInfo* scales = nullptr) {
     if (out_bytes == 0) return;
     first_unit_[tensor] = units_.size();
     if (decoded) return AddDecoded(tensor, src, out_bytes);
+    if (scales != nullptr) {  // whole, with its scales, under its own name
+      units_.push_back({tensor, 0, out_bytes, src, {*scales}, true});
+      return;
+    }
     if (src.packed) {  // a quantized tensor copied as stored: its bytes, its state beside it
       TensorInfo bytes = src;
       bytes.packed.reset();
@@ -118,7 +127,7 @@ class Feeder {
         bytes = 0;
       }
       batches_.back().units.push_back(u);
-      units_[u].view.name = std::to_string(u);
+      if (!units_[u].named) units_[u].view.name = std::to_string(u);
       batch_of_.push_back(batches_.size() - 1);
       bytes += units_[u].out_bytes;
     }
@@ -202,7 +211,7 @@ class Feeder {
       if (b + 1 < batches_.size()) LOADSTONE_RETURN_IF_ERROR(Start(b + 1));
       current_ = b;
     }
-    const std::string name = std::to_string(u);
+    const std::string name = units_[u].named ? units_[u].view.name : std::to_string(u);
     return &batches_[b].load.Tensor(name).get();
   }
 
@@ -248,6 +257,7 @@ int RunConvert(const ConvertArgs& args) {
   if (!whole.ok()) return ReportError(whole.status());
   std::vector<DType> out_dtype(ckpt->tensors().size());
   std::vector<bool> decoded(ckpt->tensors().size()), dropped(ckpt->tensors().size());
+  std::vector<const TensorInfo*> scales_of(ckpt->tensors().size());  // a float8 weight's
   for (const TensorPlan& tp : whole->tensors) {
     const TensorInfo& t = ckpt->tensors()[tp.source];
     out_dtype[tp.source] = tp.dtype;
@@ -267,14 +277,12 @@ int RunConvert(const ConvertArgs& args) {
           options.dtype ? "convert a checkpoint of types it decodes"
                         : "give --dtype f32, f16 or bf16")));
     }
-    // A dequantized weight needs its scales in the same load and whole rows, and its output
-    // would have to drop the scales: not what batches of flat pieces do. Said, not done wrong.
+    // A scaled float8 weight is written dequantized, whole, loaded with its scales (which
+    // then belong to nothing).
     if (tp.conversion == Conversion::kDequantFp8Block) {
-      return ReportError(Status::Unsupported(fmt::format(
-          "tensor '{}' is a scaled float8 weight, which --dtype would dequantize: convert does "
-          "not dequantize float8 weights yet; leave --dtype out to copy it and its scales as "
-          "stored",
-          ckpt->tensors()[tp.source].name)));
+      const uint32_t scale = whole->tensors[tp.scale].source;
+      scales_of[tp.source] = &ckpt->tensors()[scale];
+      dropped[scale] = true;
     }
   }
 
@@ -337,7 +345,8 @@ int RunConvert(const ConvertArgs& args) {
     for (size_t i : shard) in_shard.push_back(outputs[i]);
     for (size_t k : LayoutOrder(in_shard)) {
       const size_t i = source_of[shard[k]];
-      feeder.AddTensor(i, ckpt->tensors()[i], outputs[shard[k]].nbytes(), decoded[i]);
+      feeder.AddTensor(i, ckpt->tensors()[i], outputs[shard[k]].nbytes(), decoded[i],
+                       scales_of[i]);
     }
   }
   feeder.Seal();
