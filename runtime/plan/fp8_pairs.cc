@@ -42,7 +42,9 @@ Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
                                                   const PlanOptions& options,
                                                   std::array<uint64_t, 2> block) {
   std::map<size_t, ScalePair> pairs;
-  if (!options.dtype) return pairs;
+  // A weight becomes a floating-point tensor by the target dtype or by its own special dtype
+  // (the LibTorch face casts every tensor that way): then it is dequantized, never cast bare.
+  if (!options.dtype && options.special_dtypes.empty()) return pairs;
   const auto& infos = checkpoint.tensors();
   const auto [block_rows, block_cols] = block;
   if (block_rows == 0 || block_cols == 0) {
@@ -51,6 +53,7 @@ Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
   for (size_t w = 0; w < infos.size(); ++w) {
     const TensorInfo& weight = infos[w];
     if (!IsFloat8(weight.dtype)) continue;
+    if (!options.dtype && !options.special_dtypes.contains(weight.name)) continue;
     const TensorInfo* scale = checkpoint.Find(weight.name + "_scale_inv");
     const bool deepseek = scale != nullptr;
     if (!deepseek) scale = checkpoint.Find(weight.name + "_scale");

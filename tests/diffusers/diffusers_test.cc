@@ -687,6 +687,35 @@ TEST_CASE("gptq_awq_checkpoint: M.qweight loads into M.weight, dequantized", "[d
   }
 }
 
+// compressed-tensors float-quantized weights (make_ct_fixtures.py): float8 with scales beside
+// them, dequantized into the model's parameters, the scales part of their weight.
+TEST_CASE("float8_checkpoint: scaled float8 weights load into float parameters, dequantized",
+          "[diffusers]") {
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/ct";
+  auto expected = libtorch::LoadStateDict(fixtures + "/float_expected.safetensors");
+  REQUIRE_OK(expected);
+  struct Model : torch::nn::Module {
+    Model() {
+      for (const auto& [name, out, in] :
+           {std::tuple{"f8_tensor", 32, 256}, {"f8_channel", 32, 256}, {"f8_group", 32, 256},
+            {"f8_block", 128, 256}}) {
+        register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
+      }
+    }
+  } model;
+  TorchLoadOptions opt;
+  opt.dtype = at::kFloat;
+  opt.strict = true;  // the weight_scale tensors belong to their weights
+  auto report = LoadInto(model, fixtures + "/float.safetensors", opt);
+  REQUIRE_OK(report);
+  CHECK(report->unexpected_keys.empty());
+  CHECK(report->missing_keys.empty());
+  for (const auto& item : model.named_parameters()) {
+    INFO(item.key());
+    CHECK(torch::equal(item.value(), expected->at(item.key() + ".f32")));
+  }
+}
+
 TEST_CASE("LoadStateDict hands over loadstone's memory", "[diffusers]") {
   auto model = Fresh<AutoencoderKL>(1);
   TempDir dir;

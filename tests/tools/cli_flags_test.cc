@@ -352,8 +352,8 @@ TEST_CASE("cli: a full disk, an unwritable trace, a FIFO are errors, not exit 0 
   CHECK(pipe.err.find("is a FIFO (named pipe): a checkpoint is a file or a folder") != std::string::npos);
 }
 
-TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, leaving nothing; "
-          "float8 weights go dequantized", "[tools][cli]") {
+TEST_CASE("cli: convert refuses bad flags, a full disk and packed GGUF blocks, leaving nothing "
+          "(and dequantizes float8)", "[tools][cli]") {
   Model m;
   TempDir dir;
   const auto bad_dtype = RunCli("convert " + m.path + " " + dir.Path("o.safetensors") + " --dtype int4");
