@@ -219,10 +219,10 @@ class Cataloger {
   // Each (output, group)'s zero: GPTQ v1 stored zero - 1 (2/4/8 bits wrap, as AutoGPTQ adds
   // the 1 back under the mask; 3-bit does not), v2 and AWQ the zero itself.
   Status ReadZeros(const TensorInfo& qzeros, PackedIntState* state) {
-    if (state->rows * state->groups > kMaxPackedIntTableBytes) {
-      return Status::Unsupported(
-          fmt::format("{}: {} x {} zero points are more than the {} loadstone unpacks at open",
-                      Where(qzeros), state->rows, state->groups, kMaxPackedIntTableBytes));
+    if (state->rows * state->groups * sizeof(int16_t) > kMaxPackedIntTableBytes) {
+      return Status::Unsupported(fmt::format(
+          "{}: {} x {} zero points unpack to more than the {} bytes loadstone holds at open",
+          Where(qzeros), state->rows, state->groups, kMaxPackedIntTableBytes));
     }
     LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw,
                                ReadTable(&reads_, files_, qzeros, "zero points"));

@@ -108,7 +108,7 @@ void DecodeRow(const PackedIntState& s, const std::byte* scales, uint64_t r, uin
     }
     return;
   }
-  std::array<Out, 16> lut;
+  std::array<Out, 16> lut{};  // all 16 set: the SSSE3 lookup reads the whole table
   for (uint64_t c = c_begin; c < c_end;) {
     const uint64_t g = c / s.group_size;
     const uint64_t run_end = std::min(c_end, (g + 1) * s.group_size);

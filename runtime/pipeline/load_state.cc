@@ -173,6 +173,8 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   bytes_placed.fetch_add(placed(slot.remaining) - before, std::memory_order_relaxed);
   if (slot.remaining != 0 || slot.done) return;
   slot.done = true;
+  // Its quant state on the device is held by its jobs alone from now: freed with the last.
+  if (!device_quant_.empty()) device_quant_[index].reset();
   std::shared_ptr<const loadstone::Tensor::HostCopier> copier;
   const int device = DeviceOf(index);
   if (device >= 0) {

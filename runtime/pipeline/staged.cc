@@ -37,8 +37,11 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
       auto job = quant.ok() ? placer_.QuantJob(chunk, t, tensors[t].data, staged, *quant)
                             : Result<device::PlaceJob>(quant.status());
       const auto [lo, hi] = PieceOf(chunk, src);
-      if (!job.ok()) {
-        OnDevicePieceDone(id, slot, t, hi - lo, job.status());
+      if (!job.ok()) {  // after this loop: the chunk's other tensors still read its slot
+        asio::post(loop, [self = shared_from_this(), id, slot, t, bytes = hi - lo,
+                          status = job.status()]() mutable {
+          self->OnDevicePieceDone(id, slot, t, bytes, std::move(status));
+        });
         continue;
       }
       SubmitDevicePiece(id, slot, t, std::move(*job), hi - lo, nullptr);

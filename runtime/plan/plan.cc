@@ -225,15 +225,14 @@ class TensorPlanner {
           "tensor contiguous (.contiguous()) and load that",
           t.name, t.nbytes, materialised, planning::kMaxRelayoutSpan));
     }
-    const Conversion conversion = targets_[index].conversion;
-    if (conversion == Conversion::kDequantPackedInt && t.packed->packed_int->transposed() &&
-        std::max(t.nbytes, PlacedElements(t, conversion) * DTypeBits(targets_[index].dtype) / 8) >
-            planning::kMaxRelayoutSpan) {
+    // Read whole into staging: bounded like a strided view (the decoded values go straight to
+    // the tensor, or to a device that decodes them).
+    if (targets_[index].conversion == Conversion::kDequantPackedInt &&
+        t.packed->packed_int->transposed() && t.nbytes > planning::kMaxRelayoutSpan) {
       return Status::Unsupported(fmt::format(
-          "{} weight '{}' is {} bytes that become {} elements; loadstone dequantizes a GPTQ or AWQ "
-          "weight read whole, at most {} bytes either way: load it packed (--keep-packed)",
-          t.packed->scheme, t.name, t.nbytes, PlacedElements(t, conversion),
-          planning::kMaxRelayoutSpan));
+          "{} weight '{}' is {} bytes; loadstone dequantizes a GPTQ or AWQ weight read whole, at "
+          "most {} bytes: load it packed (--keep-packed)",
+          t.packed->scheme, t.name, t.nbytes, planning::kMaxRelayoutSpan));
     }
     if (device->type == Device::Type::kDisk) return Offload(index);
     TensorPlan tp;

@@ -138,14 +138,17 @@ Status ScheduleGroup(const std::vector<TensorInfo>& infos, const std::vector<uin
   auto info = [&](uint32_t i) -> const TensorInfo& { return infos[plan.tensors[i].source]; };
   const uint64_t lo = info(group.front()).offset;
   uint64_t hi = lo;
-  // Read whole: a group with a strided view (gathered from one piece), or one whose members do
-  // not start on a whole element from the group's start (pieces of max_chunk, a multiple of
-  // every element size, would then cut an element).
+  // Read whole: a group with a strided view (gathered from one piece) or a GPTQ/AWQ weight to
+  // decode (an output row spans it), or one whose members do not start on a whole element from
+  // the group's start (pieces of max_chunk, a multiple of every element size, would then cut an
+  // element).
   bool whole = false;
   for (uint32_t i : group) {
     hi = std::max(hi, info(i).offset + info(i).nbytes);
     const uint64_t elem = std::max(1, DTypeBits(info(i).dtype) / 8);
-    whole = whole || !info(i).strides.empty() || (info(i).offset - lo) % elem != 0;
+    const bool transposed = plan.tensors[i].conversion == Conversion::kDequantPackedInt &&
+                            info(i).packed->packed_int->transposed();  // GPTQ, AWQ decoded
+    whole = whole || !info(i).strides.empty() || (info(i).offset - lo) % elem != 0 || transposed;
   }
   if (whole && hi - lo > kMaxRelayoutSpan) {
     return Status::Unsupported(fmt::format(
