@@ -91,10 +91,10 @@ Status NameForeignFormat(const io::File& file, Status refused) {
   return Status(refused.code(), fmt::format("{}; {}", refused.message(), what));
 }
 
-void AddTensors(const std::string& path, uint64_t size, std::vector<TensorInfo> tensors,
+void AddTensors(const io::File& file, std::vector<TensorInfo> tensors,
                 Checkpoint::Impl* impl) {
   const auto file_index = static_cast<uint32_t>(impl->files.size());
-  impl->files.push_back({path, size});
+  impl->files.push_back({file.path(), file.size(), file.stamp()});
   for (TensorInfo& t : tensors) {
     t.file = file_index;
     impl->total_bytes += t.nbytes;
@@ -108,7 +108,7 @@ Status AddSafetensorsFile(const std::string& path, Checkpoint::Impl* impl) {
   if (!parsed.ok()) return NameForeignFormat(file, parsed.status());
   io::SafetensorsHeader header = std::move(*parsed);
   for (auto& [key, value] : header.metadata) impl->metadata.emplace(key, value);
-  AddTensors(path, file.size(), std::move(header.tensors), impl);
+  AddTensors(file, std::move(header.tensors), impl);
   return Status::OK();
 }
 
@@ -118,7 +118,7 @@ Status AddTorchFile(const std::string& path, Checkpoint::Impl* impl) {
   for (const std::string& note : archive.notes) {
     impl->warnings.push_back(fmt::format("'{}': {}", path, note));
   }
-  AddTensors(path, file.size(), std::move(archive.tensors), impl);
+  AddTensors(file, std::move(archive.tensors), impl);
   return Status::OK();
 }
 
@@ -147,7 +147,7 @@ Status AddGgufFile(const std::string& path, std::optional<std::pair<uint32_t, ui
         split_count.empty() ? "(none)" : split_count));
   }
   for (auto& [key, value] : gguf.metadata) impl->metadata.emplace(key, value);
-  AddTensors(path, file.size(), std::move(gguf.tensors), impl);
+  AddTensors(file, std::move(gguf.tensors), impl);
   return Status::OK();
 }
 
@@ -278,7 +278,7 @@ Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
         auto parsed = io::ReadSafetensorsHeader(file);
         if (!parsed.ok()) return NameForeignFormat(file, parsed.status());
         const auto index = static_cast<uint32_t>(impl->files.size());
-        impl->files.push_back({e.safetensors_file, file.size()});
+        impl->files.push_back({e.safetensors_file, file.size(), file.stamp()});
         it = headers.emplace(e.safetensors_file, std::pair{index, std::move(parsed->tensors)}).first;
       }
       const auto& [file_index, tensors] = it->second;
@@ -326,7 +326,7 @@ Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
     info.shape = e.shape;
     info.offset = 0;
     info.nbytes = nbytes;
-    AddTensors(path, file.size(), {std::move(info)}, impl);
+    AddTensors(file, {std::move(info)}, impl);
   }
   return Status::OK();
 }

@@ -117,6 +117,12 @@ DirectTwin OpenDirectTwin(const File& buffered) {
     twin.why_not = std::string(direct.status().message());
     return twin;
   }
+  // Opened by path again: it must still name the file the buffered descriptor reads.
+  if (direct->stamp().device != buffered.stamp().device ||
+      direct->stamp().inode != buffered.stamp().inode) {
+    twin.why_not = "the file was replaced while it was opened";
+    return twin;
+  }
   twin.file = std::move(direct).value();
   twin.align = align;
   return twin;

@@ -18,7 +18,8 @@ File::~File() {
 }
 
 File::File(File&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), size_(other.size_), path_(std::move(other.path_)) {}
+    : fd_(std::exchange(other.fd_, -1)), size_(other.size_), path_(std::move(other.path_)),
+      stamp_(other.stamp_) {}
 
 File& File::operator=(File&& other) noexcept {
   if (this != &other) {
@@ -26,6 +27,7 @@ File& File::operator=(File&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     size_ = other.size_;
     path_ = std::move(other.path_);
+    stamp_ = other.stamp_;
   }
   return *this;
 }
@@ -51,6 +53,8 @@ Result<File> File::OpenForRead(const std::string& path, int extra_flags) {
     return ErrnoStatus(errno, "cannot set up", path);
   }
   file.size_ = static_cast<uint64_t>(st.st_size);
+  file.stamp_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                 static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
   return file;
 }
 
@@ -73,6 +77,25 @@ Status File::ReadExact(uint64_t offset, std::span<std::byte> dst) const {
     done += static_cast<size_t>(n);
   }
   return Status::OK();
+}
+
+Status CheckUnchanged(const File& file, const CheckpointFile& catalogued) {
+  std::string what;
+  const FileStamp& then = catalogued.stamp;
+  const FileStamp& now = file.stamp();
+  if (then.known() && (then.device != now.device || then.inode != now.inode)) {
+    what = fmt::format("another file is there now: inode {} then, {} now", then.inode, now.inode);
+  } else if (catalogued.bytes != file.size()) {
+    what = fmt::format("{} bytes then, {} now", catalogued.bytes, file.size());
+  } else if (then.known() && then.mtime_ns != now.mtime_ns) {
+    what = fmt::format("rewritten: modified {} ns after it was read", now.mtime_ns - then.mtime_ns);
+  } else {
+    return Status::OK();
+  }
+  return Status::Corruption(fmt::format(
+      "'{}' changed since its header was read ({}); its catalog no longer describes it: open the "
+      "checkpoint again",
+      file.path(), what));
 }
 
 }  // namespace loadstone::io

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 
+#include "loadstone/checkpoint.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
@@ -31,6 +32,8 @@ class File {
   int fd() const { return fd_; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The file as it was opened: device, inode, modification time.
+  const FileStamp& stamp() const { return stamp_; }
 
  private:
   File(int fd, uint64_t size, std::string path) : fd_(fd), size_(size), path_(std::move(path)) {}
@@ -38,7 +41,13 @@ class File {
   int fd_ = -1;
   uint64_t size_ = 0;
   std::string path_;
+  FileStamp stamp_;
 };
+
+// OK when `file` is still the file `catalogued` describes (its stamp, when known, and size).
+// Errors: Corruption naming the path and what changed — another file there now, another size,
+// another modification time — and saying to open the checkpoint again.
+Status CheckUnchanged(const File& file, const CheckpointFile& catalogued);
 
 }  // namespace loadstone::io
 

@@ -27,6 +27,7 @@ struct PreadReader::Impl {
   ReaderOptions options;
   std::unique_ptr<CompletionQueue> completions;
   StatCounters stats;
+  std::unique_ptr<EagainStorm> storm;  // options.eagain_every (testing)
 
   std::mutex mu;
   std::condition_variable cv;
@@ -47,6 +48,7 @@ Result<std::unique_ptr<PreadReader>> PreadReader::Create(std::vector<File> files
     impl->caches.emplace_back(f);
   }
   impl->options = options;
+  impl->storm = std::make_unique<EagainStorm>(options.eagain_every);
   Impl* raw = impl.get();
   // The reader owns impl before any thread starts, so a failed start still joins the others.
   std::unique_ptr<PreadReader> reader(new PreadReader(std::move(impl)));
@@ -132,7 +134,12 @@ Status PreadReader::Impl::ReadPiece(const File& file, const ReadRequest& r, uint
     uint64_t ask = length - done;
     if (options.max_read_call > 0) ask = std::min(ask, options.max_read_call);
     const uint64_t at = r.offset + start + done;
-    ssize_t n = ::pread(file.fd(), r.dst + start + done, ask, static_cast<off_t>(at));
+    ssize_t n = -1;
+    if (storm->Hit()) {
+      errno = EAGAIN;
+    } else {
+      n = ::pread(file.fd(), r.dst + start + done, ask, static_cast<off_t>(at));
+    }
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) {
         Add(stats.resubmits, 1);

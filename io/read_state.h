@@ -121,6 +121,18 @@ struct ReadCall {
 };
 ReadCall NextCall(const ReadPiece& piece, uint64_t align, uint64_t max_read_call);
 
+// ReaderOptions::eagain_every: Hit() is true for every `every`-th call (never when 0).
+// Thread-safe.
+class EagainStorm {
+ public:
+  explicit EagainStorm(uint32_t every) : every_(every) {}
+  bool Hit() { return every_ != 0 && calls_.fetch_add(1, std::memory_order_relaxed) % every_ == 0; }
+
+ private:
+  const uint32_t every_;
+  std::atomic<uint64_t> calls_{0};
+};
+
 enum class ReadOutcome {
   kFinished,       // every byte arrived (and was copied out of the bounce slot), or it failed
   kRetry,          // submit the rest again (short read, EAGAIN, EINTR)

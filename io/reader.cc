@@ -22,11 +22,17 @@ void ReleaseCachedView(const std::byte* view, uint64_t length) {
 
 namespace {
 
-Result<std::vector<File>> OpenAll(const std::vector<std::string>& paths) {
+Result<std::vector<File>> OpenAll(const std::vector<std::string>& paths,
+                                  const std::vector<CheckpointFile>& catalogued) {
+  if (!catalogued.empty() && catalogued.size() != paths.size()) {
+    return Status::InvalidArgument(fmt::format(
+        "the reader was given {} catalogued files for {} paths", catalogued.size(), paths.size()));
+  }
   std::vector<File> files;
   files.reserve(paths.size());
-  for (const std::string& path : paths) {
-    LOADSTONE_ASSIGN_OR_RETURN(File file, File::OpenForRead(path));
+  for (size_t i = 0; i < paths.size(); ++i) {
+    LOADSTONE_ASSIGN_OR_RETURN(File file, File::OpenForRead(paths[i]));
+    if (!catalogued.empty()) LOADSTONE_RETURN_IF_ERROR(CheckUnchanged(file, catalogued[i]));
     files.push_back(std::move(file));
   }
   return files;
@@ -45,7 +51,7 @@ Result<std::unique_ptr<Reader>> OpenPread(std::vector<File> files, const ReaderO
 Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths,
                                            const ReaderOptions& options, std::string* log) {
   LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
-  LOADSTONE_ASSIGN_OR_RETURN(std::vector<File> files, OpenAll(paths));
+  LOADSTONE_ASSIGN_OR_RETURN(std::vector<File> files, OpenAll(paths, options.catalogued));
   if (options.backend == ReaderBackend::kPread) {
     return OpenPread(std::move(files), options, "asked for (--backend pread)", log);
   }
@@ -64,7 +70,7 @@ Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths
     // an Unsupported setup error may fall back.
     if (uring.status().code() != StatusCode::kUnsupported) return uring.status();
     probe = uring.status();
-    LOADSTONE_ASSIGN_OR_RETURN(files, OpenAll(paths));  // Create() took the first ones
+    LOADSTONE_ASSIGN_OR_RETURN(files, OpenAll(paths, options.catalogued));  // Create() took the first ones
   }
   if (options.backend == ReaderBackend::kUring) {
     return Status::InvalidArgument(fmt::format(

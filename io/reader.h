@@ -41,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "loadstone/checkpoint.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
@@ -140,9 +141,16 @@ struct ReaderOptions {
   // whose `dst` is not aligned like their offset; 0 reads those through the page cache.
   uint64_t bounce_bytes = 32ULL << 20;
   int threads = 8;                  // PreadReader's pool size (1..256)
+  // The files as the catalog describes them (one per path), or empty: OpenReader then refuses
+  // a file that changed since (io::CheckUnchanged), before any read.
+  std::vector<CheckpointFile> catalogued;
   // Testing only: each read asks the OS for at most this many bytes (0 = no cap), so every
   // chunk is continued exactly as after a short read.
   uint64_t max_read_call = 0;
+  // Testing only: every this many read calls (0 = never) one answers EAGAIN without reading, as
+  // in a storm of them (a busy NFS server, a cgroup under memory pressure); each is counted as a
+  // resubmit and continued.
+  uint32_t eagain_every = 0;
   // Testing only (UringReader): after this many calls into the kernel, every submission fails
   // with `fail_submit_errno` (0 = never), as a ring that has gone bad would.
   int fail_submit_errno = 0;

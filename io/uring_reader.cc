@@ -53,6 +53,7 @@ struct UringReader::Impl {
   ReaderOptions options;
   std::unique_ptr<CompletionQueue> completions;
   StatCounters stats;
+  std::unique_ptr<EagainStorm> storm;  // options.eagain_every (testing)
   EventFd wake;                             // Submit and Cancel → the ring thread
   std::promise<Status> ready;               // the ring's set-up, for Create()
   std::atomic<uint64_t> direct_refused{0};  // O_DIRECT reads the kernel refused (EINVAL)
@@ -85,6 +86,7 @@ Result<std::unique_ptr<UringReader>> UringReader::Create(std::vector<File> files
   LOADSTONE_ASSIGN_OR_RETURN(impl->completions, CompletionQueue::Create());
   LOADSTONE_ASSIGN_OR_RETURN(impl->wake, EventFd::Create());
   impl->options = options;
+  impl->storm = std::make_unique<EagainStorm>(options.eagain_every);
   impl->files = std::move(files);
   for (const File& f : impl->files) {
     DisableReadahead(f);
@@ -312,6 +314,7 @@ void UringReader::Impl::Handle(ReadPiece* raw, int res) {
   std::unique_ptr<ReadPiece> piece(raw);
   --in_flight;
   const uint32_t file = piece->read->request.file;
+  if (storm->Hit()) res = -EAGAIN;  // testing: the bytes read are read again
   switch (ApplyReadResult(*piece, res, files[file], stats)) {
     case ReadOutcome::kRetryBuffered:  // the file system refused O_DIRECT after all
       twins[file].align = 0;

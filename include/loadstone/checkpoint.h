@@ -38,9 +38,22 @@ enum class CheckpointFormat {
 // "safetensors", "pytorch", "gguf", "offload-folder".
 std::string_view CheckpointFormatName(CheckpointFormat format);
 
+// Which file a path named when its header was read, and when it was last written: a load
+// opens its files again and refuses one that is no longer that file (replaced, rewritten,
+// truncated), instead of reading bytes the catalog does not describe. Zero: not known (a
+// catalog built by hand); the load then only checks the size.
+struct FileStamp {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  int64_t mtime_ns = 0;  // last modification, nanoseconds since the epoch
+  bool known() const { return inode != 0; }
+  bool operator==(const FileStamp&) const = default;
+};
+
 struct CheckpointFile {
   std::string path;    // as opened (absolute if the caller gave an absolute path)
   uint64_t bytes = 0;  // file size when the header was read
+  FileStamp stamp;     // the file then
 };
 
 // A bitsandbytes 4-bit weight's quant state (shared/specs/quant.md, "bitsandbytes 4-bit"), read

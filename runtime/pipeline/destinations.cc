@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "io/file.h"
 #include "io/posix_error.h"
 
 namespace loadstone::pipeline {
@@ -70,12 +71,14 @@ std::string Destinations::PinnedNote() const {
   return fmt::format("CPU tensors in pinned host memory of {}", info.name);
 }
 
-std::string Destinations::OpenFreshPages() {
+std::string Destinations::OpenFreshPages(bool refuse) {
   if (std::none_of(plan_.tensors.begin(), plan_.tensors.end(),
                    [](const TensorPlan& t) { return t.fresh_pages; })) {
     return "";
   }
-  auto fresh = FreshPages::Open();
+  auto fresh = refuse ? Result<std::unique_ptr<FreshPages>>(Status::Unsupported(
+                            "userfaultfd refused (a test's LoadHooks::refuse_userfaultfd)"))
+                      : FreshPages::Open();
   if (fresh.ok()) {
     fresh_ = std::move(*fresh);
     return "CPU tensors written into fresh pages by the workers (userfaultfd)";
@@ -90,12 +93,13 @@ void Destinations::CloseFreshPages() { fresh_.reset(); }
 
 Status Destinations::MapFiles() {
   for (const CheckpointFile& f : checkpoint_.files()) {
-    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return io::ErrnoStatus(errno, "cannot open", f.path);
-    void* p = f.bytes ? ::mmap(nullptr, f.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) : nullptr;
-    const int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) return io::ErrnoStatus(err, "cannot map", f.path);
+    // Mapped pages past the file's end would be SIGBUS on first touch: only the file the
+    // catalog describes, whole, is mapped.
+    LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(f.path));
+    LOADSTONE_RETURN_IF_ERROR(io::CheckUnchanged(file, f));
+    void* p = f.bytes ? ::mmap(nullptr, f.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, file.fd(), 0)
+                      : nullptr;
+    if (p == MAP_FAILED) return io::ErrnoStatus(errno, "cannot map", f.path);
     mappings_.emplace_back(p, [bytes = f.bytes](void* q) {
       if (q) ::munmap(q, bytes);
     });

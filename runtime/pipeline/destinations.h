@@ -43,8 +43,9 @@ class Destinations {
   // The backend line's note on pinned CPU tensors (empty when none are planned).
   std::string PinnedNote() const;
   Status MapFiles();  // ReadRouteOptions::mmap: every file mapped privately
-  // Opens fresh pages when some tensor wants them; the backend line's note (empty when none do).
-  std::string OpenFreshPages();
+  // Opens fresh pages when some tensor wants them (`refuse`: as if userfaultfd were refused);
+  // the backend line's note (empty when none do).
+  std::string OpenFreshPages(bool refuse = false);
   void CloseFreshPages();  // once nothing writes tensors any more: unregisters their pages
 
   // The index into `devices` of tensor `t`'s device, -1 for the CPU.

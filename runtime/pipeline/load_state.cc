@@ -30,7 +30,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
                          asio::thread_pool& callback_pool, Checkpoint checkpoint_in,
                          LoadPlan plan_in, LoadOptions options_in,
                          const LoaderOptions& loader_options_in,
-                         ReaderFactory reader_factory, device::DeviceSet devices_in,
+                         LoadHooks hooks, device::DeviceSet devices_in,
                          std::string device_log_in)
     : loop(loop_in),
       workers(workers_in),
@@ -45,7 +45,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       done(done_promise.get_future().share()),
       trace(options.trace),
       callbacks(callback_pool, plan.tensors.size()),
-      reader_factory_(std::move(reader_factory)),
+      hooks_(std::move(hooks)),
       workers_count_(loader_options.worker_threads > 0
                          ? static_cast<size_t>(loader_options.worker_threads)
                          : std::max(1u, std::thread::hardware_concurrency())),
@@ -222,6 +222,10 @@ void LoadHandle::State::RequestCancel() {
   asio::post(loop, [self = shared_from_this()] {
     if (!self->finished) self->Fail(Status::Cancelled("the load was cancelled"));
   });
+}
+
+void LoadHandle::State::CancelIfAskedAt(LoadStage stage) {
+  if (hooks_.cancel_at && hooks_.cancel_at(stage)) RequestCancel();
 }
 
 void LoadHandle::State::MaybeFinish() {

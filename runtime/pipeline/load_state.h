@@ -53,7 +53,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   State(asio::io_context& loop, asio::thread_pool& workers, asio::thread_pool& callback_pool,
         Checkpoint checkpoint, LoadPlan plan,
         LoadOptions options, const LoaderOptions& loader_options,
-        ReaderFactory reader_factory, device::DeviceSet devices,
+        LoadHooks hooks, device::DeviceSet devices,
         std::string device_log);
 
 
@@ -62,6 +62,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void Begin();  // Start() but for the `started` signal
   // Thread-safe: posts a cancel to the loop.
   void RequestCancel();
+  // Thread-safe: RequestCancel when the platform's test hook asks for it at `stage`.
+  void CancelIfAskedAt(LoadStage stage);
   // Thread-safe: the progress now (LoadHandle::progress).
   Progress Snapshot() const;
 
@@ -195,7 +197,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::string TraceArgs(uint64_t chunk) const;
 
   std::vector<uint32_t> plan_index_;  // per checkpoint tensor: its plan.tensors index, or ~0
-  const ReaderFactory reader_factory_;
+  const LoadHooks hooks_;           // Platform::Impl::hooks (testing)
+  bool first_read_back_ = false;    // LoadStage::kMidStream asked
   const size_t workers_count_;  // threads in `workers`
   pipeline::Destinations destinations_;
   const pipeline::Placer placer_;

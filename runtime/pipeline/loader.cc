@@ -98,7 +98,7 @@ LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
   auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers,
                                                    impl_->callback_pool, checkpoint, plan,
                                                    options, impl_->options,
-                                                   impl_->platform.open_reader, impl_->devices,
+                                                   impl_->platform.hooks, impl_->devices,
                                                    impl_->device_log);
   {
     std::lock_guard lock(impl_->mu);

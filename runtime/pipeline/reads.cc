@@ -5,6 +5,8 @@
 #include <asio/read.hpp>
 #include <algorithm>
 
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "runtime/pipeline/load_state.h"
@@ -135,6 +137,7 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
     return Fail(ChunkError(id, status));
   }
   bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
+  if (!std::exchange(first_read_back_, true)) CancelIfAskedAt(LoadStage::kMidStream);
   if (stopping_) {
     if (staged) staging_.Release(static_cast<size_t>(chunks_[id].slot));
     return;

@@ -179,6 +179,7 @@ void LoadHandle::State::SubmitDevicePiece(uint64_t id, size_t slot, uint32_t t,
       self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
     });
   };
+  CancelIfAskedAt(LoadStage::kDeviceCopy);
   devices[DeviceOf(t)]->Submit(std::move(job));
 }
 
@@ -242,6 +243,12 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
   const std::byte* staged = StagedBytes(id, slot);
+  for (uint32_t t : chunk.tensors) {
+    if (DeviceOf(t) < 0 && plan.tensors[t].conversion != Conversion::kNone) {
+      CancelIfAskedAt(LoadStage::kConverting);
+      break;
+    }
+  }
   Status status;
   if (chunk.shared_buffer) {  // one copy of the whole chunk into its tensors' shared buffer
     status = placer_.PlaceShared(chunk, ReadDestination(id), staged);

@@ -60,6 +60,7 @@ void LoadHandle::State::Begin() {
     }
   }
   ArmCompletions();
+  CancelIfAskedAt(LoadStage::kBeforeFirstRead);
   Pump();
   MaybeFinish();
 }
@@ -118,6 +119,7 @@ Status LoadHandle::State::OpenReader() {
   ro.backend = ToIo(loader_options.backend);
   ro.queue_depth = loader_options.queue_depth;
   ro.direct = loader_options.direct_io;
+  ro.catalogued = checkpoint.files();
   // ro.max_chunk stays the reader's default: it splits the plan's reads into the pieces the
   // kernel handles best (io/reader.h).
   // Every read this executor issues lands in phase with its file offset (staging slots and
@@ -127,7 +129,7 @@ Status LoadHandle::State::OpenReader() {
   // memory less); a read that is not in phase after all goes through the page cache, and
   // ReadStats says so (buffered_bytes).
   if (!plan.routes.align_tensors) ro.bounce_bytes = 0;
-  LOADSTONE_RETURN_IF_ERROR(window_.Open(loop, paths, ro, reader_factory_));
+  LOADSTONE_RETURN_IF_ERROR(window_.Open(loop, paths, ro, hooks_.open_reader));
   std::lock_guard lock(callbacks_mu);
   backend_description = window_.reader().Describe();
   return Status::OK();
@@ -136,7 +138,9 @@ Status LoadHandle::State::OpenReader() {
 Status LoadHandle::State::OpenDestinations() {
   LOADSTONE_RETURN_IF_ERROR(destinations_.Resolve(device_log));
   if (plan.routes.mmap) LOADSTONE_RETURN_IF_ERROR(destinations_.MapFiles());
-  for (const std::string& note : {destinations_.OpenFreshPages(), destinations_.PinnedNote()}) {
+  const bool refuse_fresh = hooks_.refuse_userfaultfd && hooks_.refuse_userfaultfd();
+  for (const std::string& note :
+       {destinations_.OpenFreshPages(refuse_fresh), destinations_.PinnedNote()}) {
     if (note.empty()) continue;
     std::lock_guard lock(callbacks_mu);
     backend_description += "; " + note;

@@ -33,8 +33,9 @@ class ColdReader final : public io::ReaderWrapper {
 inline LoaderOptions ColdReads(std::atomic<int>* asked, io::FaultOptions faults = {},
                                LoaderOptions options = {},
                                std::shared_ptr<std::atomic<bool>> faults_on = nullptr) {
-  options.platform = TestPlatform(
-      {}, [asked, faults, faults_on](const std::vector<std::string>& paths, const io::ReaderOptions& o,
+  LoadHooks hooks;
+  hooks.open_reader =
+      [asked, faults, faults_on](const std::vector<std::string>& paths, const io::ReaderOptions& o,
                                      std::string* log) -> Result<std::unique_ptr<io::Reader>> {
         LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, o, log));
         const io::FaultOptions none;
@@ -42,7 +43,8 @@ inline LoaderOptions ColdReads(std::atomic<int>* asked, io::FaultOptions faults 
             auto faulty, io::FaultInjectingReader::Create(std::move(inner), paths,
                                                           !faults_on || *faults_on ? faults : none));
         return std::unique_ptr<io::Reader>(std::make_unique<ColdReader>(std::move(faulty), asked));
-      });
+      };
+  options.platform = TestPlatform({}, std::move(hooks));
   return options;
 }
 

@@ -1,5 +1,6 @@
 // Faults end in a clean error naming file, tensor and offset; the Loader stays usable.
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -236,6 +237,35 @@ TEST_CASE("faults: a shard cut inside a copied page fails the tensor, never zero
     CHECK_THROWS_AS(load.Tensor(t.name).get(), Error);
   }
   CHECK(crossing == 1);
+}
+
+// Same size, same inode, other bytes: only the modification time tells. Read, it would be
+// tensors the catalog does not describe; mapped, pages it never checked.
+TEST_CASE("faults: a shard rewritten in place after Open (same size) → Corruption before a read") {
+  const bool mapped = GENERATE(false, true);
+  INFO((mapped ? "mapped" : "read"));
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  PlanOptions po;
+  po.routes.mmap = mapped;
+  auto plan = Plan(ckpt, po);
+  REQUIRE(plan.ok());
+  const CheckpointFile& victim = ckpt.files().back();
+  {
+    std::fstream f(victim.path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(victim.bytes - 1));
+    f.put('\x5a');
+  }
+  Loader loader;
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Status status = load.Done().get();
+  INFO(status.ToString());
+  REQUIRE(status.code() == StatusCode::kCorruption);
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains(victim.path) && Catch::Contains("changed since its header was read") &&
+                 Catch::Contains("rewritten"));
+  CHECK(load.progress().bytes_read == 0);
+  RequireNothingPassedOff(load, ckpt, status);
 }
 
 TEST_CASE("faults: a mapped load of a shard truncated after Open fails before mapping, no SIGBUS") {

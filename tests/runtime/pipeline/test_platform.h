@@ -14,10 +14,10 @@
 
 namespace loadstone::testing {
 
-// This machine's description with `devices` as its GPUs ("cuda:N" = devices[N]) and `reader`
-// (when set) opening every load's files.
+// This machine's description with `devices` as its GPUs ("cuda:N" = devices[N]) and `hooks`
+// changing its loads (a reader opening every load's files, cancels, refusals).
 inline std::shared_ptr<const Platform> TestPlatform(device::DeviceSet devices,
-                                                    ReaderFactory reader = {}) {
+                                                    LoadHooks hooks = {}) {
   Platform::Impl impl;
   impl.description = "test platform";
   std::vector<PlatformGpu> gpus;
@@ -29,7 +29,7 @@ inline std::shared_ptr<const Platform> TestPlatform(device::DeviceSet devices,
     if (log) *log = "devices set by a test";
     return devices;
   };
-  impl.open_reader = std::move(reader);
+  impl.hooks = std::move(hooks);
   return PlatformAccess::Make(std::move(impl));
 }
 
@@ -45,11 +45,13 @@ class ReaderSwitch {
   explicit ReaderSwitch(ReaderFactory factory) : factory_(std::move(factory)) {}
 
   LoaderOptions Options(LoaderOptions options = {}) const {
-    options.platform = TestPlatform({}, [on = on_, factory = factory_](
-                                            const std::vector<std::string>& paths,
-                                            const io::ReaderOptions& o, std::string* log) {
+    LoadHooks hooks;
+    hooks.open_reader = [on = on_, factory = factory_](const std::vector<std::string>& paths,
+                                                       const io::ReaderOptions& o,
+                                                       std::string* log) {
       return on->load() ? factory(paths, o, log) : io::OpenReader(paths, o, log);
-    });
+    };
+    options.platform = TestPlatform({}, std::move(hooks));
     return options;
   }
   void Off() { on_->store(false); }
