@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
 minutes=${2:-1}
-targets=(safetensors_header pickle checkpoint config strings)
+targets=(safetensors_header pickle checkpoint config strings zip gguf folder quant_state)
 if [ "$which" != all ]; then
   [[ " ${targets[*]} " == *" $which "* ]] || { echo "fuzz.sh: no target $which (${targets[*]})" >&2; exit 2; }
   targets=("$which")
@@ -28,7 +28,7 @@ for t in "${targets[@]}"; do
   cmake --build build-fuzz -j"$(nproc)" --target "fuzz_$t" > /dev/null
   mkdir -p "build-fuzz/corpus/$t" "tests/fuzz/regressions/$t"
   dict=tests/fuzz/dicts/json.dict
-  [ "$t" = pickle ] && dict=tests/fuzz/dicts/pickle.dict
+  for own in pickle zip gguf; do [ "$t" = "$own" ] && dict="tests/fuzz/dicts/$own.dict"; done
   echo "fuzz.sh: $t for $minutes min" >&2
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 \
     "build-fuzz/tests/fuzz/fuzz_$t" "build-fuzz/corpus/$t" "tests/fuzz/corpus/$t" \

@@ -8,7 +8,9 @@ target has one, picks what the rest is). Deterministic: rerun after the fixtures
 import glob
 import hashlib
 import io
+import json
 import os
+import re
 import shutil
 import struct
 import zipfile
@@ -28,6 +30,39 @@ def write(target, data):
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, hashlib.sha1(data).hexdigest()[:16]), "wb") as f:
         f.write(data)
+
+
+def folder_names():
+    """fuzz_folder.cc's kNames, in order: a file's name is its index there."""
+    source = open(os.path.join(HERE, "fuzz_folder.cc")).read()
+    block = source[source.index("kNames[] = {"):source.index("};", source.index("kNames[] = {"))]
+    return re.findall(r'"([^"]+)"', block)
+
+
+def folder_input(root, flags, names):
+    """The folder `root` as fuzz_folder reads it: its files whose names it knows, up to 64 KiB."""
+    out = bytearray([flags])
+    for i, name in enumerate(names):
+        path = os.path.join(root, name)
+        if os.path.isfile(path) and os.path.getsize(path) <= 0xFFFF:
+            data = open(path, "rb").read()
+            out += bytes([i]) + struct.pack("<H", len(data)) + data
+    return bytes(out)
+
+
+def bnb_states():
+    """Each bitsandbytes fixture's quant-state JSON, with fuzz_quant_state's byte 0 for it."""
+    for path in fixtures("bnb/**/*.safetensors"):
+        data = open(path, "rb").read()
+        n = struct.unpack("<Q", data[:8])[0]
+        header = json.loads(data[8:8 + n])
+        for name, entry in header.items():
+            if ".quant_state.bitsandbytes__" not in name:
+                continue
+            begin, end = entry["data_offsets"]
+            text = data[8 + n + begin:8 + n + end]
+            state = json.loads(text)
+            yield (1 if state.get("quant_type") == "fp4" else 0) | (2 if "nested_blocksize" in state else 0), text
 
 
 def main():
@@ -67,6 +102,26 @@ def main():
         write("strings", b"\x03" + text.encode())
     for path in fixtures("devmap/**/*.json"):
         write("strings", b"\x04" + open(path, "rb").read())
+    for path in fixtures("**/*.bin"):
+        write("zip", open(path, "rb").read())
+    for path in fixtures("**/*.gguf"):
+        write("gguf", open(path, "rb").read())
+    names = folder_names()
+    for root in sorted({os.path.dirname(p) for p in glob.glob(os.path.join(FIXTURES, "**", "*"),
+                                                              recursive=True)}):
+        for flags in range(4):
+            data = folder_input(root, flags, names)
+            if len(data) > 1 and len(data) <= 4 * MAX_SEED:
+                write("folder", data)
+    for flags, text in bnb_states():
+        write("quant_state", bytes([flags]) + text)
+    # States of the harness's own weight (256 elements in 64-blocks), each kind once.
+    for flags in range(4):
+        state = {"quant_type": "fp4" if flags & 1 else "nf4", "blocksize": 64, "dtype": "bfloat16",
+                 "shape": [16, 16]}
+        if flags & 2:
+            state.update({"nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": 0.5})
+        write("quant_state", bytes([flags]) + json.dumps(state).encode())
     for target in sorted(os.listdir(os.path.join(HERE, "corpus"))):
         files = os.listdir(os.path.join(HERE, "corpus", target))
         print(f"{target}: {len(files)} seeds")
