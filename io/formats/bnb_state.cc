@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "io/formats/limits.h"
 #include "io/formats/small_reads.h"
 #include "io/formats/json_util.h"
 
@@ -111,8 +112,9 @@ class Cataloger {
       return Refused(state_tensor, "is not a 1-D tensor of JSON bytes (uint8)");
     }
     if (state_tensor.nbytes > kMaxQuantStateJsonBytes) {
-      return Refused(state_tensor, fmt::format("holds {} bytes; a quant state is at most {}",
-                                               state_tensor.nbytes, kMaxQuantStateJsonBytes));
+      return BeyondBound(Where(state_tensor), fmt::format("a quant state of {} bytes",
+                                                          state_tensor.nbytes),
+                         "kMaxQuantStateJsonBytes", kMaxQuantStateJsonBytes);
     }
     LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> text, reads_.Bytes(state_tensor));
     const std::string what = Where(state_tensor);
@@ -161,9 +163,8 @@ class Cataloger {
       const std::string nested_absmax = weight_name + ".nested_absmax";
       const uint64_t nested_blocks = (blocks + s.nested_blocksize - 1) / s.nested_blocksize;
       if (nested_blocks * 4 > kMaxNestedAbsmaxBytes) {
-        return Status::Unsupported(fmt::format(
-            "{}: {} nested absmax values are more than the {} bytes loadstone reads at open", what,
-            nested_blocks, kMaxNestedAbsmaxBytes));
+        return BeyondBound(what, fmt::format("{} nested absmax values", nested_blocks),
+                           "kMaxNestedAbsmaxBytes", kMaxNestedAbsmaxBytes);
       }
       LOADSTONE_ASSIGN_OR_RETURN(const TensorInfo* nmap, Companion(nested_map, DType::kF32, 256));
       LOADSTONE_ASSIGN_OR_RETURN(state->nested_code, reads_.Floats<256>(*nmap));

@@ -11,14 +11,11 @@
 #include <string_view>
 #include <vector>
 
+#include "io/formats/limits.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
-
-// Bounds on what a quant state makes loadstone read and hold before any load.
-inline constexpr uint64_t kMaxQuantStateJsonBytes = 64 << 10;
-inline constexpr uint64_t kMaxNestedAbsmaxBytes = 16 << 20;
 
 // Sets TensorInfo::packed on every bitsandbytes weight of `tensors`: scheme "bnb-nf4" / "bnb-fp4"
 // (element shape, Bnb4State) or "bnb-int8" (BnbInt8State). `find` looks a tensor up by name;

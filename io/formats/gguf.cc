@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "io/formats/limits.h"
 #include "io/formats/utf8.h"
 
 namespace loadstone::io {
@@ -45,10 +46,6 @@ constexpr std::array<std::string_view, kValueTypes> kValueTypeNames = {
     "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
 constexpr std::array<uint64_t, kValueTypes> kValueBytes = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
-constexpr uint64_t kMaxString = 1ULL << 30;
-constexpr uint64_t kMaxArray = 1ULL << 30;
-constexpr uint32_t kMaxDims = 4;
-constexpr size_t kMaxName = 64;  // GGML_MAX_NAME, with its terminating NUL
 
 // Reads the header through a window of the file; every length is checked against what the file
 // still holds before anything is allocated for it.
@@ -60,6 +57,10 @@ class Cursor {
   uint64_t left() const { return file_.size() - pos_; }
 
   Status Fail(std::string_view what) const { return Fail(what, pos_); }
+  // Past one of loadstone's bounds (io/formats/limits.h), at byte `at`.
+  Status Beyond(std::string_view what, std::string_view bound, uint64_t value, uint64_t at) const {
+    return BeyondBound(fmt::format("GGUF '{}' at byte {}", file_.path(), at), what, bound, value);
+  }
   Status Fail(std::string_view what, uint64_t at) const {
     return Status::Corruption(
         fmt::format("GGUF '{}': {} (byte {})", file_.path(), what, at));
@@ -93,24 +94,34 @@ class Cursor {
     pos_ += n;
     return Status::OK();
   }
-  // A string of at most `max` bytes (else refused before anything is allocated for it).
-  Result<std::string> String(std::string_view what, uint64_t max = kMaxString) {
-    const uint64_t at = pos_;
-    LOADSTONE_ASSIGN_OR_RETURN(uint64_t n, Get<uint64_t>());
-    if (n > max) {
-      return Fail(fmt::format("{} of {} bytes: more than {}", what, n,
-                              max == kMaxString ? std::string("1 GiB")
-                                                : fmt::format("the {} allowed", max)), at);
-    }
-    if (n > left()) {
-      return Fail(fmt::format("{} of {} bytes: more than the file holds", what, n), at);
-    }
+  // A string of at most `max` bytes (else refused before anything is allocated for it):
+  // kGgufMaxString unless the format says less.
+  Result<std::string> String(std::string_view what, uint64_t max = kGgufMaxString) {
+    LOADSTONE_ASSIGN_OR_RETURN(const uint64_t n, StringLength(what, max));
     std::string s(n, '\0');
     LOADSTONE_RETURN_IF_ERROR(Bytes(s.data(), n));
     return s;
   }
+  // A string passed over, never held (array elements beyond those shown).
+  Status SkipString(std::string_view what) {
+    LOADSTONE_ASSIGN_OR_RETURN(const uint64_t n, StringLength(what, kGgufMaxString));
+    return Skip(n);
+  }
 
  private:
+  Result<uint64_t> StringLength(std::string_view what, uint64_t max) {
+    const uint64_t at = pos_;
+    LOADSTONE_ASSIGN_OR_RETURN(uint64_t n, Get<uint64_t>());
+    if (n > left()) {
+      return Fail(fmt::format("{} of {} bytes: more than the file holds", what, n), at);
+    }
+    if (n > max && max == kGgufMaxString) {
+      return Beyond(fmt::format("{} of {} bytes", what, n), "kGgufMaxString", kGgufMaxString, at);
+    }
+    if (n > max) return Fail(fmt::format("{} of {} bytes: more than the {} allowed", what, n, max), at);
+    return n;
+  }
+
   static constexpr uint64_t kWindow = 1 << 20;
   const File& file_;
   uint64_t pos_ = 0;
@@ -176,14 +187,19 @@ Result<std::string> Array(Cursor& c, std::string_view key, int depth) {
   const auto t = static_cast<uint32_t>(type);
   // Every element takes at least this much: a string its u64 length, an array its type and count.
   const uint64_t least = type == ValueType::kString ? 8 : type == ValueType::kArray ? 12 : kValueBytes[t];
-  if (count > kMaxArray || count > c.left() / least) {
+  if (count > c.left() / least) {
     return c.Fail(fmt::format("key '{}': an array of {} {} elements does not fit the {} bytes "
                               "left", key, count, kValueTypeNames[t], c.left()), at);
+  }
+  if (count > kGgufMaxArray) {
+    return c.Beyond(fmt::format("key '{}': an array of {} elements", key, count), "kGgufMaxArray",
+                    kGgufMaxArray, at);
   }
   if (type == ValueType::kArray && depth >= 1) {
     return c.Fail(fmt::format("key '{}': arrays nested more than one level", key), at);
   }
   nlohmann::json shown = nlohmann::json::array();
+  uint64_t shown_bytes = 0;
   for (uint64_t i = 0; i < count; ++i) {
     std::string text;
     if (type == ValueType::kArray) {
@@ -191,10 +207,18 @@ Result<std::string> Array(Cursor& c, std::string_view key, int depth) {
     } else if (type != ValueType::kString && i >= kGgufArrayShown) {
       LOADSTONE_RETURN_IF_ERROR(c.Skip((count - i) * kValueBytes[t]));
       break;
+    } else if (i >= kGgufArrayShown) {
+      LOADSTONE_RETURN_IF_ERROR(c.SkipString("a string"));
+      continue;
     } else {
       LOADSTONE_ASSIGN_OR_RETURN(text, Scalar(c, type));
     }
     if (i >= kGgufArrayShown) continue;
+    shown_bytes += text.size();
+    if (shown_bytes > kGgufMaxMetadataBytes) {
+      return c.Beyond(fmt::format("key '{}': array elements of {} bytes", key, shown_bytes),
+                      "kGgufMaxMetadataBytes", kGgufMaxMetadataBytes, at);
+    }
     nlohmann::json parsed = type == ValueType::kString ? nlohmann::json(nullptr)
                                                        : nlohmann::json::parse(text, nullptr, false);
     if (type == ValueType::kString || parsed.is_discarded()) {
@@ -241,6 +265,14 @@ Result<GgufFile> ReadGgufHeader(const File& file) {
   if (n_kv < 0 || static_cast<uint64_t>(n_kv) > c.left() / 13) {
     return c.Fail(fmt::format("{} key-values cannot fit a file of {} bytes", n_kv, file.size()), 16);
   }
+  if (static_cast<uint64_t>(n_tensors) > kMaxTensorsPerFile) {
+    return c.Beyond(fmt::format("{} tensors", n_tensors), "kMaxTensorsPerFile", kMaxTensorsPerFile,
+                    8);
+  }
+  if (static_cast<uint64_t>(n_kv) > kGgufMaxKeys) {
+    return c.Beyond(fmt::format("{} key-values", n_kv), "kGgufMaxKeys", kGgufMaxKeys, 16);
+  }
+  uint64_t metadata_bytes = 0;  // kept: keys and values as text
 
   std::unordered_set<std::string> keys;
   for (int64_t k = 0; k < n_kv; ++k) {
@@ -266,6 +298,11 @@ Result<GgufFile> ReadGgufHeader(const File& file) {
     } else {
       LOADSTONE_ASSIGN_OR_RETURN(value, Scalar(c, type));
     }
+    metadata_bytes += key.size() + value.size();
+    if (metadata_bytes > kGgufMaxMetadataBytes) {
+      return c.Beyond(fmt::format("metadata of {} bytes up to key '{}'", metadata_bytes, key),
+                      "kGgufMaxMetadataBytes", kGgufMaxMetadataBytes, at);
+    }
     out.metadata.emplace_back(std::move(key), std::move(value));
   }
 
@@ -282,15 +319,15 @@ Result<GgufFile> ReadGgufHeader(const File& file) {
   for (int64_t i = 0; i < n_tensors; ++i) {
     const uint64_t at = c.pos();
     // ggml's names are shorter than GGML_MAX_NAME (64): refused before the name is read.
-    LOADSTONE_ASSIGN_OR_RETURN(std::string name, c.String("a tensor name", kMaxName - 1));
+    LOADSTONE_ASSIGN_OR_RETURN(std::string name, c.String("a tensor name", kGgufMaxName - 1));
     if (FindInvalidUtf8(name) != std::string::npos) {
       return c.Fail(fmt::format("tensor name '{}' is not UTF-8", name), at);
     }
     if (!names.insert(name).second) return c.Fail(fmt::format("tensor '{}' appears twice", name), at);
     LOADSTONE_ASSIGN_OR_RETURN(uint32_t n_dims, c.Get<uint32_t>());
-    if (n_dims > kMaxDims) {
+    if (n_dims > kGgufMaxDims) {
       return c.Fail(fmt::format("tensor '{}' has {} dimensions, ggml allows at most {}", name,
-                                n_dims, kMaxDims), at);
+                                n_dims, kGgufMaxDims), at);
     }
     std::vector<uint64_t> ne(n_dims);
     u128 numel = 1;

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "io/formats/pack_quantized.h"
+#include "io/formats/limits.h"
 #include "io/formats/small_reads.h"
 
 namespace loadstone::io {
@@ -220,9 +221,10 @@ class Cataloger {
   // the 1 back under the mask; 3-bit does not), v2 and AWQ the zero itself.
   Status ReadZeros(const TensorInfo& qzeros, PackedIntState* state) {
     if (state->rows * state->groups * sizeof(int16_t) > kMaxPackedIntTableBytes) {
-      return Status::Unsupported(fmt::format(
-          "{}: {} x {} zero points unpack to more than the {} bytes loadstone holds at open",
-          Where(qzeros), state->rows, state->groups, kMaxPackedIntTableBytes));
+      return BeyondBound(Where(qzeros),
+                         fmt::format("{} x {} zero points unpacked (2 bytes each)", state->rows,
+                                     state->groups),
+                         "kMaxPackedIntTableBytes", kMaxPackedIntTableBytes);
     }
     LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw,
                                ReadTable(&reads_, files_, qzeros, "zero points"));

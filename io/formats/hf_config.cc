@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "io/formats/json_util.h"
+#include "io/formats/limits.h"
 
 namespace loadstone::io {
 namespace {
@@ -67,13 +68,15 @@ Result<ModelConfig> ToConfig(const nlohmann::json& doc, const std::string& path,
 
 Result<ModelConfig> ReadModelConfig(const std::string& path) {
   const std::string what = fmt::format("config '{}'", path);
-  LOADSTONE_ASSIGN_OR_RETURN(auto doc, ReadJsonFile(path, what, 16ULL << 20));
+  LOADSTONE_ASSIGN_OR_RETURN(auto doc,
+                             ReadJsonFile(path, what, kMaxConfigBytes, "kMaxConfigBytes"));
   return InterpretJson(what, [&] { return ToConfig(doc, path, what); });
 }
 
 Status ReadQuantizeConfig(const std::string& path, ModelConfig* config) {
   const std::string what = fmt::format("quantize config '{}'", path);
-  LOADSTONE_ASSIGN_OR_RETURN(auto doc, ReadJsonFile(path, what, 1ULL << 20));
+  LOADSTONE_ASSIGN_OR_RETURN(
+      auto doc, ReadJsonFile(path, what, kMaxQuantizeConfigBytes, "kMaxQuantizeConfigBytes"));
   return InterpretJson(what, [&]() -> Status {
     if (!doc.is_object()) return Status::Corruption(what + " is not a JSON object");
     ModelConfig read;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "io/formats/json_util.h"
+#include "io/formats/limits.h"
 
 namespace loadstone::io {
 namespace {
@@ -68,7 +69,8 @@ Result<ShardIndex> ToShardIndex(const nlohmann::json& doc, const std::string& pa
 
 Result<ShardIndex> ReadShardIndex(const std::string& path) {
   const std::string what = fmt::format("index '{}'", path);
-  LOADSTONE_ASSIGN_OR_RETURN(auto doc, ReadJsonFile(path, what, 256ULL << 20));
+  LOADSTONE_ASSIGN_OR_RETURN(
+      auto doc, ReadJsonFile(path, what, kMaxShardIndexBytes, "kMaxShardIndexBytes"));
   return InterpretJson(what, [&] { return ToShardIndex(doc, path, what); });
 }
 

@@ -3,6 +3,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "io/formats/limits.h"
 #include "io/file.h"
 
 namespace loadstone::io {
@@ -56,7 +57,8 @@ class CheckingSax {
   bool Deeper() {
     if (++depth_ <= kMaxJsonDepth) return true;
     error_ = fmt::format(
-        "nests arrays and objects more than {} deep; no checkpoint document needs that",
+        "nests arrays and objects more than {} deep (kMaxJsonDepth); no checkpoint document "
+        "needs that",
         kMaxJsonDepth);
     return false;
   }
@@ -107,11 +109,10 @@ std::string DescribeJsonValue(const nlohmann::json& value) { return Describe(val
 std::string DescribeJsonValue(const nlohmann::ordered_json& value) { return Describe(value); }
 
 Result<std::string> ReadSmallFile(const std::string& path, std::string_view what,
-                                  uint64_t max_bytes) {
+                                  uint64_t max_bytes, std::string_view bound) {
   LOADSTONE_ASSIGN_OR_RETURN(File file, File::OpenForRead(path));
   if (file.size() > max_bytes) {
-    return Status::Corruption(fmt::format("{} has {} bytes, more than the {} allowed", what,
-                                          file.size(), max_bytes));
+    return BeyondBound(what, fmt::format("a file of {} bytes", file.size()), bound, max_bytes);
   }
   std::string text(file.size(), '\0');
   LOADSTONE_RETURN_IF_ERROR(
@@ -120,8 +121,8 @@ Result<std::string> ReadSmallFile(const std::string& path, std::string_view what
 }
 
 Result<nlohmann::json> ReadJsonFile(const std::string& path, std::string_view what,
-                                    uint64_t max_bytes) {
-  LOADSTONE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, what, max_bytes));
+                                    uint64_t max_bytes, std::string_view bound) {
+  LOADSTONE_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, what, max_bytes, bound));
   return ParseJsonStrict(text, what);
 }
 

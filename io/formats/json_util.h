@@ -11,14 +11,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "io/formats/limits.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
-
-// Arrays and objects nest at most this deep in a document loadstone reads. Checked on the text
-// before any value is built, so that no code (the parser, a destructor, an error message that
-// prints a value) ever recurses over a depth an input chose.
-inline constexpr int kMaxJsonDepth = 256;
 
 // Parses `text`; `what` names the document in errors ("index 'a/model.safetensors.index.json'").
 // Errors: Corruption (invalid JSON, a number beyond double's range such as 1e500, a key twice in
@@ -27,13 +23,14 @@ Result<nlohmann::json> ParseJsonStrict(std::string_view text, std::string_view w
 // The same, keeping each object's keys in document order.
 Result<nlohmann::ordered_json> ParseJsonStrictOrdered(std::string_view text, std::string_view what);
 
-// Reads a whole small file of at most `max_bytes`. Errors: IOError/NotFound, Corruption (larger).
+// Reads a whole small file of at most `max_bytes`, the value of `bound` (io/formats/limits.h).
+// Errors: IOError/NotFound, Unsupported naming the bound (larger, found before reading).
 Result<std::string> ReadSmallFile(const std::string& path, std::string_view what,
-                                  uint64_t max_bytes);
+                                  uint64_t max_bytes, std::string_view bound);
 
-// Reads a whole small file (at most `max_bytes`) and parses it with ParseJsonStrict.
+// Reads a whole small file (as ReadSmallFile) and parses it with ParseJsonStrict.
 Result<nlohmann::json> ReadJsonFile(const std::string& path, std::string_view what,
-                                    uint64_t max_bytes = 1ULL << 30);
+                                    uint64_t max_bytes, std::string_view bound);
 
 // Runs `interpret`, which turns a parsed document into loadstone's types and returns a Status
 // or a Result, and turns any exception of the JSON library it lets out (a type it did not

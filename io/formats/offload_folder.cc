@@ -67,7 +67,8 @@ Result<std::vector<OffloadIndexEntry>> ReadOffloadIndex(const std::string& folde
   const std::string path = (std::filesystem::path(folder) / "index.json").string();
   const std::string what = fmt::format("offload index '{}'", path);
   LOADSTONE_ASSIGN_OR_RETURN(const std::string text,
-                             ReadSmallFile(path, what, kMaxOffloadIndexBytes));
+                             ReadSmallFile(path, what, kMaxOffloadIndexBytes,
+                                           "kMaxOffloadIndexBytes"));
   LOADSTONE_ASSIGN_OR_RETURN(const nlohmann::ordered_json doc, ParseJsonStrictOrdered(text, what));
   return InterpretJson(what, [&]() -> Result<std::vector<OffloadIndexEntry>> {
     if (!doc.is_object()) return Status::Corruption(what + " is not a JSON object");

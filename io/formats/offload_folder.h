@@ -12,14 +12,13 @@
 #include <string_view>
 #include <vector>
 
+#include "io/formats/limits.h"
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
 
-// index.json is read whole; a larger one is refused before it is read.
-inline constexpr uint64_t kMaxOffloadIndexBytes = 256ULL << 20;
-
+// index.json is read whole; one beyond kMaxOffloadIndexBytes is refused before it is read.
 struct OffloadIndexEntry {
   std::string name;
   // A .dat entry: its dtype and shape. A safetensors entry: the dtype accelerate casts it to

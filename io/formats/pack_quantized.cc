@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "io/formats/limits.h"
 #include "io/formats/small_reads.h"
 
 namespace loadstone::io {
@@ -187,10 +188,8 @@ class Cataloger {
 Result<std::vector<std::byte>> ReadTable(SmallReads* reads, const std::vector<CheckpointFile>& files,
                                          const TensorInfo& t, std::string_view what) {
   if (t.nbytes > kMaxPackedIntTableBytes) {
-    return Status::Unsupported(fmt::format("{}: {} bytes of {} are more than the {} loadstone "
-                                           "reads at open",
-                                           TensorAt(files, t), t.nbytes, what,
-                                           kMaxPackedIntTableBytes));
+    return BeyondBound(TensorAt(files, t), fmt::format("{} bytes of {}", t.nbytes, what),
+                       "kMaxPackedIntTableBytes", kMaxPackedIntTableBytes);
   }
   return reads->Bytes(t);
 }

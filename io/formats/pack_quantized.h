@@ -11,14 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "io/formats/limits.h"
 #include "io/formats/small_reads.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
-
-// Bound on the zero points and g_idx read at Open, each.
-inline constexpr uint64_t kMaxPackedIntTableBytes = 16 << 20;
 
 // Tensor `t`'s bytes (`what`: how errors call it): Unsupported beyond kMaxPackedIntTableBytes.
 Result<std::vector<std::byte>> ReadTable(SmallReads* reads, const std::vector<CheckpointFile>& files,

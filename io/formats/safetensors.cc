@@ -9,13 +9,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "io/formats/limits.h"
 #include "io/formats/utf8.h"
 
 namespace loadstone::io {
 namespace {
 
-// serde_json's recursion limit, as the reference hits it: 127 nested arrays/objects pass.
-constexpr int kMaxDepth = 127;
+// kSafetensorsMaxDepth is serde_json's recursion limit, as the reference hits it: 127 nested
+// arrays/objects pass.
 
 Status Fail(SafetensorsError error, std::string_view path, std::string_view detail) {
   return SafetensorsCorruption(error, path, detail);
@@ -50,6 +51,11 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   bool number_unsigned(number_unsigned_t v) override {
     if (skip_ > 0) return true;
     if (state_ == State::kShape) {
+      if (tensors.back().shape.size() >= kMaxTensorRank) {
+        return Bound(fmt::format("tensor '{}': a shape of more than {} dimensions",
+                                 tensors.back().name, kMaxTensorRank),
+                     "kMaxTensorRank", kMaxTensorRank);
+      }
       tensors.back().shape.push_back(v);
       return true;
     }
@@ -75,7 +81,7 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   }
 
   bool start_object(std::size_t) override {
-    if (++depth_ > kMaxDepth) return Schema("recursion limit exceeded");
+    if (++depth_ > kSafetensorsMaxDepth) return Schema("recursion limit exceeded");
     if (skip_ > 0) return ++skip_, true;
     if (!NextSeqField()) return false;
     switch (state_) {
@@ -125,7 +131,7 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   }
 
   bool start_array(std::size_t) override {
-    if (++depth_ > kMaxDepth) return Schema("recursion limit exceeded");
+    if (++depth_ > kSafetensorsMaxDepth) return Schema("recursion limit exceeded");
     if (skip_ > 0) return ++skip_, true;
     if (!NextSeqField()) return false;
     if (state_ == State::kTop && key_ != "__metadata__") {
@@ -162,6 +168,17 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   bool key(string_t& k) override {
     if (skip_ > 0) return true;
     if (state_ == State::kTop) {
+      if (k != "__metadata__") {
+        if (k.size() > kMaxTensorNameBytes) {
+          return Bound(
+              fmt::format("a tensor name of {} bytes ('{}...')", k.size(), k.substr(0, 40)),
+              "kMaxTensorNameBytes", kMaxTensorNameBytes);
+        }
+        if (tensors.size() >= kMaxTensorsPerFile) {
+          return Bound(fmt::format("tensor '{}', the {}th", k, tensors.size() + 1),
+                       "kMaxTensorsPerFile", kMaxTensorsPerFile);
+        }
+      }
       if (!top_keys_.insert(k).second) return Duplicate(k);
       key_ = k;
       return true;
@@ -251,6 +268,13 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
       std::string where =
           in_tensor ? fmt::format("tensor '{}': ", tensors.back().name) : std::string();
       error = Fail(SafetensorsError::kInvalidHeaderDeserialization, path_, where + detail);
+    }
+    return false;
+  }
+
+  bool Bound(std::string what, std::string_view bound, uint64_t value) {
+    if (error.ok()) {
+      error = BeyondBound(fmt::format("safetensors header of '{}'", path_), what, bound, value);
     }
     return false;
   }

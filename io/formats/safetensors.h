@@ -10,13 +10,12 @@
 #include <string_view>
 #include <vector>
 
+#include "io/formats/limits.h"
 #include "io/file.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
-
-inline constexpr uint64_t kSafetensorsMaxHeader = 100'000'000;
 
 // The reference's error names, used in messages ("Corruption: InvalidOffset: ...").
 enum class SafetensorsError {

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "io/formats/limits.h"
 #include "io/formats/safetensors.h"
 
 namespace loadstone::io {

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "io/formats/limits.h"
 #include "io/formats/utf8.h"
 
 namespace loadstone::io {
@@ -138,8 +139,6 @@ std::string_view KindName(Kind kind) {
 
 using Id = uint32_t;
 
-// Tensor ranks above this are refused (PyTorch's own limit is 64 in practice: TensorIterator).
-constexpr size_t kMaxRank = 64;
 
 struct Value {
   Kind kind = Kind::kNone;
@@ -165,8 +164,8 @@ class Machine {
         where_(where),
         // What a hostile stream may make the parser build or copy, in values and in items or
         // bytes: a multiple of its size (a torch.save state dict makes ~0.12 values per byte).
-        max_values_(1'000'000 + bytes.size() / 4),
-        budget_(4'000'000 + 4 * static_cast<uint64_t>(bytes.size())) {
+        max_values_(PickleMaxValues(bytes.size())),
+        budget_(PickleMaxCopies(bytes.size())) {
     // Immutable values are shared, as Python shares them.
     none_ = New(Value{Kind::kNone});
     Value t{Kind::kBool}, f{Kind::kBool};
@@ -183,6 +182,11 @@ class Machine {
   Status Corrupt(std::string_view what) const {
     return Status::Corruption(
         fmt::format("pickle of '{}': {} at byte {}; the file is damaged", where_, what, op_at_));
+  }
+  // A stream whose `what` grows past `bound` (= `value`, io/formats/limits.h).
+  Status Bound(std::string_view what, std::string_view bound, uint64_t value) const {
+    return BeyondBound(fmt::format("pickle of '{}' at byte {}", where_, op_at_),
+                       fmt::format("{} growing past {}", what, value), bound, value);
   }
   Status Refuse(std::string_view what) const {
     return Status::Unsupported(fmt::format(
@@ -217,8 +221,10 @@ class Machine {
   Id New(Value v) {
     Charge(v.items.size() + v.s.size());
     if (values_.size() >= max_values_ && limit_.ok()) {
-      limit_ = Refuse(fmt::format("a pickle of {} bytes that builds more than {} values",
-                                  in_.size(), max_values_));
+      limit_ = BeyondBound(fmt::format("pickle of '{}' at byte {}", where_, op_at_),
+                           fmt::format("a {}-byte pickle that builds more than {} values",
+                                       in_.size(), max_values_),
+                           "PickleMaxValues(bytes)", max_values_);
     }
     values_.push_back(std::move(v));
     return static_cast<Id>(values_.size() - 1);
@@ -227,8 +233,10 @@ class Machine {
   void Charge(uint64_t n) {
     spent_ += n;
     if (spent_ > budget_ && limit_.ok()) {
-      limit_ = Refuse(fmt::format("a pickle of {} bytes that copies more than {} items or bytes",
-                                  in_.size(), budget_));
+      limit_ = BeyondBound(fmt::format("pickle of '{}' at byte {}", where_, op_at_),
+                           fmt::format("a {}-byte pickle that copies more than {} items or bytes",
+                                       in_.size(), budget_),
+                           "PickleMaxCopies(bytes)", budget_);
     }
   }
   Id NewKind(Kind kind) { return New(Value{kind}); }
@@ -318,8 +326,8 @@ Result<uint64_t> Machine::NonNegative(Id id, std::string_view what) const {
 Result<std::vector<uint64_t>> Machine::Dims(Id id, std::string_view what) const {
   const Value& v = values_[id];
   if (v.kind != Kind::kTuple) return Corrupt(fmt::format("{} is {}, not a tuple", what, KindName(v.kind)));
-  if (v.items.size() > kMaxRank) {
-    return Refuse(fmt::format("{} of {} dimensions (more than {})", what, v.items.size(), kMaxRank));
+  if (v.items.size() > kMaxTensorRank) {
+    return Refuse(fmt::format("{} of {} dimensions (more than {})", what, v.items.size(), kMaxTensorRank));
   }
   std::vector<uint64_t> dims;
   dims.reserve(v.items.size());
@@ -757,6 +765,17 @@ Result<PickledStateDict> Machine::Extract(Id root) {
       return Status::Unsupported(fmt::format("'{}': a tensor under a key that is {}, not a str",
                                              where_, KindName(key.kind)));
     }
+    if (key.s.size() > kMaxTensorNameBytes) {
+      return BeyondBound(fmt::format("state dict of '{}'", where_),
+                         fmt::format("a tensor name of {} bytes ('{}...')", key.s.size(),
+                                     key.s.substr(0, 40)),
+                         "kMaxTensorNameBytes", kMaxTensorNameBytes);
+    }
+    if (out_.tensors.size() >= kMaxTensorsPerFile) {
+      return BeyondBound(fmt::format("state dict of '{}'", where_),
+                         fmt::format("tensor '{}', the {}th", key.s, out_.tensors.size() + 1),
+                         "kMaxTensorsPerFile", kMaxTensorsPerFile);
+    }
     const TensorRecord& t = tensors_[static_cast<size_t>(value.i)];
     out_.tensors.push_back({key.s, t.storage, t.dtype, t.offset, t.size, t.stride, t.parameter});
   }
@@ -770,6 +789,14 @@ Result<PickledStateDict> Machine::Run() {
     const auto op = static_cast<uint8_t>(in_[pos_++]);
     LOADSTONE_RETURN_IF_ERROR(Step(op));
     if (!limit_.ok()) return limit_;
+    // An opcode adds at most one entry to each: checked as each passes its bound.
+    if (stack_.size() > kPickleMaxStack) {
+      return Bound("its stack", "kPickleMaxStack", kPickleMaxStack);
+    }
+    if (memo_.size() > kPickleMaxMemo) return Bound("its memo", "kPickleMaxMemo", kPickleMaxMemo);
+    if (marks_.size() > kPickleMaxMarks) {
+      return Bound("its open MARKs", "kPickleMaxMarks", kPickleMaxMarks);
+    }
   }
   if (!marks_.empty()) return Corrupt("STOP with an open MARK");
   if (stack_.size() != 1) return Corrupt(fmt::format("STOP with {} values on the stack", stack_.size()));

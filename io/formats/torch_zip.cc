@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "io/formats/limits.h"
 #include "io/formats/torch_pickle.h"
 #include "io/formats/zip.h"
 

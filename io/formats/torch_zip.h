@@ -8,14 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "io/formats/limits.h"
 #include "io/file.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
-
-// data.pkl larger than this is refused before it is read (a 100k-tensor state dict takes 10 MB).
-inline constexpr uint64_t kTorchMaxPickle = 64ULL << 20;
 
 struct TorchArchive {
   // Sorted by file offset (ties by name); TensorInfo::file is 0. Tensors that view one storage

@@ -1,5 +1,7 @@
 #include "io/formats/zip.h"
 
+#include "io/formats/limits.h"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -20,8 +22,6 @@ constexpr size_t kZip64EndSize = 56;
 constexpr size_t kCentralSize = 46;
 constexpr size_t kLocalSize = 30;
 constexpr uint64_t kMaxComment = 0xFFFF;
-// A central directory larger than this is not one torch.save wrote (100k storages take ~8 MB).
-constexpr uint64_t kMaxCentralDirectory = 256ULL << 20;
 
 uint16_t U16(const std::byte* p) {
   return static_cast<uint16_t>(std::to_integer<uint16_t>(p[0]) |
@@ -122,12 +122,22 @@ Result<Directory> FindDirectory(const File& file) {
       return Bad(file, dir.end, "ZIP64 sizes without a ZIP64 locator");
     }
   }
-  if (dir.size > dir.end || dir.size > kMaxCentralDirectory) {
+  if (dir.size > dir.end) {
     return Bad(file, dir.end, fmt::format("a central directory of {} bytes does not fit", dir.size));
   }
   if (dir.count > dir.size / kCentralSize) {
     return Bad(file, dir.end,
                fmt::format("{} entries cannot fit a {}-byte central directory", dir.count, dir.size));
+  }
+  const std::string where = fmt::format("zip directory of '{}' (end record at byte {})",
+                                        file.path(), dir.end);
+  if (dir.size > kZipMaxCentralDirectory) {
+    return BeyondBound(where, fmt::format("a central directory of {} bytes", dir.size),
+                       "kZipMaxCentralDirectory", kZipMaxCentralDirectory);
+  }
+  if (dir.count > kZipMaxEntries) {
+    return BeyondBound(where, fmt::format("{} entries", dir.count), "kZipMaxEntries",
+                       kZipMaxEntries);
   }
   return dir;
 }

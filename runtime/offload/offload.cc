@@ -77,7 +77,8 @@ Status MergeIndex(const std::string& folder, const nlohmann::ordered_json& entri
   if (fs::exists(path, ec)) {
     const std::string what = fmt::format("offload index '{}'", path);
     LOADSTONE_ASSIGN_OR_RETURN(const std::string text,
-                               io::ReadSmallFile(path, what, io::kMaxOffloadIndexBytes));
+                               io::ReadSmallFile(path, what, io::kMaxOffloadIndexBytes,
+                                                 "kMaxOffloadIndexBytes"));
     LOADSTONE_ASSIGN_OR_RETURN(index, io::ParseJsonStrictOrdered(text, what));
     if (!index.is_object()) {
       return Status::Corruption(fmt::format("{} is not a JSON object; remove it or give another "

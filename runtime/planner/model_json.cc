@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/formats/json_util.h"
+#include "io/formats/limits.h"
 #include "runtime/planner/module_sizes.h"
 #include "runtime/planner/module_tree.h"
 
@@ -303,10 +304,9 @@ Result<ModelDescription> ParseModelDescription(std::string_view json_text) {
 }
 
 Result<ModelDescription> ReadModelDescription(const std::string& path) {
-  constexpr uint64_t kMaxBytes = 256ULL << 20;  // a description of every tensor of a large model is ~10 MB
   LOADSTONE_ASSIGN_OR_RETURN(std::string text,
                              io::ReadSmallFile(path, fmt::format("model description '{}'", path),
-                                               kMaxBytes));
+                                               io::kMaxModelDescriptionBytes, "kMaxModelDescriptionBytes"));
   auto description = ParseModelDescription(text);
   if (!description.ok()) return description.status().WithContext(path);
   return description;

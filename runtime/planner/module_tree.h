@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "io/formats/limits.h"
 #include "loadstone/device_map.h"
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
@@ -19,7 +20,7 @@ namespace loadstone::planner {
 // Bounds on the names a module tree takes, checked before anything is stored for a name. They
 // keep planning linear in its input: a tree's names are views into one copy of each tensor
 // name, but the greedy walk descends a module's path one component at a time.
-inline constexpr size_t kMaxNameBytes = 4096;  // a dotted tensor or module name
+inline constexpr size_t kMaxNameBytes = io::kMaxTensorNameBytes;  // a dotted tensor or module name
 inline constexpr size_t kMaxNameDepth = 128;   // its dotted components
 
 // Owns the names of a tree. A name it returns keeps its address for the arena's life (names

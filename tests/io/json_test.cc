@@ -34,7 +34,8 @@ TEST_CASE("json: nesting is bounded before anything recurses over it") {
   auto deep = io::ParseJsonStrict(Nested(io::kMaxJsonDepth + 1), "doc");
   REQUIRE_FALSE(deep.ok());
   CHECK(deep.status().message() ==
-        "doc nests arrays and objects more than 256 deep; no checkpoint document needs that");
+        "doc nests arrays and objects more than 256 deep (kMaxJsonDepth); no checkpoint document "
+        "needs that");
   // A million levels: refused as quickly, no stack used for it.
   auto hostile = io::ParseJsonStrict("{\"a\": " + Nested(1'000'000) + "}", "doc");
   REQUIRE_FALSE(hostile.ok());
