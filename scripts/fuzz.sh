@@ -5,7 +5,7 @@
 # to tests/fuzz/regressions/TARGET/: fix it, and commit the input — ctest -L fuzz replays it.
 # Prints each target's executions/s, coverage and findings (libFuzzer's final stats) and keeps
 # the log in build-fuzz/fuzz-TARGET.log.
-# Usage: scripts/fuzz.sh [TARGET|all] [MINUTES]   (default: all 1)
+# Usage: scripts/fuzz.sh [TARGET|all] [MINUTES]   (default: all 1; MINUTES 0: build only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
@@ -27,6 +27,7 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo 
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DLOADSTONE_FUZZ=ON -DLOADSTONE_CUDA=OFF -DLOADSTONE_TORCH=OFF > /dev/null
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}" > /dev/null
+[ "$minutes" -gt 0 ] || exit 0
 for t in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$t" "tests/fuzz/regressions/$t"
   dict=tests/fuzz/dicts/json.dict

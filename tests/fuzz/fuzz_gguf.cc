@@ -8,9 +8,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loadstone;
-  auto file = io::File::OpenForRead(fuzz::WriteInput(data, size, "model.gguf"));
-  if (!file.ok()) std::abort();
-  auto gguf = io::ReadGgufHeader(*file);
+  const io::File file = fuzz::InputFile(data, size, "model.gguf");
+  auto gguf = io::ReadGgufHeader(file);
   fuzz::CheckRefusal(gguf.status());
   if (!gguf.ok()) return 0;
   for (const TensorInfo& t : gguf->tensors) {

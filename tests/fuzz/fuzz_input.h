@@ -14,7 +14,9 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <utility>
 
+#include "io/file.h"
 #include "loadstone/status.h"
 
 namespace loadstone::fuzz {
@@ -39,6 +41,16 @@ inline std::string WriteInput(const uint8_t* data, size_t size, const std::strin
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   return path.string();
+}
+
+// WriteInput's file, opened for reading (a file it just wrote always opens).
+inline io::File InputFile(const uint8_t* data, size_t size, const std::string& name) {
+  auto file = io::File::OpenForRead(WriteInput(data, size, name));
+  if (!file.ok()) {
+    std::fprintf(stderr, "cannot open the input: %s\n", file.status().ToString().c_str());
+    std::abort();
+  }
+  return std::move(file).value();
 }
 
 // The folder WriteInput writes into (for the parsers that take a folder).

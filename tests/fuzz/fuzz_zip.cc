@@ -10,9 +10,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loadstone;
-  auto file = io::File::OpenForRead(fuzz::WriteInput(data, size, "archive.pt"));
-  if (!file.ok()) std::abort();
-  auto zip = io::ReadZipArchive(*file);
+  const io::File file = fuzz::InputFile(data, size, "archive.pt");
+  auto zip = io::ReadZipArchive(file);
   fuzz::CheckRefusal(zip.status());
   if (!zip.ok()) return 0;
   std::vector<std::pair<uint64_t, uint64_t>> spans;
