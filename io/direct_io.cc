@@ -118,8 +118,7 @@ DirectTwin OpenDirectTwin(const File& buffered) {
     return twin;
   }
   // Opened by path again: it must still name the file the buffered descriptor reads.
-  if (direct->stamp().device != buffered.stamp().device ||
-      direct->stamp().inode != buffered.stamp().inode) {
+  if (!direct->stamp().SameFile(buffered.stamp())) {
     twin.why_not = "the file was replaced while it was opened";
     return twin;
   }

@@ -54,7 +54,7 @@ Result<File> File::OpenForRead(const std::string& path, int extra_flags) {
   }
   file.size_ = static_cast<uint64_t>(st.st_size);
   file.stamp_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                 static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+                 static_cast<int64_t>(st.st_mtim.tv_sec), static_cast<int64_t>(st.st_mtim.tv_nsec)};
   return file;
 }
 
@@ -79,16 +79,24 @@ Status File::ReadExact(uint64_t offset, std::span<std::byte> dst) const {
   return Status::OK();
 }
 
+Result<uint64_t> File::SizeNow() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return ErrnoStatus(errno, "cannot stat", path_);
+  return static_cast<uint64_t>(st.st_size);
+}
+
 Status CheckUnchanged(const File& file, const CheckpointFile& catalogued) {
   std::string what;
   const FileStamp& then = catalogued.stamp;
   const FileStamp& now = file.stamp();
-  if (then.known() && (then.device != now.device || then.inode != now.inode)) {
-    what = fmt::format("another file is there now: inode {} then, {} now", then.inode, now.inode);
+  if (then.known() && !then.SameFile(now)) {
+    what = fmt::format("another file is there now: device {} inode {} then, device {} inode {} now",
+                       then.device, then.inode, now.device, now.inode);
   } else if (catalogued.bytes != file.size()) {
     what = fmt::format("{} bytes then, {} now", catalogued.bytes, file.size());
-  } else if (then.known() && then.mtime_ns != now.mtime_ns) {
-    what = fmt::format("rewritten: modified {} ns after it was read", now.mtime_ns - then.mtime_ns);
+  } else if (then.known() && then != now) {
+    what = fmt::format("rewritten: modification time {}.{:09} then, {}.{:09} now", then.mtime_sec,
+                       then.mtime_nsec, now.mtime_sec, now.mtime_nsec);
   } else {
     return Status::OK();
   }

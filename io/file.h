@@ -34,6 +34,8 @@ class File {
   const std::string& path() const { return path_; }
   // The file as it was opened: device, inode, modification time.
   const FileStamp& stamp() const { return stamp_; }
+  // Its size now (fstat of the descriptor). Errors: IOError naming the path.
+  Result<uint64_t> SizeNow() const;
 
  private:
   File(int fd, uint64_t size, std::string path) : fd_(fd), size_(size), path_(std::move(path)) {}

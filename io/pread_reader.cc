@@ -68,6 +68,11 @@ PreadReader::~PreadReader() {
   for (std::thread& t : impl_->threads) t.join();
 }
 
+Result<uint64_t> PreadReader::SizeNow(uint32_t file) const {
+  if (file >= impl_->files.size()) return Status::InvalidArgument("no such file in the reader");
+  return impl_->files[file].SizeNow();
+}
+
 const std::byte* PreadReader::CachedView(uint32_t file, uint64_t offset, uint64_t length) const {
   return file < impl_->caches.size() ? impl_->caches[file].CachedView(offset, length) : nullptr;
 }

@@ -34,6 +34,7 @@ class PreadReader final : public Reader {
   void Cancel() override;
   ReaderStats stats() const override;
   const std::byte* CachedView(uint32_t file, uint64_t offset, uint64_t length) const override;
+  Result<uint64_t> SizeNow(uint32_t file) const override;
 
  private:
   struct Impl;

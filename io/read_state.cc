@@ -147,6 +147,10 @@ Status CheckOptions(const ReaderOptions& o) {
   if (o.threads < 1 || o.threads > 256) {
     return Status::InvalidArgument(fmt::format("threads {} is out of range (1..256)", o.threads));
   }
+  if (o.eagain_every == 1) {
+    return Status::InvalidArgument(
+        "eagain_every 1 would refuse every read call forever (give 0, or 2 and more)");
+  }
   if (o.bounce_bytes > (4ULL << 30)) {
     return Status::InvalidArgument(
         fmt::format("bounce_bytes {} is out of range (0..4 GiB)", o.bounce_bytes));

@@ -70,7 +70,8 @@ Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths
     // an Unsupported setup error may fall back.
     if (uring.status().code() != StatusCode::kUnsupported) return uring.status();
     probe = uring.status();
-    LOADSTONE_ASSIGN_OR_RETURN(files, OpenAll(paths, options.catalogued));  // Create() took the first ones
+    // Create() took the first ones.
+    LOADSTONE_ASSIGN_OR_RETURN(files, OpenAll(paths, options.catalogued));
   }
   if (options.backend == ReaderBackend::kUring) {
     return Status::InvalidArgument(fmt::format(

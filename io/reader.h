@@ -119,6 +119,10 @@ class Reader {
                                       uint64_t /*length*/) const {
     return nullptr;
   }
+
+  // The size now of `file` as this reader opened it (its descriptor, not its path: a file
+  // renamed over the path since is not the one read). Thread-safe. Errors: IOError (fstat).
+  virtual Result<uint64_t> SizeNow(uint32_t file) const = 0;
 };
 
 // Drops the pages of [view, view + length) of a CachedView from this process's page tables
@@ -147,9 +151,9 @@ struct ReaderOptions {
   // Testing only: each read asks the OS for at most this many bytes (0 = no cap), so every
   // chunk is continued exactly as after a short read.
   uint64_t max_read_call = 0;
-  // Testing only: every this many read calls (0 = never) one answers EAGAIN without reading, as
-  // in a storm of them (a busy NFS server, a cgroup under memory pressure); each is counted as a
-  // resubmit and continued.
+  // Testing only: every this many read calls (0 = never; 1 is refused) one answers EAGAIN
+  // (io_uring: a call that read something is made to), as in a storm of them (a busy NFS server,
+  // a cgroup under memory pressure); each is counted as a resubmit and retried.
   uint32_t eagain_every = 0;
   // Testing only (UringReader): after this many calls into the kernel, every submission fails
   // with `fail_submit_errno` (0 = never), as a ring that has gone bad would.

@@ -314,7 +314,7 @@ void UringReader::Impl::Handle(ReadPiece* raw, int res) {
   std::unique_ptr<ReadPiece> piece(raw);
   --in_flight;
   const uint32_t file = piece->read->request.file;
-  if (storm->Hit()) res = -EAGAIN;  // testing: the bytes read are read again
+  if (res > 0 && storm->Hit()) res = -EAGAIN;  // testing: the bytes read are read again
   switch (ApplyReadResult(*piece, res, files[file], stats)) {
     case ReadOutcome::kRetryBuffered:  // the file system refused O_DIRECT after all
       twins[file].align = 0;
@@ -388,6 +388,11 @@ ReaderStats UringReader::stats() const { return impl_->stats.Snapshot(); }
 bool UringReader::ReadsDirect(uint32_t file, uint64_t offset, uint64_t length) const {
   return file < impl_->files.size() && impl_->direct_ok[file].load(std::memory_order_relaxed) &&
          impl_->caches[file].CachedFraction(offset, length) < kMostlyCached;
+}
+
+Result<uint64_t> UringReader::SizeNow(uint32_t file) const {
+  if (file >= impl_->files.size()) return Status::InvalidArgument("no such file in the reader");
+  return impl_->files[file].SizeNow();
 }
 
 const std::byte* UringReader::CachedView(uint32_t file, uint64_t offset, uint64_t length) const {

@@ -45,6 +45,7 @@ class UringReader final : public Reader {
   ReaderStats stats() const override;
   bool ReadsDirect(uint32_t file, uint64_t offset, uint64_t length) const override;
   const std::byte* CachedView(uint32_t file, uint64_t offset, uint64_t length) const override;
+  Result<uint64_t> SizeNow(uint32_t file) const override;
 
  private:
   struct Impl;

@@ -11,8 +11,8 @@ scripts/setup.sh
 
 run() {  # name, sanitizers, env
   local dir="build-$1"
-  # -O1 -g1, as the sanitizers' own docs advise: a third of -O2 -g's compile time here (11 s
-  # against 31 s for faults_test.cc under ASan+UBSan), line numbers kept for their reports.
+  # -O1 -g1, as the sanitizers' own docs advise: a third of -O2 -g's compile time, and line
+  # numbers kept for their reports.
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
     -DLOADSTONE_SANITIZE="$2" -DLOADSTONE_CUDA=OFF -DLOADSTONE_TORCH=OFF >/dev/null

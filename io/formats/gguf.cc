@@ -46,7 +46,6 @@ constexpr std::array<std::string_view, kValueTypes> kValueTypeNames = {
     "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
 constexpr std::array<uint64_t, kValueTypes> kValueBytes = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
-
 // Reads the header through a window of the file; every length is checked against what the file
 // still holds before anything is allocated for it.
 class Cursor {
@@ -118,7 +117,9 @@ class Cursor {
     if (n > max && max == kGgufMaxString) {
       return Beyond(fmt::format("{} of {} bytes", what, n), "kGgufMaxString", kGgufMaxString, at);
     }
-    if (n > max) return Fail(fmt::format("{} of {} bytes: more than the {} allowed", what, n, max), at);
+    if (n > max) {
+      return Fail(fmt::format("{} of {} bytes: more than the {} allowed", what, n, max), at);
+    }
     return n;
   }
 
@@ -277,7 +278,7 @@ Result<GgufFile> ReadGgufHeader(const File& file) {
   std::unordered_set<std::string> keys;
   for (int64_t k = 0; k < n_kv; ++k) {
     const uint64_t at = c.pos();
-    LOADSTONE_ASSIGN_OR_RETURN(std::string key, c.String("a key"));
+    LOADSTONE_ASSIGN_OR_RETURN(std::string key, c.String("a key", kGgufMaxKey));
     if (key.empty()) return c.Fail(fmt::format("key-value {} has an empty key", k), at);
     if (!keys.insert(key).second) return c.Fail(fmt::format("key '{}' appears twice", key), at);
     LOADSTONE_ASSIGN_OR_RETURN(ValueType type, TypeOf(c, key));

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <memory>
 
-#include "io/formats/pack_quantized.h"
 #include "io/formats/limits.h"
+#include "io/formats/pack_quantized.h"
 #include "io/formats/small_reads.h"
 
 namespace loadstone::io {

@@ -3,7 +3,7 @@
 // the byte where it was found; a file inside them all costs at most what each line says
 // (docs/reliability.md, "Resource bounds", lists them with their errors and tests). Each is far
 // above what the producers write (the comments say what they write), and checked before the
-// allocation it bounds, never after.
+// allocation it bounds (a count growing one by one, as a pickle's stack: as it passes it).
 #ifndef LOADSTONE_IO_FORMATS_LIMITS_H_
 #define LOADSTONE_IO_FORMATS_LIMITS_H_
 
@@ -34,8 +34,9 @@ inline constexpr int kSafetensorsMaxDepth = 127;
 // The zip's central directory (100k storages take ~8 MB) and its entries (one per storage).
 inline constexpr uint64_t kZipMaxCentralDirectory = 256ULL << 20;
 inline constexpr uint64_t kZipMaxEntries = 1 << 21;
-// data.pkl, read whole (a 100k-tensor state dict takes 10 MB).
+// data.pkl, read whole (a 100k-tensor state dict takes 10 MB), and the byteorder entry ("little").
 inline constexpr uint64_t kTorchMaxPickle = 64ULL << 20;
+inline constexpr uint64_t kTorchMaxByteorder = 16;
 // The unpickler's stack, memo and open MARKs (torch.save's pickles: a stack of a few thousand,
 // ~10 memo entries a tensor, MARKs a few deep).
 inline constexpr size_t kPickleMaxStack = 1 << 20;
@@ -54,7 +55,9 @@ inline constexpr uint64_t kGgufMaxKeys = 1 << 16;
 inline constexpr uint64_t kGgufMaxString = 64ULL << 20;
 inline constexpr uint64_t kGgufMaxArray = 1 << 24;
 inline constexpr uint64_t kGgufMaxMetadataBytes = 256ULL << 20;
-// ggml's own: GGML_MAX_NAME (with its NUL) and GGML_MAX_DIMS.
+// The format's own: a key's length (the GGUF spec: at most 2^16 - 1 bytes), GGML_MAX_NAME
+// (with its NUL) and GGML_MAX_DIMS.
+inline constexpr uint64_t kGgufMaxKey = 65535;
 inline constexpr size_t kGgufMaxName = 64;
 inline constexpr uint32_t kGgufMaxDims = 4;
 

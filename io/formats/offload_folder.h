@@ -18,7 +18,6 @@
 
 namespace loadstone::io {
 
-// index.json is read whole; one beyond kMaxOffloadIndexBytes is refused before it is read.
 struct OffloadIndexEntry {
   std::string name;
   // A .dat entry: its dtype and shape. A safetensors entry: the dtype accelerate casts it to
@@ -35,7 +34,9 @@ std::optional<std::string_view> OffloadDTypeName(DType dtype);
 
 // `folder`/index.json, entries in document order. A name that would leave the folder as a file
 // name (empty, containing '/' or NUL, "." or "..") is refused, as is an entry of neither kind.
-// Errors: NotFound, IOError, Corruption (naming the entry and what is wrong).
+// index.json is read whole: one beyond kMaxOffloadIndexBytes is refused before it is read.
+// Errors: NotFound, IOError, Corruption (naming the entry and what is wrong), Unsupported (the
+// bound).
 Result<std::vector<OffloadIndexEntry>> ReadOffloadIndex(const std::string& folder);
 
 // The path of a .dat entry: folder/NAME.dat.

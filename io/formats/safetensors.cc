@@ -15,9 +15,6 @@
 namespace loadstone::io {
 namespace {
 
-// kSafetensorsMaxDepth is serde_json's recursion limit, as the reference hits it: 127 nested
-// arrays/objects pass.
-
 Status Fail(SafetensorsError error, std::string_view path, std::string_view detail) {
   return SafetensorsCorruption(error, path, detail);
 }
@@ -80,6 +77,8 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
     return Scalar(Kind::kOther);
   }
 
+  // kSafetensorsMaxDepth is serde_json's recursion limit, as the reference hits it: 127 nested
+  // arrays/objects pass.
   bool start_object(std::size_t) override {
     if (++depth_ > kSafetensorsMaxDepth) return Schema("recursion limit exceeded");
     if (skip_ > 0) return ++skip_, true;

@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "io/formats/limits.h"
 #include "io/file.h"
+#include "io/formats/limits.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/status.h"
 

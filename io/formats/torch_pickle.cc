@@ -139,7 +139,6 @@ std::string_view KindName(Kind kind) {
 
 using Id = uint32_t;
 
-
 struct Value {
   Kind kind = Kind::kNone;
   int64_t i = 0;                 // kBool, kInt; kStorage/kTensor: the record's index
@@ -185,8 +184,8 @@ class Machine {
   }
   // A stream whose `what` grows past `bound` (= `value`, io/formats/limits.h).
   Status Bound(std::string_view what, std::string_view bound, uint64_t value) const {
-    return BeyondBound(fmt::format("pickle of '{}' at byte {}", where_, op_at_),
-                       fmt::format("{} growing past {}", what, value), bound, value);
+    return BeyondBound(fmt::format("pickle of '{}' at byte {}", where_, op_at_), what, bound,
+                       value);
   }
   Status Refuse(std::string_view what) const {
     return Status::Unsupported(fmt::format(
@@ -221,10 +220,9 @@ class Machine {
   Id New(Value v) {
     Charge(v.items.size() + v.s.size());
     if (values_.size() >= max_values_ && limit_.ok()) {
-      limit_ = BeyondBound(fmt::format("pickle of '{}' at byte {}", where_, op_at_),
-                           fmt::format("a {}-byte pickle that builds more than {} values",
-                                       in_.size(), max_values_),
-                           "PickleMaxValues(bytes)", max_values_);
+      limit_ = Bound(fmt::format("a {}-byte pickle that builds more than {} values", in_.size(),
+                                 max_values_),
+                     "PickleMaxValues(bytes)", max_values_);
     }
     values_.push_back(std::move(v));
     return static_cast<Id>(values_.size() - 1);
@@ -233,10 +231,9 @@ class Machine {
   void Charge(uint64_t n) {
     spent_ += n;
     if (spent_ > budget_ && limit_.ok()) {
-      limit_ = BeyondBound(fmt::format("pickle of '{}' at byte {}", where_, op_at_),
-                           fmt::format("a {}-byte pickle that copies more than {} items or bytes",
-                                       in_.size(), budget_),
-                           "PickleMaxCopies(bytes)", budget_);
+      limit_ = Bound(fmt::format("a {}-byte pickle that copies more than {} items or bytes",
+                                 in_.size(), budget_),
+                     "PickleMaxCopies(bytes)", budget_);
     }
   }
   Id NewKind(Kind kind) { return New(Value{kind}); }
@@ -327,7 +324,9 @@ Result<std::vector<uint64_t>> Machine::Dims(Id id, std::string_view what) const 
   const Value& v = values_[id];
   if (v.kind != Kind::kTuple) return Corrupt(fmt::format("{} is {}, not a tuple", what, KindName(v.kind)));
   if (v.items.size() > kMaxTensorRank) {
-    return Refuse(fmt::format("{} of {} dimensions (more than {})", what, v.items.size(), kMaxTensorRank));
+    return Bound(fmt::format("{} of {} dimensions (more than {})", what, v.items.size(),
+                             kMaxTensorRank),
+                 "kMaxTensorRank", kMaxTensorRank);
   }
   std::vector<uint64_t> dims;
   dims.reserve(v.items.size());
@@ -791,11 +790,16 @@ Result<PickledStateDict> Machine::Run() {
     if (!limit_.ok()) return limit_;
     // An opcode adds at most one entry to each: checked as each passes its bound.
     if (stack_.size() > kPickleMaxStack) {
-      return Bound("its stack", "kPickleMaxStack", kPickleMaxStack);
+      return Bound(fmt::format("its stack, growing past {}", kPickleMaxStack), "kPickleMaxStack",
+                   kPickleMaxStack);
     }
-    if (memo_.size() > kPickleMaxMemo) return Bound("its memo", "kPickleMaxMemo", kPickleMaxMemo);
+    if (memo_.size() > kPickleMaxMemo) {
+      return Bound(fmt::format("its memo, growing past {}", kPickleMaxMemo), "kPickleMaxMemo",
+                   kPickleMaxMemo);
+    }
     if (marks_.size() > kPickleMaxMarks) {
-      return Bound("its open MARKs", "kPickleMaxMarks", kPickleMaxMarks);
+      return Bound(fmt::format("its open MARKs, more than {}", kPickleMaxMarks), "kPickleMaxMarks",
+                   kPickleMaxMarks);
     }
   }
   if (!marks_.empty()) return Corrupt("STOP with an open MARK");

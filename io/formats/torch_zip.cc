@@ -35,16 +35,18 @@ bool IsPlainKey(std::string_view key) {
          key.find('\\') == std::string_view::npos && key.find('\0') == std::string_view::npos;
 }
 
-Result<std::string> ReadSmallEntry(const File& file, const ZipEntry& entry, uint64_t limit) {
+// Entry `entry` read whole, when it is at most `limit` bytes (the value of the bound `bound`).
+Result<std::string> ReadSmallEntry(const File& file, const ZipEntry& entry, uint64_t limit,
+                                   std::string_view bound) {
   if (entry.method != 0) {
     return Status::Unsupported(fmt::format("'{}': entry '{}' is compressed (method {}); torch.save "
                                            "stores every entry",
                                            file.path(), entry.name, entry.method));
   }
   if (entry.size > limit) {
-    return Status::Unsupported(fmt::format("'{}': entry '{}' is {} bytes, more than the {} "
-                                           "loadstone reads", file.path(), entry.name, entry.size,
-                                           limit));
+    return BeyondBound(fmt::format("'{}' (entry '{}' at byte {})", file.path(), entry.name,
+                                   entry.local_offset),
+                       fmt::format("an entry of {} bytes", entry.size), bound, limit);
   }
   std::string bytes(entry.size, '\0');
   LOADSTONE_RETURN_IF_ERROR(
@@ -102,7 +104,8 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
   }
   TorchArchive out;
   if (const ZipEntry* order = zip.Find(prefix + "byteorder")) {
-    LOADSTONE_ASSIGN_OR_RETURN(std::string text, ReadSmallEntry(file, *order, 16));
+    LOADSTONE_ASSIGN_OR_RETURN(std::string text, ReadSmallEntry(file, *order, kTorchMaxByteorder,
+                                                                "kTorchMaxByteorder"));
     if (text == "big") {
       out.big_endian = true;
     } else if (text != "little") {
@@ -110,7 +113,8 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
                                    text));
     }
   }
-  LOADSTONE_ASSIGN_OR_RETURN(std::string pickle, ReadSmallEntry(file, *pkl, kTorchMaxPickle));
+  LOADSTONE_ASSIGN_OR_RETURN(std::string pickle, ReadSmallEntry(file, *pkl, kTorchMaxPickle,
+                                                                   "kTorchMaxPickle"));
   LOADSTONE_ASSIGN_OR_RETURN(PickledStateDict dict,
                              ParseTorchPickle(pickle, file.path() + ":" + pkl->name));
   if (!dict.state_dict_key.empty()) {

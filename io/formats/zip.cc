@@ -1,12 +1,12 @@
 #include "io/formats/zip.h"
 
-#include "io/formats/limits.h"
-
 #include <algorithm>
 #include <array>
 #include <cstring>
 
 #include <fmt/format.h>
+
+#include "io/formats/limits.h"
 
 namespace loadstone::io {
 namespace {

@@ -117,9 +117,14 @@ std::string LoadHandle::State::TraceArgs(uint64_t id) const {
 
 Status LoadHandle::State::CheckFileSize(uint32_t file, uint64_t needed) const {
   const CheckpointFile& f = checkpoint.files()[file];
-  struct stat st;
-  if (::stat(f.path.c_str(), &st) != 0) return io::ErrnoStatus(errno, "cannot stat", f.path);
-  const auto now = static_cast<uint64_t>(st.st_size);
+  uint64_t now = 0;
+  if (window_.open()) {  // the file read, even if another has been renamed over its path since
+    LOADSTONE_ASSIGN_OR_RETURN(now, window_.reader().SizeNow(file));
+  } else {
+    struct stat st;
+    if (::stat(f.path.c_str(), &st) != 0) return io::ErrnoStatus(errno, "cannot stat", f.path);
+    now = static_cast<uint64_t>(st.st_size);
+  }
   if (now == f.bytes || (needed != 0 && now >= needed)) return Status::OK();
   // The first tensor the file no longer holds, for the message.
   const TensorInfo* lost = nullptr;

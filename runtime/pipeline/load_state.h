@@ -186,7 +186,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   Status EnsureDestination(uint32_t tensor);
   Status EnsureSharedBuffer(uint64_t chunk);
   // Corruption naming the file and the first tensor past its end when file `file` no longer has
-  // the size it had when the checkpoint was opened (`needed` == 0) or is shorter than `needed`.
+  // the size it had when the checkpoint was opened (`needed` == 0) or is shorter than `needed`:
+  // the file the reader opened once it is open (not whatever its path names now), else the path.
   Status CheckFileSize(uint32_t file, uint64_t needed) const;
   void Fail(Status status);
   void MaybeFinish();

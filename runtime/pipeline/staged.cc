@@ -243,12 +243,16 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   const auto begin = trace.Now();
   const ReadChunk& chunk = plan.reads[id];
   const std::byte* staged = StagedBytes(id, slot);
-  for (uint32_t t : chunk.tensors) {
-    if (DeviceOf(t) < 0 && plan.tensors[t].conversion != Conversion::kNone) {
-      CancelIfAskedAt(LoadStage::kConverting);
-      break;
+  // What the workers do with it, for the trace and the test hook only: a conversion, or a copy.
+  Conversion did = Conversion::kNone;
+  if (trace.enabled() || hooks_.cancel_at) {
+    for (uint32_t t : chunk.tensors) {
+      if (DeviceOf(t) < 0 && plan.tensors[t].conversion != Conversion::kNone) {
+        did = plan.tensors[t].conversion;
+      }
     }
   }
+  if (did != Conversion::kNone) CancelIfAskedAt(LoadStage::kConverting);
   Status status;
   if (chunk.shared_buffer) {  // one copy of the whole chunk into its tensors' shared buffer
     status = placer_.PlaceShared(chunk, ReadDestination(id), staged);
@@ -256,13 +260,7 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   } else {
     status = PlaceCpuPieces(id, staged);
   }
-  if (trace.enabled()) {  // named by what the workers did: a conversion, or a copy
-    Conversion did = Conversion::kNone;
-    for (uint32_t t : chunk.tensors) {
-      if (DeviceOf(t) < 0 && plan.tensors[t].conversion != Conversion::kNone) {
-        did = plan.tensors[t].conversion;
-      }
-    }
+  if (trace.enabled()) {  // named by what the workers did
     trace.Span(fmt::format("{} {}", did == Conversion::kNone ? "copy" : ConversionName(did),
                            TraceLabel(id)),
                did == Conversion::kNone ? "copy" : "convert", begin, TraceArgs(id));

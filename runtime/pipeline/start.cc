@@ -60,7 +60,10 @@ void LoadHandle::State::Begin() {
     }
   }
   ArmCompletions();
-  CancelIfAskedAt(LoadStage::kBeforeFirstRead);
+  // On the loop itself: taken before the first read is issued, not after.
+  if (hooks_.cancel_at && hooks_.cancel_at(LoadStage::kBeforeFirstRead)) {
+    return Fail(Status::Cancelled("the load was cancelled"));
+  }
   Pump();
   MaybeFinish();
 }

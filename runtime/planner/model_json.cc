@@ -306,7 +306,8 @@ Result<ModelDescription> ParseModelDescription(std::string_view json_text) {
 Result<ModelDescription> ReadModelDescription(const std::string& path) {
   LOADSTONE_ASSIGN_OR_RETURN(std::string text,
                              io::ReadSmallFile(path, fmt::format("model description '{}'", path),
-                                               io::kMaxModelDescriptionBytes, "kMaxModelDescriptionBytes"));
+                                               io::kMaxModelDescriptionBytes,
+                                               "kMaxModelDescriptionBytes"));
   auto description = ParseModelDescription(text);
   if (!description.ok()) return description.status().WithContext(path);
   return description;

@@ -132,6 +132,34 @@ Status ReadZip(const TempDir& dir, uint64_t count, uint64_t size) {
   return ReadZipArchive(*file).status();
 }
 
+// A stored zip of one entry `name` of `size` bytes (a hole), as torch.save lays it out.
+std::string StoredZip(const TempDir& dir, const std::string& name, uint64_t size) {
+  const auto n = static_cast<uint32_t>(size);
+  const auto name_len = static_cast<uint16_t>(name.size());
+  const std::string local = Le<uint32_t>(0x04034b50) + Le<uint16_t>(20) + Le<uint16_t>(0) +
+                            Le<uint16_t>(0) + Le<uint32_t>(0) + Le<uint32_t>(0) + Le<uint32_t>(n) +
+                            Le<uint32_t>(n) + Le<uint16_t>(name_len) + Le<uint16_t>(0) + name;
+  const std::string central =
+      Le<uint32_t>(0x02014b50) + Le<uint16_t>(20) + Le<uint16_t>(20) + Le<uint16_t>(0) +
+      Le<uint16_t>(0) + Le<uint32_t>(0) + Le<uint32_t>(0) + Le<uint32_t>(n) + Le<uint32_t>(n) +
+      Le<uint16_t>(name_len) + Le<uint16_t>(0) + Le<uint16_t>(0) + Le<uint16_t>(0) +
+      Le<uint16_t>(0) + Le<uint32_t>(0) + Le<uint32_t>(0) + name;
+  const uint64_t central_at = local.size() + size;
+  const std::string end = Le<uint32_t>(0x06054b50) + Le<uint16_t>(0) + Le<uint16_t>(0) +
+                          Le<uint16_t>(1) + Le<uint16_t>(1) +
+                          Le<uint32_t>(static_cast<uint32_t>(central.size())) +
+                          Le<uint32_t>(static_cast<uint32_t>(central_at)) + Le<uint16_t>(0);
+  const std::string path = SparseFile(dir, "hostile.bin", local, central_at);
+  std::ofstream(path, std::ios::binary | std::ios::app) << central << end;
+  return path;
+}
+
+TEST_CASE("limits: a .bin's data.pkl") {
+  TempDir dir;
+  const std::string path = StoredZip(dir, "archive/data.pkl", kTorchMaxPickle + 1);
+  RequireBeyond(Checkpoint::Open(path).status(), "kTorchMaxPickle", path);
+}
+
 TEST_CASE("limits: zip — central directory size and entries") {
   TempDir dir;
   RequireBeyond(ReadZip(dir, kZipMaxEntries + 1, (kZipMaxEntries + 1) * 46), "kZipMaxEntries",

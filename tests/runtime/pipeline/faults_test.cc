@@ -1,4 +1,5 @@
 // Faults end in a clean error naming file, tensor and offset; the Loader stays usable.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -256,6 +257,10 @@ TEST_CASE("faults: a shard rewritten in place after Open (same size) → Corrupt
     f.seekp(static_cast<std::streamoff>(victim.bytes - 1));
     f.put('\x5a');
   }
+  // As a later write would stamp it: within one tick of the file system's clock as the Open,
+  // the rewrite keeps the modification time (checkpoint.h, FileStamp).
+  std::filesystem::last_write_time(
+      victim.path, std::filesystem::last_write_time(victim.path) + std::chrono::seconds(1));
   Loader loader;
   LoadHandle load = loader.Load(ckpt, *plan);
   const Status status = load.Done().get();
@@ -265,6 +270,35 @@ TEST_CASE("faults: a shard rewritten in place after Open (same size) → Corrupt
              Catch::Contains(victim.path) && Catch::Contains("changed since its header was read") &&
                  Catch::Contains("rewritten"));
   CHECK(load.progress().bytes_read == 0);
+  RequireNothingPassedOff(load, ckpt, status);
+}
+
+// The mmap route opens the files itself, after the reader: a file replaced in between (same
+// size) is refused there, not mapped.
+TEST_CASE("faults: a shard replaced between the reader's open and the mapping → Corruption") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  PlanOptions mapped;
+  mapped.routes.mmap = true;
+  auto plan = Plan(ckpt, mapped);
+  REQUIRE(plan.ok());
+  const std::string victim = ckpt.files().front().path;
+  const std::string copy = dir.Path("replacement");
+  std::filesystem::copy_file(victim, copy);
+  testing::ReaderSwitch replacing([&](const std::vector<std::string>& paths,
+                                      const io::ReaderOptions& options,
+                                      std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+    auto reader = io::OpenReader(paths, options, log);
+    std::filesystem::rename(copy, victim);  // after the reader's open, before the mapping's
+    return reader;
+  });
+  Loader loader(replacing.Options());
+  LoadHandle load = loader.Load(ckpt, *plan);
+  const Status status = load.Done().get();
+  INFO(status.ToString());
+  REQUIRE(status.code() == StatusCode::kCorruption);
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains(victim) && Catch::Contains("another file is there now"));
   RequireNothingPassedOff(load, ckpt, status);
 }
 
