@@ -44,6 +44,13 @@ void RequireNothingPassedOff(const LoadHandle& load, const Checkpoint& ckpt, con
   }
 }
 
+// `ckpt`'s plan, through file mappings when `mapped` (ReadRouteOptions::mmap).
+LoadPlan PlanMapped(const Checkpoint& ckpt, bool mapped = true) {
+  PlanOptions options;
+  options.routes.mmap = mapped;
+  return testing::MixedModel::PlanOf(ckpt, options);
+}
+
 TEST_CASE("faults: a shard deleted after Open → NotFound naming it") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
@@ -247,10 +254,7 @@ TEST_CASE("faults: a shard rewritten in place after Open (same size) → Corrupt
   INFO((mapped ? "mapped" : "read"));
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  PlanOptions po;
-  po.routes.mmap = mapped;
-  auto plan = Plan(ckpt, po);
-  REQUIRE(plan.ok());
+  const LoadPlan plan = PlanMapped(ckpt, mapped);
   const CheckpointFile& victim = ckpt.files().back();
   {
     std::fstream f(victim.path, std::ios::in | std::ios::out | std::ios::binary);
@@ -262,7 +266,7 @@ TEST_CASE("faults: a shard rewritten in place after Open (same size) → Corrupt
   std::filesystem::last_write_time(
       victim.path, std::filesystem::last_write_time(victim.path) + std::chrono::seconds(1));
   Loader loader;
-  LoadHandle load = loader.Load(ckpt, *plan);
+  LoadHandle load = loader.Load(ckpt, plan);
   const Status status = load.Done().get();
   INFO(status.ToString());
   REQUIRE(status.code() == StatusCode::kCorruption);
@@ -278,10 +282,7 @@ TEST_CASE("faults: a shard rewritten in place after Open (same size) → Corrupt
 TEST_CASE("faults: a shard replaced between the reader's open and the mapping → Corruption") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  PlanOptions mapped;
-  mapped.routes.mmap = true;
-  auto plan = Plan(ckpt, mapped);
-  REQUIRE(plan.ok());
+  const LoadPlan plan = PlanMapped(ckpt);
   const std::string victim = ckpt.files().front().path;
   const std::string copy = dir.Path("replacement");
   std::filesystem::copy_file(victim, copy);
@@ -293,7 +294,7 @@ TEST_CASE("faults: a shard replaced between the reader's open and the mapping �
     return reader;
   });
   Loader loader(replacing.Options());
-  LoadHandle load = loader.Load(ckpt, *plan);
+  LoadHandle load = loader.Load(ckpt, plan);
   const Status status = load.Done().get();
   INFO(status.ToString());
   REQUIRE(status.code() == StatusCode::kCorruption);
@@ -305,14 +306,11 @@ TEST_CASE("faults: a shard replaced between the reader's open and the mapping �
 TEST_CASE("faults: a mapped load of a shard truncated after Open fails before mapping, no SIGBUS") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
-  PlanOptions mapped;
-  mapped.routes.mmap = true;
-  auto plan = Plan(ckpt, mapped);
-  REQUIRE(plan.ok());
+  const LoadPlan plan = PlanMapped(ckpt);
   const CheckpointFile& victim = ckpt.files().front();
   std::filesystem::resize_file(victim.path, victim.bytes / 2);
   Loader loader;
-  LoadHandle load = loader.Load(ckpt, *plan);
+  LoadHandle load = loader.Load(ckpt, plan);
   const Status status = load.Done().get();
   INFO(status.ToString());
   REQUIRE(status.code() == StatusCode::kCorruption);
