@@ -13,6 +13,7 @@
 #include <string>
 
 #include "io/file.h"
+#include "io/formats/bnb_state.h"
 #include "io/formats/gguf.h"
 #include "io/formats/hf_config.h"
 #include "io/formats/hf_index.h"
@@ -247,6 +248,33 @@ TEST_CASE("limits: a bitsandbytes quant state's JSON") {
                      {w + ".quant_state.bitsandbytes__nf4", DType::kU8, {state.size()}, state, {}}})
               .ok());
   RequireBeyond(Checkpoint::Open(path).status(), "kMaxQuantStateJsonBytes", path);
+}
+
+TEST_CASE("limits: a bitsandbytes nested absmax table") {
+  // NF4 of 2^32 + 2^16 elements, blocks of 32, their absmax re-quantized in blocks of 32:
+  // 4,194,368 nested absmax floats, 256 bytes beyond the bound. The weight (2 GiB) and its
+  // absmax are holes of a sparse file; only the code table and the state's JSON are written.
+  TempDir dir;
+  const uint64_t elements = (uint64_t{1} << 32) + (uint64_t{1} << 16);
+  const std::string state = R"({"quant_type":"nf4","blocksize":32,"dtype":"bfloat16",)"
+                            R"("shape":[65536,65537],"nested_blocksize":32,)"
+                            R"("nested_dtype":"float32","nested_offset":0.5})";
+  const std::string w = "layer.weight";
+  const uint64_t absmax_at = 64 + state.size(), weight_at = absmax_at + elements / 32;
+  const std::string header = fmt::format(
+      R"({{"{0}.quant_map":{{"dtype":"F32","shape":[16],"data_offsets":[0,64]}},)"
+      R"("{0}.quant_state.bitsandbytes__nf4":)"
+      R"({{"dtype":"U8","shape":[{1}],"data_offsets":[64,{2}]}},)"
+      R"("{0}.absmax":{{"dtype":"U8","shape":[{3}],"data_offsets":[{2},{4}]}},)"
+      R"("{0}":{{"dtype":"U8","shape":[{5},1],"data_offsets":[{4},{6}]}}}})",
+      w, state.size(), absmax_at, elements / 32, weight_at, elements / 2,
+      weight_at + elements / 2);
+  std::string code(64, '\0');
+  std::memcpy(code.data(), Nf4Code().data(), 64);
+  const std::string path =
+      SparseFile(dir, "model.safetensors", Le<uint64_t>(header.size()) + header + code + state,
+                 8 + header.size() + weight_at + elements / 2);
+  RequireBeyond(Checkpoint::Open(path).status(), "kMaxNestedAbsmaxBytes", path);
 }
 
 }  // namespace

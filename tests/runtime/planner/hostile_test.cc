@@ -1,10 +1,12 @@
 // Hostile inputs to planning: every class ends in one clean error, or a correct result, with
 // work and memory linear in the input (CTest's timeout guards against a stall; no timing here).
+#include <filesystem>
 #include <string>
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include "io/formats/limits.h"
 #include "loadstone/writer.h"
 #include "planner_test_util.h"
 #include "runtime/planner/module_tree.h"
@@ -144,6 +146,20 @@ TEST_CASE("hostile: a description name past the bound") {
   auto d = Describe(Json{{"modules", {{"children", Json::array({m})}}}});
   REQUIRE_FALSE(d.ok());
   CHECK(d.status().message().find("more than the planner takes (4096 bytes") != std::string_view::npos);
+}
+
+TEST_CASE("hostile: a model description file past kMaxModelDescriptionBytes, refused unread") {
+  // A sparse file: its size is what the bound is checked against, before any byte is read.
+  testing::TempDir dir;
+  const std::string path = dir.Write("model.json", "{}");
+  std::filesystem::resize_file(path, io::kMaxModelDescriptionBytes + 1);
+  auto d = ReadModelDescription(path);
+  REQUIRE_FALSE(d.ok());
+  INFO(d.status().ToString());
+  CHECK(d.status().code() == StatusCode::kUnsupported);
+  const std::string msg(d.status().message());
+  CHECK_THAT(msg, Catch::Contains("kMaxModelDescriptionBytes") && Catch::Contains(path) &&
+                      Catch::Contains("io/formats/limits.h"));
 }
 
 TEST_CASE("hostile: globs run without recursion or backtracking blow-up") {
