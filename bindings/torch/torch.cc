@@ -169,14 +169,6 @@ const std::string& StateDictName(const TensorInfo& t) {
   return t.packed && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
 }
 
-// The scales beside float8 weight `t` (DeepSeek's W_scale_inv, compressed-tensors' W_scale),
-// which make it a quantized weight that a load dequantizes; null for any other tensor.
-const TensorInfo* Float8Scales(const Checkpoint& checkpoint, const TensorInfo& t) {
-  if (t.dtype != DType::kF8E4M3 && t.dtype != DType::kF8E5M2) return nullptr;
-  const TensorInfo* scales = checkpoint.Find(t.name + "_scale_inv");
-  return scales ? scales : checkpoint.Find(t.name + "_scale");
-}
-
 Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_set<std::string>* include,
                              const TorchLoadOptions& options,
                              const std::vector<std::string>& keep_in_fp32,
@@ -191,7 +183,7 @@ Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_
     // Integer and bool tensors never cast; float8 weights neither (diffusers skips e4m3fn). A
     // packed quantized weight (GGUF blocks, bitsandbytes, ...) or a float8 one with scales is
     // dequantized into the target.
-    const bool packed = t.packed.has_value() || Float8Scales(checkpoint, t) != nullptr;
+    const bool packed = t.packed.has_value() || checkpoint.Float8Scales(t) != nullptr;
     if (!packed && (!IsFloatingPoint(t.dtype) || DTypeBits(t.dtype) < 16)) continue;
     std::optional<DType> target;
     if (target_all) {
@@ -507,7 +499,7 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
     // A float8 weight loaded into a floating-point parameter is dequantized with its scales,
     // which are then part of it.
     const auto param = target.find(t.name);
-    if (const TensorInfo* scales = Float8Scales(checkpoint, t);
+    if (const TensorInfo* scales = checkpoint.Float8Scales(t);
         scales && param != target.end() && param->second.is_floating_point()) {
       consumed.insert(scales->name);
     }

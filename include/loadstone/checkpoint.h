@@ -250,6 +250,11 @@ class Checkpoint {
   const std::vector<TensorInfo>& tensors() const;
   // nullptr when there is no tensor of that name.
   const TensorInfo* Find(std::string_view name) const;
+  // The scales beside float8 weight `weight`, which make it a quantized weight a load with a
+  // floating-point target dequantizes: DeepSeek-V3's "W_scale_inv", else compressed-tensors'
+  // "W_scale" (specs/quant.md, "FP8 weights"). nullptr for a tensor that is not float8 or has
+  // neither. Whether the scales fit the weight is the planner's to say (PlanOptions::fp8_block).
+  const TensorInfo* Float8Scales(const TensorInfo& weight) const;
   // The files' "__metadata__" entries (a key given by several shards keeps the first value).
   const std::map<std::string, std::string>& metadata() const;
   // The index file used, or empty.

@@ -54,10 +54,9 @@ Result<std::map<size_t, ScalePair>> PairFp8Scales(const Checkpoint& checkpoint,
     const TensorInfo& weight = infos[w];
     if (!IsFloat8(weight.dtype)) continue;
     if (!options.dtype && !options.special_dtypes.contains(weight.name)) continue;
-    const TensorInfo* scale = checkpoint.Find(weight.name + "_scale_inv");
-    const bool deepseek = scale != nullptr;
-    if (!deepseek) scale = checkpoint.Find(weight.name + "_scale");
+    const TensorInfo* scale = checkpoint.Float8Scales(weight);
     if (scale == nullptr) continue;
+    const bool deepseek = scale->name.ends_with("_scale_inv");
     ScalePair pair{static_cast<size_t>(scale - infos.data()), 0, 0};
     const auto grid = ScaleGrid(*scale);
     if (weight.shape.size() == 2 && grid) {

@@ -3,6 +3,7 @@
 #ifndef LOADSTONE_TESTS_TESTING_REWRITTEN_CHECKPOINT_H_
 #define LOADSTONE_TESTS_TESTING_REWRITTEN_CHECKPOINT_H_
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <functional>
 #include <string>
@@ -44,6 +45,26 @@ inline TensorToWrite& Named(std::vector<TensorToWrite>* tensors, const std::stri
   }
   FAIL("no tensor " << name);
   return tensors->front();
+}
+
+// An edit that drops tensor `name`.
+inline TensorEdit Without(std::string name) {
+  return [name = std::move(name)](std::vector<TensorToWrite>* tensors, auto*) {
+    std::erase_if(*tensors, [&](const TensorToWrite& t) { return t.name == name; });
+  };
+}
+
+// An edit that gives tensor `name` the shape `shape`, its bytes cut to fit it (a shape that needs
+// more keeps them all: a tensor that lies about its size).
+inline TensorEdit Reshaped(std::string name, std::vector<uint64_t> shape) {
+  return [name = std::move(name), shape = std::move(shape)](std::vector<TensorToWrite>* tensors,
+                                                            auto*) {
+    TensorToWrite& t = Named(tensors, name);
+    t.shape = shape;
+    uint64_t bytes = DTypeBits(t.dtype) / 8;
+    for (uint64_t d : shape) bytes *= d;
+    t.data = t.data.subspan(0, std::min<uint64_t>(bytes, t.data.size()));
+  };
 }
 
 // Each case's rewritten file is refused with `code` and a message containing `says`; the file

@@ -32,8 +32,6 @@ const std::vector<std::string> kCases = {"gptq4_g32",     "gptq4_g32_nowrap", "g
                                          "gptq2_g32",     "gptq3_g32",        "gptq8_g64",
                                          "gptq4_v2",      "awq4_g32"};
 
-
-
 const PackedIntState& StateOf(const Checkpoint& ckpt) {
   const TensorInfo& w = *ckpt.Find("layer.qweight");
   REQUIRE((w.packed && w.packed->packed_int));
@@ -155,27 +153,13 @@ TEST_CASE("gptq/awq: without a quantization config", "[quant]") {
 TEST_CASE("gptq/awq: hostile settings and quant states are refused naming the tensor", "[quant]") {
   const std::string gptq_config =
       R"({"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 32}})";
-  auto erase = [](std::string name) {
-    return [name](std::vector<TensorToWrite>* t, auto*) {
-      std::erase_if(*t, [&](const TensorToWrite& x) { return x.name == name; });
-    };
-  };
-  auto reshape = [](std::string name, std::vector<uint64_t> shape) {
-    return [name, shape](std::vector<TensorToWrite>* t, auto*) {
-      TensorToWrite& x = Named(t, name);
-      x.shape = shape;
-      uint64_t n = DTypeBits(x.dtype) / 8;
-      for (uint64_t d : shape) n *= d;
-      x.data = x.data.subspan(0, std::min<uint64_t>(n, x.data.size()));
-    };
-  };
   const std::vector<testing::RefusedCase> gptq = {
-      {"no qzeros", erase("layer.qzeros"), StatusCode::kNotFound, "layer.qzeros"},
-      {"no scales", erase("layer.scales"), StatusCode::kNotFound, "layer.scales"},
-      {"qzeros of no width", reshape("layer.qzeros", {4, 7}), StatusCode::kCorruption,
+      {"no qzeros", testing::Without("layer.qzeros"), StatusCode::kNotFound, "layer.qzeros"},
+      {"no scales", testing::Without("layer.scales"), StatusCode::kNotFound, "layer.scales"},
+      {"qzeros of no width", testing::Reshaped("layer.qzeros", {4, 7}), StatusCode::kCorruption,
        "layer.qzeros"},
-      {"scales of other outputs", reshape("layer.scales", {4, 32}), StatusCode::kCorruption,
-       "has 32 outputs"},
+      {"scales of other outputs", testing::Reshaped("layer.scales", {4, 32}),
+       StatusCode::kCorruption, "has 32 outputs"},
       {"a g_idx outside the groups",
        [](auto* t, auto* d) {
          TensorToWrite& g = Named(t, "layer.g_idx");
@@ -186,7 +170,7 @@ TEST_CASE("gptq/awq: hostile settings and quant states are refused naming the te
          g.data = d->back();
        },
        StatusCode::kCorruption, "column 7 group 4"},
-      {"a g_idx of other columns", reshape("layer.g_idx", {100}), StatusCode::kCorruption,
+      {"a g_idx of other columns", testing::Reshaped("layer.g_idx", {100}), StatusCode::kCorruption,
        "layer.g_idx"},
   };
   testing::CheckRefused(testing::OpenFixture(kFixtures / "gptq4_g32"), "layer.", gptq, gptq_config);
