@@ -46,13 +46,13 @@ struct CastRule {
   std::map<std::string, c10::ScalarType> after;  // cast by LibTorch once loaded
 };
 
-// The one casting rule. `model`: the model's state-dict tensors by key (LoadInto), else empty.
 // The name tensor `t` has in a state dict once loaded: a dequantized compressed-tensors weight
 // "M.weight_packed" is "M.weight" (PackedLayout::decoded_name); any other keeps its own.
 const std::string& StateDictName(const TensorInfo& t) {
   return t.packed && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
 }
 
+// The one casting rule. `model`: the model's state-dict tensors by key (LoadInto), else empty.
 Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_set<std::string>* include,
                              const TorchLoadOptions& options,
                              const std::vector<std::string>& keep_in_fp32,

@@ -1,5 +1,5 @@
-// The opcodes of a torch.save pickle (the machine: pickle_machine.h) and the state dict taken
-// from what they build.
+// The opcodes of a torch.save pickle run by the machine of pickle_machine.h (with its dicts'
+// SETITEMS and the kinds' names for messages), and the state dict taken from what they build.
 #include "io/formats/torch_pickle.h"
 
 #include <array>
