@@ -61,9 +61,7 @@ inline TensorEdit Reshaped(std::string name, std::vector<uint64_t> shape) {
                                                             auto*) {
     TensorToWrite& t = Named(tensors, name);
     t.shape = shape;
-    uint64_t bytes = DTypeBits(t.dtype) / 8;
-    for (uint64_t d : shape) bytes *= d;
-    t.data = t.data.subspan(0, std::min<uint64_t>(bytes, t.data.size()));
+    t.data = t.data.subspan(0, std::min<uint64_t>(t.nbytes(), t.data.size()));
   };
 }
 
