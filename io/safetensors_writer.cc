@@ -90,10 +90,8 @@ std::vector<std::vector<size_t>> SplitIntoShards(const std::vector<TensorToWrite
   return shards;
 }
 
-namespace {
-
-Status WriteFile(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                 const std::map<std::string, std::string>& metadata) {
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
   std::set<std::string_view> names;
   for (const TensorToWrite& t : tensors) {
     LOADSTONE_RETURN_IF_ERROR(CheckTensor(t));
@@ -121,26 +119,21 @@ Status WriteFile(const std::string& path, const std::vector<TensorToWrite>& tens
   for (int i = 0; i < 8; ++i) prefix[i] = static_cast<std::byte>((text.size() >> (8 * i)) & 0xFF);
 
   OutFile out;
-  LOADSTONE_RETURN_IF_ERROR(out.Open(path));
+  LOADSTONE_RETURN_IF_ERROR(out.OpenReplacing(path));
   LOADSTONE_RETURN_IF_ERROR(out.Write(prefix));
   LOADSTONE_RETURN_IF_ERROR(out.Write(std::as_bytes(std::span<const char>(text))));
   std::vector<std::byte> buffer;
   for (const TensorToWrite* t : order) LOADSTONE_RETURN_IF_ERROR(WriteData(*t, out, buffer));
-  return out.Close();
+  return out.Commit();
 }
+
+namespace {
 
 void RemoveAll(const std::vector<std::string>& paths) {
   for (const std::string& p : paths) ::unlink(p.c_str());
 }
 
 }  // namespace
-
-Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
-  Status status = WriteFile(path, tensors, metadata);
-  if (!status.ok()) RemoveAll({path});
-  return status;
-}
 
 Result<std::vector<std::string>> WriteShardedSafetensors(const std::string& folder,
                                                          const std::vector<TensorToWrite>& tensors,
@@ -184,9 +177,9 @@ Result<std::vector<std::string>> WriteShardedSafetensors(const std::string& fold
   written.push_back((dir / fmt::format("{}.safetensors.index{}.json", options.prefix, v)).string());
   OutFile out;
   const std::string text = index.dump(2) + "\n";
-  Status status = out.Open(written.back());
+  Status status = out.OpenReplacing(written.back());
   if (status.ok()) status = out.Write(std::as_bytes(std::span<const char>(text)));
-  if (status.ok()) status = out.Close();
+  if (status.ok()) status = out.Commit();
   if (!status.ok()) return fail(status);
   return written;
 }

@@ -24,15 +24,17 @@ struct TensorToWrite {
   std::vector<uint64_t> shape;
   // The bytes: either `data` (exactly the tensor's size), or `fill`, called with consecutive
   // chunks (offset within the tensor, buffer to fill) so that large tensors need not be held in
-  // memory at once. A fill that fails stops the write with its error (the file is removed).
+  // memory at once. A fill that fails stops the write with its error (nothing is written).
   std::span<const std::byte> data;
   std::function<Status(uint64_t offset, std::span<std::byte> chunk)> fill;
 
   uint64_t nbytes() const;  // from dtype and shape
 };
 
-// Writes one file. Errors: InvalidArgument (duplicate name, data size ≠ shape × dtype, a size
-// that is not whole bytes), IOError.
+// Writes one file, whole or not at all: the bytes go to a new file beside `path` (".NAME.XXXXXX"),
+// renamed over `path` once complete; on any error that file is removed and `path` is as it was.
+// Errors: InvalidArgument (duplicate name, data size ≠ shape × dtype, a size that is not whole
+// bytes), IOError.
 Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                         const std::map<std::string, std::string>& metadata = {});
 
@@ -57,7 +59,9 @@ struct ShardedWriteOptions {
 
 // Writes shards and the index into `folder` (created if missing), split by SplitIntoShards.
 // One shard only → `prefix[.variant].safetensors`, no index. Returns the paths written (shards,
-// then the index). A failed write removes what it wrote.
+// then the index), each written whole as WriteSafetensors writes it. A failed write removes the
+// files this call wrote; a file of the same name that it replaced is not brought back (write
+// into a new folder and rename it to replace a checkpoint folder whole).
 Result<std::vector<std::string>> WriteShardedSafetensors(const std::string& folder,
                                                          const std::vector<TensorToWrite>& tensors,
                                                          const ShardedWriteOptions& options = {});

@@ -87,16 +87,10 @@ Status MergeIndex(const std::string& folder, const nlohmann::ordered_json& entri
     }
   }
   for (const auto& [name, value] : entries.items()) index[name] = value;
-  const std::string tmp = path + ".tmp";
   io::OutFile out;
-  LOADSTONE_RETURN_IF_ERROR(out.Open(tmp));
-  Status s = out.Write(index.dump(2, ' ', /*ensure_ascii=*/true));
-  if (s.ok()) s = out.Close();
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = io::ErrnoStatus(errno, fmt::format("cannot rename '{}' to", tmp), path);
-  }
-  if (!s.ok()) fs::remove(tmp, ec);
-  return s;
+  LOADSTONE_RETURN_IF_ERROR(out.OpenReplacing(path));
+  LOADSTONE_RETURN_IF_ERROR(out.Write(index.dump(2, ' ', /*ensure_ascii=*/true)));
+  return out.Commit();
 }
 
 Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& plan,

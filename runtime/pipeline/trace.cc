@@ -1,11 +1,11 @@
 #include "runtime/pipeline/trace.h"
 
-#include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "io/posix_error.h"
+#include "io/out_file.h"
 
 namespace loadstone::pipeline {
 
@@ -93,28 +93,38 @@ void TraceRecorder::Instant(std::string name, const char* category) {
 
 Status TraceRecorder::WriteJson(const std::string& path) const {
   if (!enabled_) return Status::InvalidArgument("this load was not traced (LoadOptions::trace)");
-  std::ofstream out(path);
-  if (!out) return io::ErrnoStatus(errno, "cannot create", path);
+  io::OutFile out;  // whole or not at all: a full disk leaves no truncated trace
+  LOADSTONE_RETURN_IF_ERROR(out.OpenReplacing(path));
+  std::string text = "{\"traceEvents\":[\n";
+  auto flush = [&](bool always) -> Status {
+    if (!always && text.size() < (1u << 20)) return Status::OK();
+    Status s = out.Write(text);
+    text.clear();
+    return s;
+  };
   std::lock_guard lock(mu_);
-  out << "{\"traceEvents\":[\n";
-  out << R"({"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":"loadstone"}},)"
-      << "\n";
+  text += R"({"name":"process_name","ph":"M","pid":1,"tid":0,"args":{"name":"loadstone"}},)";
+  text += "\n";
   for (const Track& track : tracks_) {  // every track is named: threads, streams, lanes
-    out << fmt::format(R"({{"name":"thread_name","ph":"M","pid":1,"tid":{},)", track.tid)
-        << fmt::format(R"("args":{{"name":{}}}}},)", nlohmann::json(track.name).dump()) << "\n";
+    fmt::format_to(std::back_inserter(text),
+                   R"({{"name":"thread_name","ph":"M","pid":1,"tid":{},"args":{{"name":{}}}}},)"
+                   "\n",
+                   track.tid, nlohmann::json(track.name).dump());
   }
   for (size_t i = 0; i < events_.size(); ++i) {
     const Event& e = events_[i];
-    out << fmt::format(R"({{"name":{},"cat":"{}","ph":"{}","ts":{:.3f},"pid":1,"tid":{})",
-                       nlohmann::json(e.name).dump(), e.category, e.phase, e.ts_us, e.tid);
-    if (e.phase == 'X') out << fmt::format(R"(,"dur":{:.3f})", e.dur_us);
-    if (e.phase == 'i') out << R"(,"s":"t")";
-    if (!e.args.empty()) out << ",\"args\":" << e.args;
-    out << (i + 1 < events_.size() ? "},\n" : "}\n");
+    fmt::format_to(std::back_inserter(text),
+                   R"({{"name":{},"cat":"{}","ph":"{}","ts":{:.3f},"pid":1,"tid":{})",
+                   nlohmann::json(e.name).dump(), e.category, e.phase, e.ts_us, e.tid);
+    if (e.phase == 'X') fmt::format_to(std::back_inserter(text), R"(,"dur":{:.3f})", e.dur_us);
+    if (e.phase == 'i') text += R"(,"s":"t")";
+    if (!e.args.empty()) text += ",\"args\":" + e.args;
+    text += i + 1 < events_.size() ? "},\n" : "}\n";
+    LOADSTONE_RETURN_IF_ERROR(flush(false));
   }
-  out << "],\"displayTimeUnit\":\"ms\"}\n";
-  out.close();
-  return out ? Status::OK() : io::ErrnoStatus(errno, "cannot write", path);
+  text += "],\"displayTimeUnit\":\"ms\"}\n";
+  LOADSTONE_RETURN_IF_ERROR(flush(true));
+  return out.Commit();
 }
 
 }  // namespace loadstone::pipeline

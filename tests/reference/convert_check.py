@@ -58,8 +58,10 @@ def check(ok, what):
 
 
 def convert(loadstone, src, out, *flags):
-    r = subprocess.run([loadstone, "convert", src, out, "--json", *flags], capture_output=True,
-                       text=True)
+    # --overwrite: the checks reuse one output path per case (a refused existing output is
+    # tested in tests/tools/cli_outputs_test.cc).
+    r = subprocess.run([loadstone, "convert", src, out, "--json", "--overwrite", *flags],
+                       capture_output=True, text=True)
     if r.returncode != 0:
         failures.append(f"convert {src} {' '.join(flags)}: {r.stderr.strip()}")
         return None

@@ -193,6 +193,10 @@ TEST_CASE("terminal: Ctrl-C cancels the load, says what was done, writes the tra
   CHECK(Line(run.screen, "loaded ").empty());
   // The bar line was ended before the message: the message starts a line of its own.
   CHECK(run.screen.find("\ncancelled") != std::string::npos);
+  // The terminal echoes the keystroke as "^C"; no bar is drawn after it (over it).
+  const size_t echo = run.screen.find("^C");
+  REQUIRE(echo != std::string::npos);
+  for (const std::string& frame : Frames(run.screen.substr(echo))) CHECK_FALSE(IsBar(frame));
   const auto doc = nlohmann::json::parse(testing::Slurp(trace));
   bool failed = false;
   for (const auto& e : doc["traceEvents"]) failed = failed || e["name"] == "failed";
@@ -222,7 +226,7 @@ TEST_CASE("terminal: Ctrl-C stops convert, says so, removes the partial output, 
           "[tools][terminal]") {
   TempDir dir;
   const std::string model = SparseCheckpoint(dir);
-  const std::string out = dir.Path("converted.safetensors");
+  const std::string out = dir.Path("new/folder/converted.safetensors");  // the folders too
   bool pressed = false;
   const auto run = RunInPty({"convert", model, out, "--dtype", "f32", "--backend", "pread"}, 80,
                             [&](const std::string& screen, int fd) {
@@ -238,6 +242,29 @@ TEST_CASE("terminal: Ctrl-C stops convert, says so, removes the partial output, 
   CHECK(Line(run.screen, "cancelled (Ctrl-C) after ").find("the partial output was removed") !=
         std::string::npos);
   CHECK_FALSE(std::filesystem::exists(out));
+  CHECK_FALSE(std::filesystem::exists(dir.Path("new")));  // the folders it made, gone with it
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
+                      std::filesystem::directory_iterator()) == 1);  // the model alone
+}
+
+TEST_CASE("terminal: Ctrl-C while the demo writes its model leaves nothing of it, exits 130",
+          "[tools][terminal]") {
+  TempDir dir;
+  bool pressed = false;
+  const auto run = RunInPty({"demo", "--layers", "12", "--dir", dir.Path("demo")}, 80,
+                            [&](const std::string& screen, int fd) {
+                              if (!pressed && screen.find("demo: synthetic") != std::string::npos) {
+                                pressed = true;
+                                REQUIRE(::write(fd, "\x03", 1) == 1);
+                              }
+                            });
+  INFO(run.screen);
+  REQUIRE(pressed);
+  REQUIRE_FALSE(run.timed_out);
+  CHECK(run.code == 130);
+  CHECK(Line(run.screen, "demo: cancelled (Ctrl-C) while writing the model; nothing of it is kept") !=
+        "");
+  CHECK(std::filesystem::is_empty(dir.path()));
 }
 
 }  // namespace

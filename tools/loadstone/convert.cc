@@ -27,6 +27,7 @@
 #include "loadstone/writer.h"
 #include "tools/loadstone/commands.h"
 #include "tools/loadstone/format.h"
+#include "tools/loadstone/output.h"
 #include "tools/loadstone/parse.h"
 #include "tools/loadstone/plan_flags.h"
 #include "tools/loadstone/progress_bar.h"
@@ -48,6 +49,7 @@ struct ConvertArgs {
   std::string max_shard_size = "5GB";
   std::string variant;
   ReadFlags read;
+  bool overwrite = false;
   bool json = false;
 };
 
@@ -239,6 +241,29 @@ std::string PrefixFor(const Checkpoint& ckpt) {
   return name.starts_with("diffusion_pytorch_model") ? "diffusion_pytorch_model" : "model";
 }
 
+// Where OUT is written: refused when it is (or holds, or lies inside) the input, or exists
+// without --overwrite; otherwise a temporary beside it, renamed into place when whole.
+Result<std::unique_ptr<StagedOutput>> StageOutput(const ConvertArgs& args, const Checkpoint& ckpt,
+                                                  bool one_file) {
+  // The input as given, every file read, and the folder of an index (the model's folder).
+  std::vector<std::string> inputs = {args.in, ckpt.config().path};
+  for (const CheckpointFile& f : ckpt.files()) inputs.push_back(f.path);
+  if (args.in.ends_with(".json")) inputs.push_back(fs::path(args.in).parent_path().string());
+  LOADSTONE_RETURN_IF_ERROR(RefuseInputAsOutput(args.out, inputs, "OUT"));
+  StagedOutput::Options where;
+  where.kind = one_file ? StagedOutput::Kind::kFile : StagedOutput::Kind::kFolder;
+  where.may_replace = [&args, one_file](const std::string& target) {
+    if (!args.overwrite) {
+      return Status::InvalidArgument(fmt::format(
+          "OUT '{}' already exists{}: it is left as it is; give a new path, or --overwrite to "
+          "replace it",
+          args.out, one_file ? "" : " and is not empty"));
+    }
+    return one_file ? Status::OK() : OnlyCheckpointFiles(target);
+  };
+  return StagedOutput::Begin(args.out, std::move(where));
+}
+
 int RunConvert(const ConvertArgs& args) {
   auto ckpt = Checkpoint::Open(args.in, args.open);
   if (!ckpt.ok()) return ReportError(ckpt.status());
@@ -334,6 +359,10 @@ int RunConvert(const ConvertArgs& args) {
     outputs.push_back(std::move(w));
   }
   const bool one_file = args.out.ends_with(".safetensors");
+  if (one_file && !args.variant.empty()) {
+    return ReportError(Status::InvalidArgument(
+        "--variant names the files of a folder output; OUT is a .safetensors file"));
+  }
   // The order the writer asks for bytes in: shard by shard, each in its layout order.
   std::vector<std::vector<size_t>> shards =
       one_file ? std::vector<std::vector<size_t>>{{}} : SplitIntoShards(outputs, *max_shard);
@@ -351,19 +380,14 @@ int RunConvert(const ConvertArgs& args) {
   }
   feeder.Seal();
 
+  auto out = StageOutput(args, *ckpt, one_file);
+  if (!out.ok()) return ReportError(out.status());
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   Result<std::vector<std::string>> written = std::vector<std::string>{};
   if (one_file) {
-    if (!args.variant.empty()) {
-      return ReportError(Status::InvalidArgument(
-          "--variant names the files of a folder output; OUT is a .safetensors file"));
-    }
-    const fs::path parent = fs::path(args.out).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) fs::create_directories(parent, ec);
-    Status s = WriteSafetensors(args.out, outputs, metadata);
+    Status s = WriteSafetensors((*out)->path(), outputs, metadata);
     if (s.ok()) {
-      written = std::vector<std::string>{args.out};
+      written = std::vector<std::string>{(*out)->path()};
     } else {
       written = s;
     }
@@ -373,14 +397,23 @@ int RunConvert(const ConvertArgs& args) {
     shard_options.variant = args.variant;
     shard_options.max_shard_size = *max_shard;
     shard_options.metadata = metadata;
-    written = WriteShardedSafetensors(args.out, outputs, shard_options);
+    written = WriteShardedSafetensors((*out)->path(), outputs, shard_options);
     if (written.ok() && !ckpt->config().path.empty()) {  // the model's config travels with it
+      const fs::path config = fs::path((*out)->path()) / "config.json";
       std::error_code ec;
-      fs::copy_file(ckpt->config().path, fs::path(args.out) / "config.json",
-                    fs::copy_options::overwrite_existing, ec);
-      if (!ec) written->push_back((fs::path(args.out) / "config.json").string());
+      fs::copy_file(ckpt->config().path, config, ec);
+      if (ec) {
+        written = Status::IOError(fmt::format("cannot copy '{}' to '{}': {}",
+                                              ckpt->config().path, config.string(), ec.message()));
+      } else {
+        written->push_back(config.string());
+      }
     }
   }
+  if (written.ok()) {
+    if (Status s = (*out)->Commit(); !s.ok()) written = s;
+  }
+  if (written.ok()) written = (*out)->AtTarget(*written);
   draw(true);
   if (show) std::cerr << "\n";
   if (!written.ok()) {
@@ -434,6 +467,9 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--from-variant", args->open.variant, "Read the input's weights of this variant");
   cmd->add_option("--subfolder", args->open.subfolder, "Folder inside the input model, e.g. unet");
   args->read.Register(cmd);
+  cmd->add_flag("--overwrite", args->overwrite,
+                "Replace an existing OUT: a file, or a folder holding only safetensors files, "
+                "their index and config.json (never the input)");
   cmd->add_flag("--json", args->json, "Print one JSON document: the files written, sizes, peak RSS");
   cmd->callback([args, exit_code] { *exit_code = RunConvert(*args); });
 }

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
+#include "loadstone/platform.h"
 #include "tools/loadstone/commands.h"
 #include "tools/loadstone/demo_model.h"
 #include "tools/loadstone/format.h"
@@ -19,9 +21,38 @@ namespace loadstone::cli {
 namespace {
 
 struct DemoArgs {
+  std::string program;  // how to run this binary again
   std::string dir;
   DemoModelShape shape;
 };
+
+// `path` as a shell reads it back.
+std::string Quoted(const std::string& path) {
+  if (path.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                             "/._-+=:,@") == std::string::npos) {
+    return path;
+  }
+  std::string out = "'";
+  for (char c : path) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The flags of the suggested next load: a cast to f32 (twice the bytes) when this machine's
+// available memory holds it with room to spare, else the model as stored.
+std::string NextLoadFlags(uint64_t placed_bytes) {
+  auto available = Platform::Default()->AvailableHostBytes();
+  if (available.ok() && 2 * placed_bytes < *available / 10 * 8) return " --dtype f32";
+  return "";
+}
+
+// How the user ran this binary: "loadstone" when found on PATH, else its absolute path (the
+// README's commands run build/loadstone from the checkout).
+std::string ProgramName(const std::string& argv0) {
+  if (argv0.find('/') == std::string::npos) return "loadstone";
+  std::error_code ec;
+  const auto self = std::filesystem::canonical("/proc/self/exe", ec);
+  return Quoted(ec ? argv0 : self.string());
+}
 
 int RunDemo(const DemoArgs& args) {
   const std::string folder =
@@ -30,7 +61,12 @@ int RunDemo(const DemoArgs& args) {
   std::cout << fmt::format("demo: synthetic Llama-shaped bf16 checkpoint, {} layers, {} in {}\n",
                            args.shape.layers, HumanBytes(DemoModelBytes(args.shape)), folder);
   const auto start = std::chrono::steady_clock::now();
-  auto made = EnsureDemoModel(folder, args.shape);
+  InterruptToCancel interrupt;
+  auto made = EnsureDemoModel(folder, args.shape, [&interrupt] { return interrupt.interrupted(); });
+  if (!made.ok() && interrupt.interrupted()) {
+    std::cerr << "\ndemo: cancelled (Ctrl-C) while writing the model; nothing of it is kept\n";
+    return 130;
+  }
   if (!made.ok()) return ReportError(made.status());
   std::cout << fmt::format("demo: model ready in {:.1f} s\n",
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -64,13 +100,11 @@ int RunDemo(const DemoArgs& args) {
                      std::chrono::steady_clock::now() - load_start).count();
     }
   };
-  InterruptToCancel interrupt;
   LoadHandle load = loader.Load(*ckpt, *plan, options);
   const WaitResult wait = WaitWithProgress(load, ::isatty(STDERR_FILENO), &interrupt);
   const Progress p = load.progress();
   if (wait.interrupted && wait.status.code() == StatusCode::kCancelled) {
-    std::cerr << fmt::format("demo: cancelled (Ctrl-C) after {:.3f} s, {} of {} tensors in place\n",
-                             p.seconds, p.tensors_done, p.tensors_total);
+    std::cerr << CancelledLine(p) << "\n";
     return 130;
   }
   if (!wait.status.ok()) return ReportError(wait.status);
@@ -87,16 +121,17 @@ int RunDemo(const DemoArgs& args) {
       HumanBytes(rs.direct_bytes),
       HumanBytes(rs.buffered_bytes + rs.taken(ReadRoute::kPageCacheCopy).bytes),
       HumanBytes(rs.taken(ReadRoute::kPageCacheCopy).bytes));
-  std::cout << "demo: try `loadstone load " << folder
-            << " --dtype f32 --trace /tmp/trace.json` or `loadstone bench " << folder
-            << " --cold`\n";
+  std::cout << "demo: next, try `" << args.program << " load " << Quoted(folder)
+            << NextLoadFlags(plan->placed_bytes) << " --trace " << Quoted(folder + ".trace.json")
+            << "` or `" << args.program << " bench " << Quoted(folder) << " --cold`\n";
   return 0;
 }
 
 }  // namespace
 
-void AddDemoCommand(CLI::App& app, int* exit_code) {
+void AddDemoCommand(CLI::App& app, int* exit_code, const std::string& argv0) {
   auto args = std::make_shared<DemoArgs>();
+  args->program = ProgramName(argv0);
   CLI::App* cmd = app.add_subcommand("demo", "Make (once) and open the built-in default model");
   cmd->add_option("--dir", args->dir, "Where the model lives (default: the cache folder)");
   cmd->add_option("--layers", args->shape.layers, "Decoder layers (16: about 1.7 GB)")

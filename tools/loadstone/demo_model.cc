@@ -13,6 +13,7 @@
 
 #include "loadstone/checkpoint.h"
 #include "loadstone/writer.h"
+#include "tools/loadstone/output.h"
 
 namespace loadstone::cli {
 namespace {
@@ -79,29 +80,50 @@ std::string DefaultCacheDir() {
   return std::string(home && *home ? home : "/tmp") + "/.cache/loadstone";
 }
 
-Result<std::string> EnsureDemoModel(const std::string& folder, const DemoModelShape& shape) {
+Result<std::string> EnsureDemoModel(const std::string& folder, const DemoModelShape& shape,
+                                    const std::function<bool()>& cancelled) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool marked = fs::exists(fs::path(folder) / kDemoMarker, ec);
   if (auto existing = Checkpoint::Open(folder);
       existing.ok() && existing->total_bytes() == DemoModelBytes(shape)) {
+    // A complete demo model, marked or made before the marker: read, never changed.
     return folder;
   }
+  StagedOutput::Options where;
+  where.kind = StagedOutput::Kind::kFolder;
+  where.what = "demo --dir";
+  // Only a folder the demo made (its marker inside) is replaced; anything else is the user's.
+  where.may_replace = [marked, folder](const std::string&) {
+    if (marked) return Status::OK();
+    return Status::InvalidArgument(fmt::format(
+        "demo --dir '{}' holds files the demo did not make (no {} inside): it is left as it "
+        "is; give --dir a new or empty folder",
+        folder, kDemoMarker));
+  };
+  LOADSTONE_ASSIGN_OR_RETURN(auto out, StagedOutput::Begin(folder, std::move(where)));
   const std::vector<Spec> specs = Tensors(shape);
   std::vector<TensorToWrite> tensors;
   for (size_t i = 0; i < specs.size(); ++i) {
     TensorToWrite t{specs[i].name, DType::kBF16, specs[i].shape, {}, {}};
-    t.fill = [seed = i + 1](uint64_t offset, std::span<std::byte> chunk) {
+    t.fill = [seed = i + 1, &cancelled](uint64_t offset, std::span<std::byte> chunk) {
+      if (cancelled && cancelled()) return Status::Cancelled("cancelled (Ctrl-C)");
       Fill(seed, offset, chunk);
       return Status::OK();
     };
     tensors.push_back(std::move(t));
   }
-  // Write into a sibling folder, then rename: an interrupted run never leaves a half model.
-  const std::string partial = folder + ".partial";
-  std::error_code ec;
-  std::filesystem::remove_all(partial, ec);
   ShardedWriteOptions options;
   options.max_shard_size = shape.max_shard_size;
   options.metadata = {{"format", "pt"}};
-  LOADSTONE_ASSIGN_OR_RETURN(auto written, WriteShardedSafetensors(partial, tensors, options));
+  LOADSTONE_ASSIGN_OR_RETURN(auto written, WriteShardedSafetensors(out->path(), tensors, options));
+  {
+    std::ofstream marker(fs::path(out->path()) / kDemoMarker);
+    marker << "made by `loadstone demo`; the demo replaces this folder when its model changes\n";
+    if (!marker) {
+      return Status::IOError(fmt::format("cannot write '{}/{}'", out->path(), kDemoMarker));
+    }
+  }
   // On disk before the first load: O_DIRECT reads of dirty pages would wait for writeback.
   for (const std::string& path : written) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -110,12 +132,7 @@ Result<std::string> EnsureDemoModel(const std::string& folder, const DemoModelSh
       ::close(fd);
     }
   }
-  std::filesystem::remove_all(folder, ec);
-  std::filesystem::rename(partial, folder, ec);
-  if (ec) {
-    return Status::IOError(fmt::format("cannot move '{}' to '{}': {}", partial, folder,
-                                       ec.message()));
-  }
+  LOADSTONE_RETURN_IF_ERROR(out->Commit());
   return folder;
 }
 

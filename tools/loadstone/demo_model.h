@@ -4,6 +4,7 @@
 #define LOADSTONE_TOOLS_DEMO_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "loadstone/status.h"
@@ -25,9 +26,17 @@ uint64_t DemoModelBytes(const DemoModelShape& shape);
 // The cache folder: $LOADSTONE_CACHE, else $XDG_CACHE_HOME/loadstone, else ~/.cache/loadstone.
 std::string DefaultCacheDir();
 
+// The file the demo writes into the folders it makes; only a folder holding it is ever
+// replaced.
+inline constexpr const char* kDemoMarker = ".loadstone-demo";
+
 // Writes the model into `folder` unless a complete one (index present, matching size) is
-// already there. Returns the folder.
-Result<std::string> EnsureDemoModel(const std::string& folder, const DemoModelShape& shape);
+// already there. The folder must not exist, be empty, or be one the demo made (kDemoMarker):
+// anything else is refused (InvalidArgument) and left as it is. Written beside the folder and
+// renamed into place whole; when `cancelled` turns true the write stops (Cancelled) and nothing
+// of it is left. Returns the folder.
+Result<std::string> EnsureDemoModel(const std::string& folder, const DemoModelShape& shape,
+                                    const std::function<bool()>& cancelled = {});
 
 }  // namespace loadstone::cli
 

@@ -1,5 +1,6 @@
 // loadstone load PATH [plan flags] [read flags] [--json] [--trace FILE]
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -7,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
 
@@ -27,6 +29,7 @@ struct LoadArgs {
   ReadFlags read;
   bool json = false;
   std::string trace;
+  bool overwrite = false;
 };
 
 // zlib's CRC-32 of the tensor's bytes, copied back from its device when it is not on the host.
@@ -48,15 +51,29 @@ Result<uint32_t> Crc32(const loadstone::Tensor& t) {
   return static_cast<uint32_t>(crc);
 }
 
-// The trace file must be writable before the load starts, not found unwritable at its end.
-Status CheckWritable(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
+// The trace file must be writable before the load starts, not found unwritable at its end; an
+// existing one is replaced only with --overwrite. Nothing is created here: the trace appears,
+// whole, when the load has ended (LoadHandle::WriteTrace).
+Status CheckTraceTarget(const std::string& path, bool overwrite) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      return Status::InvalidArgument(fmt::format(
+          "--trace {}: it is not a regular file: it is left as it is; give a file's path", path));
+    }
+    if (!overwrite) {
+      return Status::InvalidArgument(fmt::format(
+          "--trace {}: the file exists: it is left as it is; give a new path, or --overwrite to "
+          "replace it",
+          path));
+    }
+  }
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  if (::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0) {
     return Status::IOError(fmt::format("--trace {}: cannot write there ({}); give a path you "
                                        "can write to",
                                        path, std::strerror(errno)));
   }
-  ::close(fd);
   return Status::OK();
 }
 
@@ -159,7 +176,7 @@ int RunLoad(const LoadArgs& args) {
   auto loader_options = args.read.ToLoaderOptions(in->options.platform);
   if (!loader_options.ok()) return ReportError(loader_options.status());
   if (!args.trace.empty()) {
-    if (Status s = CheckWritable(args.trace); !s.ok()) return ReportError(s);
+    if (Status s = CheckTraceTarget(args.trace, args.overwrite); !s.ok()) return ReportError(s);
   }
 
   Loader loader(*loader_options);
@@ -182,12 +199,9 @@ int RunLoad(const LoadArgs& args) {
     if (Status s = load.WriteTrace(args.trace); !s.ok()) return ReportError(s);
   }
   if (wait.interrupted && wait.status.code() == StatusCode::kCancelled) {
-    std::cerr << fmt::format(
-        "cancelled (Ctrl-C) after {:.3f} s: {} of {} tensors in place, {} of {} placed; "
-        "nothing is kept{}\n",
-        progress.seconds, progress.tensors_done, progress.tensors_total,
-        HumanBytes(progress.bytes_placed), HumanBytes(progress.bytes_to_place),
-        args.trace.empty() ? "" : fmt::format("; trace written to {}", args.trace));
+    std::cerr << CancelledLine(progress)
+              << (args.trace.empty() ? "" : fmt::format("; trace written to {}", args.trace))
+              << "\n";
     return 130;
   }
   if (!wait.status.ok()) return ReportError(wait.status);
@@ -239,6 +253,7 @@ void AddLoadCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", args->json, "Print one JSON document (with CRC-32 per tensor)");
   cmd->add_option("--trace", args->trace,
                   "Write a Chrome trace-event JSON of the load (open it in Perfetto)");
+  cmd->add_flag("--overwrite", args->overwrite, "Replace an existing --trace file");
   cmd->callback([args, exit_code] { *exit_code = RunLoad(*args); });
 }
 

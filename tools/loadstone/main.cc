@@ -29,16 +29,18 @@ int Run(int argc, char** argv) {
   int exit_code = 0;
   loadstone::cli::AddInspectCommand(app, &exit_code);
   loadstone::cli::AddPlanCommand(app, &exit_code);
-  loadstone::cli::AddDemoCommand(app, &exit_code);
+  loadstone::cli::AddDemoCommand(app, &exit_code, argc > 0 ? argv[0] : "loadstone");
   loadstone::cli::AddLoadCommand(app, &exit_code);
   loadstone::cli::AddBenchCommand(app, &exit_code);
   loadstone::cli::AddConvertCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    return loadstone::cli::ReportError(
-        loadstone::Status::InvalidArgument(std::string(e.what()) + HelpHint(app)));
+    if (e.get_exit_code() != 0) {
+      return loadstone::cli::ReportError(
+          loadstone::Status::InvalidArgument(std::string(e.what()) + HelpHint(app)));
+    }
+    exit_code = app.exit(e);  // --help, --version: their text must reach stdout too
   }
   // A full disk or a closed pipe on stdout is an error, not a quiet success.
   std::cout.flush();

@@ -93,22 +93,38 @@ void DrawProgress(const Progress& progress) {
 
 WaitResult WaitWithProgress(LoadHandle& load, bool show, const InterruptToCancel* interrupt) {
   WaitResult result;
-  auto draw = [&] { DrawProgress(load.progress()); };
   auto done = load.Done();
-  while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+  auto last_draw = std::chrono::steady_clock::now();
+  // Ctrl-C is looked for every 20 ms, the line redrawn every 100 ms.
+  while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
     if (interrupt && interrupt->interrupted() && !result.interrupted) {
       result.interrupted = true;
       load.Cancel();
+      if (show) std::cerr << "\n" << std::flush;  // after the "^C"; no frame is drawn over it
     }
-    if (show) draw();
+    const auto now = std::chrono::steady_clock::now();
+    if (show && !result.interrupted && now - last_draw >= std::chrono::milliseconds(100)) {
+      last_draw = now;
+      DrawProgress(load.progress());
+    }
   }
-  if (show) {
-    draw();
+  if (interrupt && interrupt->interrupted() && !result.interrupted) {
+    result.interrupted = true;
+    if (show) std::cerr << "\n" << std::flush;
+  } else if (show && !result.interrupted) {
+    DrawProgress(load.progress());
     std::cerr << "\n";
   }
   result.status = done.get();
-  if (interrupt && interrupt->interrupted()) result.interrupted = true;
   return result;
+}
+
+std::string CancelledLine(const Progress& p) {
+  return fmt::format(
+      "cancelled (Ctrl-C) after {:.3f} s: {} of {} tensors in place, {} of {} placed; nothing "
+      "is kept",
+      p.seconds, p.tensors_done, p.tensors_total, HumanBytes(p.bytes_placed),
+      HumanBytes(p.bytes_to_place));
 }
 
 }  // namespace loadstone::cli

@@ -41,8 +41,13 @@ struct WaitResult {
 
 // Waits for `load` to finish. When `show`, redraws the line on stderr every 100 ms, fitted to
 // the terminal's width at each redraw, and ends it with a newline. When `interrupt` is given and
-// Ctrl-C comes, cancels the load and waits for it to stop.
+// Ctrl-C comes, cancels the load and waits for it to stop; the line is ended at once (after the
+// terminal's "^C") and not drawn again.
 WaitResult WaitWithProgress(LoadHandle& load, bool show, const InterruptToCancel* interrupt);
+
+// What `load` and `demo` print when Ctrl-C cancelled a load: "cancelled (Ctrl-C) after S s: N of
+// M tensors in place, X of Y placed; nothing is kept".
+std::string CancelledLine(const Progress& progress);
 
 }  // namespace loadstone::cli
 
