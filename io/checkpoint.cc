@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 #include <filesystem>
+#include <map>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -270,6 +271,8 @@ Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
   LOADSTONE_ASSIGN_OR_RETURN(const std::vector<io::OffloadIndexEntry> entries,
                              io::ReadOffloadIndex(folder));
   std::unordered_map<std::string, std::pair<uint32_t, std::vector<TensorInfo>>> headers;
+  // In-place entries whose index names another dtype: (stored, index's) → count, the first.
+  std::map<std::pair<DType, DType>, std::pair<size_t, std::string>> recast;
   for (const io::OffloadIndexEntry& e : entries) {
     if (!e.safetensors_file.empty()) {
       auto it = headers.find(e.safetensors_file);
@@ -294,10 +297,8 @@ Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
       info.name = e.name;
       info.file = file_index;
       if (e.dtype && *e.dtype != info.dtype) {
-        impl->warnings.push_back(fmt::format(
-            "offload entry '{}' is {} in '{}' and accelerate casts it to {} when it reads it; "
-            "loadstone catalogs it as stored (give a dtype to cast it)",
-            e.name, TorchName(info.dtype), e.safetensors_file, TorchName(*e.dtype)));
+        auto& [count, first] = recast[{info.dtype, *e.dtype}];
+        if (count++ == 0) first = e.name;
       }
       impl->total_bytes += info.nbytes;
       impl->tensors.push_back(std::move(info));
@@ -327,6 +328,13 @@ Status AddOffloadFolder(const std::string& folder, Checkpoint::Impl* impl) {
     info.offset = 0;
     info.nbytes = nbytes;
     AddTensors(file, {std::move(info)}, impl);
+  }
+  for (const auto& [dtypes, seen] : recast) {  // one line for many entries (a UNet has 300)
+    impl->warnings.push_back(fmt::format(
+        "offload folder '{}': in-place entries stored as {} that the index says are {}: {} (the "
+        "first: '{}'); accelerate casts them when it reads them, loadstone catalogs them as "
+        "stored (give a dtype to cast them)",
+        folder, TorchName(dtypes.first), TorchName(dtypes.second), seen.first, seen.second));
   }
   return Status::OK();
 }

@@ -123,7 +123,7 @@ Result<RingSetup> SetUpRing(Ring& ring, const std::vector<File>& files,
     direct_note =
         fmt::format("page cache only ({})", twins.empty() ? "no files" : twins.front().why_not);
   } else {
-    direct_note = fmt::format("O_DIRECT on {}/{} files", direct_files, files.size());
+    direct_note = fmt::format("O_DIRECT ready on {}/{} files", direct_files, files.size());
     const uint64_t pool_align = std::max<uint64_t>(align, 4096);
     const uint64_t slot =
         std::max(pool_align, std::min(options.max_chunk, kBounceSlotMax) / pool_align * pool_align);

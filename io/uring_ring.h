@@ -71,7 +71,7 @@ struct RingSetup {
   BouncePool pool;  // O_DIRECT bounce slots; empty without O_DIRECT or memory for them
   bool files_registered = false;    // fixed files: each file, then its O_DIRECT twin (or itself)
   bool buffers_registered = false;  // the pool as one fixed buffer
-  std::string description;          // "io_uring (32 deep, 4 MiB chunks, O_DIRECT on 8/8 ...)"
+  std::string description;          // "io_uring (32 deep, 4 MiB chunks, O_DIRECT ready on 8/8 ...)"
 };
 
 // Creates `ring` with room for `options.queue_depth` reads and a wake-up poll (single-issuer

@@ -58,6 +58,7 @@ struct OffloadSummary {
   std::string index_path;       // folder/index.json; empty when nothing needed a folder
   size_t written = 0;           // NAME.dat files written
   uint64_t bytes_written = 0;
+  uint64_t bytes_read = 0;      // read from the checkpoint to write them
   size_t in_place = 0;          // tensors referenced in their safetensors file
 };
 

@@ -52,6 +52,7 @@ Status WriteBatch(Loader& loader, const Checkpoint& checkpoint,
     }
   }
   LOADSTONE_RETURN_IF_ERROR(load.Done().get());
+  summary->bytes_read += load.progress().bytes_read;
   for (const Tensor& t : load.Tensors()) {
     if (!names.contains(t.name())) continue;  // a float8 weight's scales, loaded with it
     // Written beside the final name and renamed once every tensor is written (WriteAll), so that

@@ -17,6 +17,8 @@
 #include "runtime/plan/fp8_pairs.h"
 #include "runtime/plan/schedule.h"
 #include "runtime/plan/targets.h"
+#include "runtime/device/platform_impl.h"
+#include "runtime/planner/budgets.h"
 #include "runtime/planner/planner.h"
 
 namespace loadstone {
@@ -87,6 +89,63 @@ void WarnIneffective(const Checkpoint& checkpoint, const PlanOptions& options,
   }
 }
 
+// Options that change nothing once the plan is made: a folder nothing is written to, a mapping
+// that converted tensors cannot have, a float8 block with no float8 weight dequantized, budgets
+// an explicit map does not use.
+void WarnUnused(const Checkpoint& checkpoint, const PlanOptions& options, const LoadPlan& plan,
+                std::vector<std::string>* warnings) {
+  if (!options.offload_folder.empty() && plan.offloaded.empty()) {
+    warnings->push_back(fmt::format(
+        "offload_folder '{}' is not used: the device map sends no tensor to disk, so nothing is "
+        "written there",
+        options.offload_folder));
+  }
+  if (options.routes.mmap) {
+    size_t converted = 0;
+    std::string first;
+    for (const TensorPlan& t : plan.tensors) {
+      if (plan.device_of(static_cast<uint32_t>(&t - plan.tensors.data())) != Device::Cpu() ||
+          t.conversion == Conversion::kNone) {
+        continue;
+      }
+      if (converted++ == 0) first = checkpoint.tensors()[t.source].name;
+    }
+    if (converted > 0) {
+      warnings->push_back(fmt::format(
+          "mmap maps only tensors loaded as stored: {} of {} CPU tensor(s) are converted (the "
+          "first: '{}') and are read, not mapped",
+          converted, plan.tensors.size(), first));
+    }
+  }
+  if (options.fp8_block) {
+    const bool used = std::any_of(plan.tensors.begin(), plan.tensors.end(), [](const TensorPlan& t) {
+      return t.conversion == Conversion::kDequantFp8Block;
+    });
+    if (!used) {
+      warnings->push_back(fmt::format(
+          "fp8_block {}x{} changes nothing: {}", (*options.fp8_block)[0], (*options.fp8_block)[1],
+          options.dtype ? "no float8 weight with scales is dequantized in this load"
+                        : "without a target dtype float8 weights load as stored (give --dtype)"));
+    }
+  }
+  if (options.explicit_map && options.max_memory) {
+    // An explicit map is used as given (as accelerate and transformers do): its budgets are not.
+    auto budgets = planner::GetMaxMemory(options.max_memory, device::OrDefault(options.platform),
+                                         nullptr);
+    std::string over;
+    for (const DeviceUsage& u : plan.devices.usage) {
+      const planner::Budget* b = budgets.ok() ? planner::FindBudget(*budgets, u.device) : nullptr;
+      if (b != nullptr && static_cast<double>(u.bytes) > b->bytes.AsDouble()) {
+        over += fmt::format("; it sends {} bytes to {}, over its budget of {:.0f}", u.bytes,
+                            u.device.ToString(), b->bytes.AsDouble());
+      }
+    }
+    warnings->push_back(
+        "max_memory is not used with an explicit device map: every tensor goes where the map "
+        "says" + over);
+  }
+}
+
 // The device map: an explicit one, {"": cpu} for a CPU load, else the planner's answer over
 // the model's tree with every tensor sized as it will be placed (`targets`, per checkpoint
 // tensor).
@@ -95,6 +154,14 @@ Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& o
   DevicePlan plan;
   if (options.explicit_map) {
     plan.device_map = *options.explicit_map;
+    // Keys that name no module are reported (check_device_map); every tensor planned must have
+    // a key (TensorPlanner::Add), those an `include` leaves out need none.
+    if (options.model) {
+      plan.warnings = planner::UnknownMapKeys(*options.model, plan.device_map);
+    } else {
+      LOADSTONE_ASSIGN_OR_RETURN(ModuleTree tree, ModuleTree::FromCheckpoint(checkpoint));
+      plan.warnings = planner::UnknownMapKeys(tree, plan.device_map);
+    }
     return plan;
   }
   if (options.device_map == "cpu" && !options.max_memory && !options.model) {
@@ -385,6 +452,7 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
     tp.pinned = options.pin_cpu_tensors && !tp.caller_memory;
   }
   plan.routes = options.routes;
+  WarnUnused(checkpoint, options, plan, &plan.warnings);
   planning::ChooseFreshPages(&plan);
   LOADSTONE_RETURN_IF_ERROR(planning::ScheduleReads(infos, is_scale, options, &plan));
   return plan;

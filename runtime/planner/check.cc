@@ -4,6 +4,7 @@
 #include "runtime/planner/greedy.h"
 #include "runtime/planner/modes.h"
 #include "runtime/planner/module_tree.h"
+#include "runtime/planner/planner.h"
 
 namespace loadstone {
 namespace planner {
@@ -30,18 +31,23 @@ Result<ModeChoice> ParseDeviceMapString(std::string_view text) {
       text));
 }
 
-}  // namespace planner
-
-Status CheckDeviceMap(const ModuleTree& tree, const DeviceMap& map,
-                      std::vector<std::string>* warnings) {
+std::vector<std::string> UnknownMapKeys(const ModuleTree& tree, const DeviceMap& map) {
   const ModuleTree::Impl& impl = ModuleTreeAccess::Get(tree);
   std::vector<std::string> invalid;
   for (const DeviceMap::Entry& e : map.entries()) {
     if (!e.prefix.empty() && impl.FindNode(e.prefix) < 0) invalid.push_back(e.prefix);
   }
-  if (!invalid.empty() && warnings) {
-    warnings->push_back("The following device_map keys do not match any submodules in the model: " +
-                        planner::PyListRepr(invalid));
+  if (invalid.empty()) return {};
+  return {"The following device_map keys do not match any submodules in the model: " +
+          PyListRepr(invalid)};
+}
+
+}  // namespace planner
+
+Status CheckDeviceMap(const ModuleTree& tree, const DeviceMap& map,
+                      std::vector<std::string>* warnings) {
+  if (warnings) {
+    for (std::string& w : planner::UnknownMapKeys(tree, map)) warnings->push_back(std::move(w));
   }
   std::string missing;
   for (const std::string& name : tree.StateDictNames()) {

@@ -2,6 +2,9 @@
 #ifndef LOADSTONE_RUNTIME_PLANNER_PLANNER_H_
 #define LOADSTONE_RUNTIME_PLANNER_PLANNER_H_
 
+#include <string>
+#include <vector>
+
 #include "loadstone/device_map.h"
 #include "runtime/planner/module_sizes.h"
 
@@ -11,6 +14,11 @@ namespace loadstone::planner {
 // will place) instead of by accelerate's min(dtype, stored) rule; other tensors keep the rule.
 Result<DevicePlan> InferDeviceMapPlaced(const ModuleTree& tree, const DeviceMapOptions& options,
                                         const PlacedTensors& placed);
+
+// The warning check_device_map gives for the keys of `map` that name no module of `tree` (none
+// when every key names one): "The following device_map keys do not match any submodules in the
+// model: [...]".
+std::vector<std::string> UnknownMapKeys(const ModuleTree& tree, const DeviceMap& map);
 
 }  // namespace loadstone::planner
 

@@ -177,7 +177,7 @@ def main():
             if i >= cold_from:
                 drop_cache(folder)
             doc = run_load(args.loadstone, folder, extra)
-            if i >= cold_from and "O_DIRECT on" in doc["backend"] and doc["read"]["direct_bytes"] == 0:
+            if i >= cold_from and "O_DIRECT ready on" in doc["backend"] and doc["read"]["direct_bytes"] == 0:
                 print(f"FAILED {extra}: a cold load read nothing with O_DIRECT: {doc['read']}")
                 failures += 1
             got = {t["name"]: t for t in doc["tensors"]}

@@ -569,5 +569,151 @@ TEST_CASE("cli: messages that say what a file or folder is and what to pass", "[
   CHECK(gpu.err.find("insufficient") == std::string::npos);
 }
 
+
+// `command` with `flags` warns `words` once on stderr and, under --json, in "warnings".
+void CheckWarns(const std::string& command, const std::string& flags, const std::string& words) {
+  INFO(command << " " << flags);
+  const auto human = RunCli(command + " " + flags);
+  INFO(human.err);
+  REQUIRE(human.code == 0);
+  CHECK(human.err.find("warning: " + words) != std::string::npos);
+  const auto json = RunCli(command + " " + flags + " --json");
+  INFO(json.out.substr(json.out.find("\"warnings\"")));
+  REQUIRE(json.code == 0);
+  size_t found = 0;
+  const nlohmann::json doc = nlohmann::json::parse(json.out);
+  for (const auto& w : doc["warnings"]) {
+    found += w.get<std::string>().find(words) != std::string::npos;
+  }
+  CHECK(found == 1);
+}
+
+TEST_CASE("cli: options that change nothing warn on stderr and in --json, for load as for plan",
+          "[tools][cli]") {
+  Model m;
+  TempDir dir;
+  for (const std::string command : {"load " + m.path, "plan " + m.path}) {
+    CheckWarns(command, "--device-map auto --assume-gpus 2x80gb",
+               "--assume-gpus 2x80gb: a lowercase 'b' means bits, as in accelerate (80gb = "
+               "10000000000 bytes)");
+    CheckWarns(command, "--device-map auto --assume-gpus 2x80",
+               "--assume-gpus 2x80: a size without a unit is bytes (2 GPUs of 80 bytes each)");
+    CheckWarns(command, "--max-memory cpu=10gb", "--max-memory cpu=10gb: a lowercase 'b' means bits");
+    CheckWarns(command, "--device-map cpu --offload-folder " + dir.Path("off"),
+               "offload_folder '" + dir.Path("off") + "' is not used: the device map sends no "
+               "tensor to disk");
+    CheckWarns(command, "--device-map cpu --mmap --dtype f32",
+               "mmap maps only tensors loaded as stored: 8 of 9 CPU tensor(s) are converted "
+               "(the first: 'lm_head.weight')");
+    CheckWarns(command, "--device-map cpu --fp8-block 64,64",
+               "fp8_block 64x64 changes nothing: without a target dtype float8 weights load as "
+               "stored");
+    CheckWarns(command, R"(--device-map '{"model": 0, "nothing.here": 0, "lm_head": "cpu"}' )"
+                        "--assume-gpus 1x1GiB",
+               "The following device_map keys do not match any submodules in the model: "
+               "['nothing.here']");
+    CheckWarns(command, R"(--device-map '{"": 0}' --assume-gpus 1x1GiB --max-memory 0=100)",
+               "max_memory is not used with an explicit device map: every tensor goes where the "
+               "map says; it sends 98704 bytes to cuda:0, over its budget of 100");
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.Path("off")));  // an unused folder is not made
+  CheckWarns("load " + m.path, "--staging 64mb",
+             "--staging 64mb: a lowercase 'b' means bits, as in accelerate (64mb = 8000000 bytes)");
+  CheckWarns("load " + m.path, "--trace ''", "--trace '': no file named, so no trace is written");
+}
+
+TEST_CASE("cli: messages name the rule: GPU count, the multiplication sign, queue depth, dtype none",
+          "[tools][cli]") {
+  Model m;
+  const auto many = RunCli("plan " + m.path + " --assume-gpus 65x1GiB");
+  CHECK(OneErrorLine(many));
+  CHECK(many.err.find("65 GPUs, and a simulated machine has at most 64") != std::string::npos);
+  const auto times = RunCli("plan " + m.path + " --assume-gpus 2\u00d71GiB --json");
+  INFO(times.err);
+  REQUIRE(times.code == 0);
+  CHECK(nlohmann::json::parse(times.out)["budgets"]["1"] == 1 << 30);  // 2 GPUs of 1 GiB
+  const auto depth = RunCli("load " + m.path + " --queue-depth abc");
+  CHECK(OneErrorLine(depth));
+  CHECK(depth.err.find("--queue-depth abc: give the number of reads in flight, a whole number "
+                       "from 1 to 4096") != std::string::npos);
+  CHECK(OneErrorLine(RunCli("load " + m.path + " --queue-depth 0")));
+  for (const std::string dtype : {"none", "''"}) {
+    const auto load = RunCli("load " + m.path + " --dtype " + dtype);
+    INFO(load.err);
+    CHECK(OneErrorLine(load));
+    CHECK(load.err.find("leave --dtype out to load every tensor as stored") != std::string::npos);
+  }
+  CHECK(RunCli("plan " + m.path + " --dtype none").code == 0);
+  CHECK(RunCli("plan --help").out.find(".gguf") != std::string::npos);
+  CHECK(RunCli("convert --help").out.find("(default 64MiB)") != std::string::npos);
+  CHECK(RunCli("load --help").out.find("(default 256MiB)") != std::string::npos);
+  // inspect --json has "metadata" only when the files have some (docs/cli.md).
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/";
+  const auto none = nlohmann::json::parse(
+      RunCli("inspect " + fixtures + "safetensors/diffusers/unet --json").out);
+  CHECK_FALSE(none.contains("metadata"));
+  CHECK(nlohmann::json::parse(
+            RunCli("inspect " + fixtures + "safetensors/metadata.safetensors --json").out)
+            .contains("metadata"));
+}
+
+TEST_CASE("cli: a load whose every tensor goes to disk counts the offload's reads and writes",
+          "[tools][cli][offload]") {
+  // A checkpoint torch.save wrote: its tensors are written to the folder (not read in place).
+  const std::string model = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/torch/sharded";
+  TempDir dir;
+  const std::string folder = dir.Path("off");
+  const std::string flags = R"( --device-map '{"": "disk"}' --offload-folder )";
+  const auto human = RunCli("load " + model + flags + folder);
+  INFO(human.err);
+  REQUIRE(human.code == 0);
+  CHECK(human.out.find("-0.0") == std::string::npos);
+  CHECK(human.out.find("loaded 0 tensors into memory") != std::string::npos);
+  CHECK(human.out.find("no tensor goes to memory") != std::string::npos);
+  CHECK(human.out.find("7 written to " + folder + "/index.json (") != std::string::npos);
+  CHECK(human.out.find(", 368 B written in ") != std::string::npos);
+  const auto json = RunCli("load " + model + flags + dir.Path("off2") + " --json");
+  REQUIRE(json.code == 0);
+  const auto doc = nlohmann::json::parse(json.out);
+  CHECK(doc["first_tensor_ms"].is_null());
+  CHECK(doc["offload"]["written_files"] == 7);
+  CHECK(doc["offload"]["written_bytes"] == 368);
+  CHECK(doc["offload"]["read_bytes"].get<uint64_t>() >= 368);  // every tensor's bytes, read
+}
+
+TEST_CASE("cli: an offload folder of many recast in-place entries gives one warning line",
+          "[tools][cli][offload]") {
+  TempDir dir;
+  std::vector<std::vector<std::byte>> data(40, std::vector<std::byte>(64));
+  std::vector<TensorToWrite> tensors;
+  for (int i = 0; i < 40; ++i) {
+    tensors.push_back({"blocks." + std::to_string(i) + ".weight", DType::kF16, {32}, data[i], {}});
+  }
+  const std::string model = dir.Path("unet.safetensors");
+  REQUIRE(WriteSafetensors(model, tensors).ok());
+  // In place (plain safetensors), recorded as float32: what accelerate writes for a cast.
+  REQUIRE(RunCli("load " + model + R"( --device-map '{"": "disk"}' --dtype f32 --offload-folder )" +
+                 dir.Path("off")).code == 0);
+  const auto load = RunCli("load " + dir.Path("off"));
+  INFO(load.err);
+  REQUIRE(load.code == 0);
+  CHECK(std::count(load.err.begin(), load.err.end(), '\n') == 1);
+  CHECK(load.err.find("in-place entries stored as float16 that the index says are float32: 40 "
+                      "(the first: 'blocks.0.weight')") != std::string::npos);
+}
+
+TEST_CASE("cli: load says what was read with O_DIRECT, not only that it could be",
+          "[tools][cli]") {
+  Model m;
+  const auto load = RunCli("load " + m.path + " --backend uring");
+  REQUIRE(load.code == 0);
+  const auto json = RunCli("load " + m.path + " --backend uring --json");
+  REQUIRE(json.code == 0);
+  const auto doc = nlohmann::json::parse(json.out);
+  CHECK(doc["backend"].get<std::string>().find("O_DIRECT on") == std::string::npos);
+  CHECK(load.out.find("\nread: ") != std::string::npos);
+  CHECK(load.out.find(" from the device with O_DIRECT, ") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace loadstone

@@ -75,12 +75,14 @@ std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
 int RunBench(const BenchArgs& args) {
   auto in = args.flags.Resolve("cpu");
   if (!in.ok()) return ReportError(in.status());
-  PrintWarnings(in->warnings);
   const std::optional<Checkpoint>& ckpt = in->checkpoint;
   const PlanOptions& plan = in->options;
-  auto loader = args.read.ToLoaderOptions(plan.platform);
+  auto loader = args.read.ToLoaderOptions(plan.platform, &in->warnings);
   if (!loader.ok()) return ReportError(loader.status());
-  if (auto checked = Plan(*ckpt, plan); !checked.ok()) return ReportError(checked.status());
+  auto checked = Plan(*ckpt, plan);
+  if (!checked.ok()) return ReportError(checked.status());
+  PrintWarnings(in->warnings);
+  PrintWarnings(checked->warnings);
   auto convert_to = ParseCastTarget(args.convert_to, "--convert-to");
   if (!convert_to.ok()) return ReportError(convert_to.status());
   auto methods = Methods(*ckpt, args, plan, *loader, *convert_to);

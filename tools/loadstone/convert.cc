@@ -313,8 +313,10 @@ int RunConvert(const ConvertArgs& args) {
 
   ReadFlags read = args.read;
   if (read.staging.empty()) read.staging = kDefaultStaging;
-  auto loader_options = read.ToLoaderOptions(nullptr);
+  std::vector<std::string> warnings;
+  auto loader_options = read.ToLoaderOptions(nullptr, &warnings);
   if (!loader_options.ok()) return ReportError(loader_options.status());
+  PrintWarnings(warnings);
 
   InterruptToCancel interrupt;
   Feeder feeder(*ckpt, options.dtype, *loader_options, interrupt);
@@ -466,7 +468,7 @@ void AddConvertCommand(CLI::App& app, int* exit_code) {
                   "Name the output files for this variant (model.fp16.safetensors, ...)");
   cmd->add_option("--from-variant", args->open.variant, "Read the input's weights of this variant");
   cmd->add_option("--subfolder", args->open.subfolder, "Folder inside the input model, e.g. unet");
-  args->read.Register(cmd);
+  args->read.Register(cmd, kDefaultStaging);
   cmd->add_flag("--overwrite", args->overwrite,
                 "Replace an existing OUT: a file, or a folder holding only safetensors files, "
                 "their index and config.json (never the input)");

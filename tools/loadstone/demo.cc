@@ -114,13 +114,8 @@ int RunDemo(const DemoArgs& args) {
       "demo: read backend: {}\n",
       p.tensors_done, HumanBytes(plan->read_bytes), p.seconds,
       plan->read_bytes / p.seconds / 1e9, first_ns.load() / 1e6, first_name, load.backend());
-  const ReadStats rs = load.read_stats();
-  std::cout << fmt::format(
-      "demo: {} from the device with O_DIRECT (cold data goes through huge-page staging), {} "
-      "copied from the page cache ({} of it by the workers into fresh pages)\n",
-      HumanBytes(rs.direct_bytes),
-      HumanBytes(rs.buffered_bytes + rs.taken(ReadRoute::kPageCacheCopy).bytes),
-      HumanBytes(rs.taken(ReadRoute::kPageCacheCopy).bytes));
+  std::cout << "demo: read " << ReadSources(load.read_stats())
+            << "; cold data comes with O_DIRECT through huge-page staging\n";
   std::cout << "demo: next, try `" << args.program << " load " << Quoted(folder)
             << NextLoadFlags(plan->placed_bytes) << " --trace " << Quoted(folder + ".trace.json")
             << "` or `" << args.program << " bench " << Quoted(folder) << " --cold`\n";

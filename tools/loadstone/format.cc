@@ -48,4 +48,12 @@ nlohmann::ordered_json RoutesJson(const RouteCounts& counts) {
   return out;
 }
 
+std::string ReadSources(const ReadStats& rs) {
+  const uint64_t copied = rs.taken(ReadRoute::kPageCacheCopy).bytes;
+  return fmt::format(
+      "{} from the device with O_DIRECT, {} from the page cache ({} of it copied by the workers "
+      "into fresh pages)",
+      HumanBytes(rs.direct_bytes), HumanBytes(rs.buffered_bytes + copied), HumanBytes(copied));
+}
+
 }  // namespace loadstone::cli

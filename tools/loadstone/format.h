@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "loadstone/loader.h"
 #include "loadstone/plan.h"
 #include "loadstone/status.h"
 
@@ -21,6 +22,10 @@ std::string HumanBytes(uint64_t bytes);
 
 // "[4096, 4096]".
 std::string ShapeString(const std::vector<uint64_t>& shape);
+
+// Where a load's bytes came from: "X from the device with O_DIRECT, Y from the page cache (Z of
+// it copied by the workers into fresh pages)".
+std::string ReadSources(const ReadStats& stats);
 
 // {"in place": {"reads": N, "bytes": B}, ...}: the routes with reads, in ReadRoute order
 // (`plan --json` for the planned routes, `load --json` for those taken).

@@ -43,7 +43,7 @@ void PrintJson(const Checkpoint& ckpt) {
     }
     tensors.push_back(std::move(entry));
   }
-  doc["metadata"] = ckpt.metadata();
+  if (!ckpt.metadata().empty()) doc["metadata"] = ckpt.metadata();  // only when there is some
   doc["total_bytes"] = ckpt.total_bytes();
   doc["resolution"] = ckpt.resolution();
   const ModelConfig& config = ckpt.config();

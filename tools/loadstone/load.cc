@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,7 @@ struct LoadArgs {
   ReadFlags read;
   bool json = false;
   std::string trace;
+  bool trace_given = false;  // --trace was given, perhaps as ''
   bool overwrite = false;
 };
 
@@ -115,8 +117,15 @@ Result<nlohmann::ordered_json> OffloadedJson(const Checkpoint& checkpoint, const
   return out;
 }
 
+// What the offload did after the load: the folder's files written, the bytes read to write them.
+struct OffloadDone {
+  OffloadSummary summary;
+  double seconds = 0;
+};
+
 int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& platform,
-              double first_ms, const nlohmann::ordered_json& offloaded) {
+              std::optional<double> first_ms, const OffloadDone& offload,
+              const nlohmann::ordered_json& offloaded, const std::vector<std::string>& warnings) {
   const Progress progress = load.progress();
   const ReadStats rs = load.read_stats();
   const double seconds = progress.seconds;
@@ -130,7 +139,7 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
   doc["backend"] = load.backend();
   doc["platform"] = platform.description();
   doc["simulated"] = platform.simulated();
-  doc["first_tensor_ms"] = first_ms;
+  doc["first_tensor_ms"] = first_ms ? nlohmann::ordered_json(*first_ms) : nullptr;
   doc["read"] = {{"direct_bytes", rs.direct_bytes},
                  {"buffered_bytes", rs.buffered_bytes},
                  {"bounced_bytes", rs.bounced_bytes},
@@ -157,8 +166,13 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
   }
   if (!plan.offloaded.empty()) devices["disk"] = {{"bytes", plan.offloaded_bytes}};
   doc["offload_folder"] = plan.offload_folder;
+  doc["offload"] = {{"read_bytes", offload.summary.bytes_read},
+                    {"written_files", offload.summary.written},
+                    {"written_bytes", offload.summary.bytes_written},
+                    {"in_place", offload.summary.in_place},
+                    {"seconds", offload.seconds}};
   doc["offloaded"] = offloaded;
-  doc["warnings"] = plan.warnings;
+  doc["warnings"] = warnings;
   std::cout << doc.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
   return 0;
 }
@@ -168,13 +182,18 @@ int RunLoad(const LoadArgs& args) {
   if (!in.ok()) return ReportError(in.status());
   auto plan = Plan(*in->checkpoint, in->options);
   if (!plan.ok()) return ReportError(plan.status());
-  PrintWarnings(in->warnings);
-  PrintWarnings(plan->warnings);
+  // The flags' warnings, then the plan's: on stderr, and in the document's "warnings".
+  std::vector<std::string> warnings = in->warnings;
+  auto loader_options = args.read.ToLoaderOptions(in->options.platform, &warnings);
+  if (!loader_options.ok()) return ReportError(loader_options.status());
+  if (args.trace_given && args.trace.empty()) {
+    warnings.push_back("--trace '': no file named, so no trace is written");
+  }
+  warnings.insert(warnings.end(), plan->warnings.begin(), plan->warnings.end());
+  PrintWarnings(warnings);
   if (in->options.explain) {
     for (const std::string& line : plan->devices.explanation) std::cerr << "plan: " << line << "\n";
   }
-  auto loader_options = args.read.ToLoaderOptions(in->options.platform);
-  if (!loader_options.ok()) return ReportError(loader_options.status());
   if (!args.trace.empty()) {
     if (Status s = CheckTraceTarget(args.trace, args.overwrite); !s.ok()) return ReportError(s);
   }
@@ -208,6 +227,7 @@ int RunLoad(const LoadArgs& args) {
   // The disk tensors: written to the offload folder (those not read in place).
   OffloadOptions offload;
   offload.cancelled = [&interrupt] { return interrupt.interrupted(); };
+  const auto offload_start = std::chrono::steady_clock::now();
   auto written = WriteOffload(loader, *in->checkpoint, *plan, offload);
   if (!written.ok() && written.status().code() == StatusCode::kCancelled && interrupt.interrupted()) {
     std::cerr << "cancelled (Ctrl-C) while writing the offload folder: the .dat files written are "
@@ -215,26 +235,39 @@ int RunLoad(const LoadArgs& args) {
     return 130;
   }
   if (!written.ok()) return ReportError(written.status());
+  const OffloadDone offloaded_now{*written, std::chrono::duration<double>(
+                                                std::chrono::steady_clock::now() - offload_start)
+                                                .count()};
 
-  const double first_ms = first_tensor_ns.load() / 1e6;
+  // None when no tensor went to memory (every one to disk).
+  const std::optional<double> first_ms =
+      first_tensor_ns.load() >= 0 ? std::optional<double>(first_tensor_ns.load() / 1e6)
+                                  : std::nullopt;
   if (args.json) {
     auto offloaded = OffloadedJson(*in->checkpoint, *plan, loader);
     if (!offloaded.ok()) return ReportError(offloaded.status());
     return PrintJson(load, *plan,
                      in->options.platform ? *in->options.platform : *Platform::Default(), first_ms,
-                     *offloaded);
+                     offloaded_now, *offloaded, warnings);
   }
   std::cout << fmt::format(
-      "loaded {} tensors in {:.3f} s: {}; {} placed; first tensor after {:.1f} ms\n"
-      "backend: {}\n",
+      "loaded {} tensors into memory in {:.3f} s: {}; {} placed; {}\n"
+      "backend: {}\n"
+      "read: {}\n",
       progress.tensors_total, progress.seconds, HowBytesCame(progress, load.read_stats()),
-      HumanBytes(plan->placed_bytes), first_ms, load.backend());
+      HumanBytes(plan->placed_bytes),
+      first_ms ? fmt::format("first tensor after {:.1f} ms", *first_ms)
+               : std::string("no tensor goes to memory"),
+      load.backend(), ReadSources(load.read_stats()));
   if (!plan->offloaded.empty()) {
-    std::cout << fmt::format("disk: {} tensors, {}: {} read in place from their safetensors file, "
-                             "{} written to {}\n",
-                             plan->offloaded.size(), HumanBytes(plan->offloaded_bytes),
-                             written->in_place, written->written,
-                             written->index_path.empty() ? "(no folder)" : written->index_path);
+    const OffloadSummary& w = offloaded_now.summary;
+    std::cout << fmt::format(
+        "disk: {} tensors, {}: {} read in place from their safetensors file, {} written to {}{}\n",
+        plan->offloaded.size(), HumanBytes(plan->offloaded_bytes), w.in_place, w.written,
+        w.index_path.empty() ? "(no folder)" : w.index_path,
+        w.written > 0 ? fmt::format(" ({} read, {} written in {:.3f} s)", HumanBytes(w.bytes_read),
+                                    HumanBytes(w.bytes_written), offloaded_now.seconds)
+                      : "");
   }
   if (in->options.platform && in->options.platform->simulated()) {
     std::cout << "devices: " << in->options.platform->description()
@@ -252,7 +285,8 @@ void AddLoadCommand(CLI::App& app, int* exit_code) {
   args->read.Register(cmd);
   cmd->add_flag("--json", args->json, "Print one JSON document (with CRC-32 per tensor)");
   cmd->add_option("--trace", args->trace,
-                  "Write a Chrome trace-event JSON of the load (open it in Perfetto)");
+                  "Write a Chrome trace-event JSON of the load (open it in Perfetto)")
+      ->each([args](const std::string&) { args->trace_given = true; });
   cmd->add_flag("--overwrite", args->overwrite, "Replace an existing --trace file");
   cmd->callback([args, exit_code] { *exit_code = RunLoad(*args); });
 }

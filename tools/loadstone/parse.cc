@@ -114,19 +114,41 @@ std::vector<std::string> SplitLists(const std::vector<std::string>& values) {
   return out;
 }
 
-Result<SimulatedMachine> ParseAssumeGpus(std::string_view text) {
-  const size_t x = text.find('x');
-  const std::string_view count = Trim(text.substr(0, x));
-  if (x == std::string_view::npos || !IsDigits(count) || count.size() > 2) {
-    return Status::InvalidArgument(fmt::format(
-        "--assume-gpus {}: give COUNTxSIZE, e.g. 2x80GiB (COUNT GPUs of SIZE each)", text));
+Result<SimulatedMachine> ParseAssumeGpus(std::string_view text,
+                                         std::vector<std::string>* warnings) {
+  // COUNTxSIZE; the multiplication sign people write (and the docs once did) works too.
+  constexpr std::string_view kTimes = "\u00d7";
+  size_t x = text.find('x');
+  size_t sign = 1;
+  if (const size_t times = text.find(kTimes); times < x) {
+    x = times;
+    sign = kTimes.size();
   }
-  int n = 0;
+  const std::string_view count = Trim(text.substr(0, x));
+  if (x == std::string_view::npos || !IsDigits(count)) {
+    return Status::InvalidArgument(fmt::format(
+        "--assume-gpus {}: give COUNTxSIZE, e.g. 2x80GiB (COUNT GPUs, 0 to {}, of SIZE each)",
+        text, kMaxAssumedGpus));
+  }
+  uint64_t n = 0;
   std::from_chars(count.data(), count.data() + count.size(), n);
-  if (n > 64) return Status::InvalidArgument(fmt::format("--assume-gpus {}: at most 64 GPUs", text));
-  LOADSTONE_ASSIGN_OR_RETURN(uint64_t bytes,
-                             ParseSizeFlag(text.substr(x + 1), fmt::format("--assume-gpus {}", text)));
-  return SimulatedMachine::Gpus(n, bytes);
+  if (n > kMaxAssumedGpus) {
+    return Status::InvalidArgument(fmt::format(
+        "--assume-gpus {}: {} GPUs, and a simulated machine has at most {}", text, n,
+        kMaxAssumedGpus));
+  }
+  const std::string_view size = Trim(text.substr(x + sign));
+  std::string warning;
+  LOADSTONE_ASSIGN_OR_RETURN(
+      uint64_t bytes, ParseSizeFlag(size, fmt::format("--assume-gpus {}", text), &warning));
+  if (warnings && !warning.empty()) warnings->push_back(warning);
+  if (warnings && IsDigits(size)) {
+    warnings->push_back(fmt::format(
+        "--assume-gpus {}: a size without a unit is bytes ({} GPUs of {} bytes each); write "
+        "{}x{}GiB for GiB",
+        text, n, bytes, n, size));
+  }
+  return SimulatedMachine::Gpus(static_cast<int>(n), bytes);
 }
 
 Result<std::array<uint64_t, 2>> ParseBlockFlag(std::string_view text, std::string_view flag) {

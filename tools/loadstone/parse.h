@@ -40,8 +40,12 @@ Result<MaxMemory> ParseMaxMemoryFlag(std::string_view text, std::vector<std::str
 // around items dropped, empty items skipped.
 std::vector<std::string> SplitLists(const std::vector<std::string>& values);
 
-// --assume-gpus "2x80GiB": COUNT GPUs (0 to 64) of SIZE each. Errors: InvalidArgument.
-Result<SimulatedMachine> ParseAssumeGpus(std::string_view text);
+inline constexpr uint64_t kMaxAssumedGpus = 64;
+
+// --assume-gpus "2x80GiB" (or "2×80GiB"): COUNT GPUs (0 to kMaxAssumedGpus) of SIZE each. A size
+// in bits ("80gb") or without a unit (bytes) is said in *warnings. Errors: InvalidArgument.
+Result<SimulatedMachine> ParseAssumeGpus(std::string_view text,
+                                         std::vector<std::string>* warnings = nullptr);
 
 // --fp8-block "128,128" (or "128x128"). Errors: InvalidArgument.
 Result<std::array<uint64_t, 2>> ParseBlockFlag(std::string_view text, std::string_view flag);

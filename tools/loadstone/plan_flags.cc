@@ -1,5 +1,6 @@
 #include "tools/loadstone/plan_flags.h"
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -50,15 +51,19 @@ Result<std::optional<DeviceMap>> ExplicitMap(const std::string& value) {
 }  // namespace
 
 void PlanFlags::Register(CLI::App* cmd, bool path_required) {
-  auto* p = cmd->add_option("path", path, "A .safetensors or .bin file, an index file or a model folder");
+  auto* p = cmd->add_option("path", path,
+                            "A .safetensors, .bin or .gguf file, an index file or a model folder");
   if (path_required) p->required();
   cmd->add_option("--model-json", model_json,
-                  "A model description JSON (specs/model-json.md): the module tree, classes and "
+                  "A model description JSON (docs/model-json.md): the module tree, classes and "
                   "ties to plan on, and its planning fields");
   cmd->add_option("--variant", open.variant, "Weight variant, e.g. fp16");
   cmd->add_option("--subfolder", open.subfolder, "Folder inside the model, e.g. unet");
+  dtype_none = !path_required;  // plan
   cmd->add_option("--dtype", dtype,
-                  fmt::format("Cast floating-point tensors to {}", kCastTargetSpellings));
+                  fmt::format("Cast floating-point tensors to {}{}", kCastTargetSpellings,
+                              dtype_none ? "; none: no target, over --model-json's own" : ""))
+      ->each([this](const std::string&) { dtype_given = true; });
   Repeatable(cmd, "--keep-fp32", keep_fp32,
              "With --dtype f16|bf16: keep tensors whose dotted name has this component (or run "
              "of components) in float32; repeat or separate with commas");
@@ -127,8 +132,17 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   if (!max_memory.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(o.max_memory, ParseMaxMemoryFlag(max_memory, &in.warnings));
   }
+  if (dtype == "none" && !dtype_none) {
+    return Status::InvalidArgument(
+        "--dtype none: only `plan` takes none (no target over a --model-json description's "
+        "own); leave --dtype out to load every tensor as stored");
+  }
   if (dtype == "none") {
     o.dtype.reset();
+  } else if (dtype_given && dtype.empty()) {
+    return Status::InvalidArgument(fmt::format(
+        "--dtype '': give a dtype, {}; or leave --dtype out to load every tensor as stored",
+        kCastTargetSpellings));
   } else if (!dtype.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(o.dtype, ParseCastTarget(dtype, "--dtype"));
   }
@@ -175,28 +189,41 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   o.routes.fill_fresh_pages = !no_fresh_pages;
   o.routes.mmap = mmap;
   if (!assume_gpus.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus));
+    LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus, &in.warnings));
     o.platform = SimulatedPlatformWithDevices(machine);  // `load` runs the plan on them
   }
   return in;
 }
 
-void ReadFlags::Register(CLI::App* cmd) {
+void ReadFlags::Register(CLI::App* cmd, std::string_view default_staging) {
   cmd->add_option("--backend", backend, "Read backend: auto, uring (io_uring) or pread")
       ->check(CLI::IsMember({"auto", "uring", "io_uring", "pread"}));
-  cmd->add_option("--queue-depth", queue_depth, "Reads in flight")->check(CLI::Range(1, 4096));
-  cmd->add_option("--staging", staging, "Staging pool per load, e.g. 64MiB (default 256MiB)");
+  cmd->add_option("--queue-depth", queue_depth, "Reads in flight, 1 to 4096 (default 32)");
+  cmd->add_option("--staging", staging,
+                  fmt::format("Staging pool per load, e.g. 64MiB (default {})", default_staging));
 }
 
-Result<LoaderOptions> ReadFlags::ToLoaderOptions(std::shared_ptr<const Platform> platform) const {
+Result<LoaderOptions> ReadFlags::ToLoaderOptions(std::shared_ptr<const Platform> platform,
+                                                 std::vector<std::string>* warnings) const {
   LoaderOptions options;
+  const std::string_view depth = queue_depth;
+  int n = 0;
+  const auto [end, ec] = std::from_chars(depth.data(), depth.data() + depth.size(), n);
+  if (ec != std::errc() || end != depth.data() + depth.size() || n < 1 || n > 4096) {
+    return Status::InvalidArgument(fmt::format(
+        "--queue-depth {}: give the number of reads in flight, a whole number from 1 to 4096",
+        queue_depth));
+  }
   options.platform = std::move(platform);
   options.backend = backend == "uring" || backend == "io_uring" ? ReadBackend::kUring
                     : backend == "pread"                        ? ReadBackend::kPread
                                                                 : ReadBackend::kAuto;
-  options.queue_depth = queue_depth;
+  options.queue_depth = n;
   if (!staging.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(options.staging_bytes, ParseSizeFlag(staging, "--staging " + staging));
+    std::string warning;
+    LOADSTONE_ASSIGN_OR_RETURN(options.staging_bytes,
+                               ParseSizeFlag(staging, "--staging " + staging, &warning));
+    if (warnings && !warning.empty()) warnings->push_back(warning);
   }
   return options;
 }

@@ -31,6 +31,8 @@ struct PlanFlags {
   std::string model_json;
   OpenOptions open;
   std::string dtype;  // "none" (plan): no target, over a description's own
+  bool dtype_given = false;  // --dtype was given (perhaps as '')
+  bool dtype_none = false;   // "none" is accepted (plan)
   std::vector<std::string> keep_fp32;
   std::vector<std::string> special_dtypes;
   std::string fp8_block;
@@ -62,11 +64,14 @@ struct PlanFlags {
 // (PlanInput::options.platform), so that --assume-gpus loads onto the simulated devices.
 struct ReadFlags {
   std::string backend = "auto";
-  int queue_depth = 32;
-  std::string staging;  // size string; empty: the Loader's default
+  std::string queue_depth = "32";
+  std::string staging;  // size string; empty: the command's default
 
-  void Register(CLI::App* cmd);
-  Result<LoaderOptions> ToLoaderOptions(std::shared_ptr<const Platform> platform) const;
+  // `default_staging`: what --help says the pool is without --staging.
+  void Register(CLI::App* cmd, std::string_view default_staging = "256MiB");
+  // A size in bits (--staging 64mb) is said in *warnings.
+  Result<LoaderOptions> ToLoaderOptions(std::shared_ptr<const Platform> platform,
+                                        std::vector<std::string>* warnings) const;
 };
 
 // Prints each warning as "warning: ..." on stderr.
