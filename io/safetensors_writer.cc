@@ -77,16 +77,24 @@ std::vector<size_t> LayoutOrder(const std::vector<TensorToWrite>& tensors) {
 
 std::vector<std::vector<size_t>> SplitIntoShards(const std::vector<TensorToWrite>& tensors,
                                                  uint64_t max_shard_size) {
-  std::vector<std::vector<size_t>> shards(1);
-  uint64_t shard_bytes = 0;
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> current;
+  uint64_t current_bytes = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!shards.back().empty() && shard_bytes + tensors[i].nbytes() > max_shard_size) {
-      shards.emplace_back();
-      shard_bytes = 0;
+    const uint64_t bytes = tensors[i].nbytes();
+    if (bytes > max_shard_size) {  // a shard of its own, now; the current one goes on
+      shards.push_back({i});
+      continue;
     }
-    shards.back().push_back(i);
-    shard_bytes += tensors[i].nbytes();
+    if (current_bytes + bytes > max_shard_size) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back(i);
+    current_bytes += bytes;
   }
+  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
   return shards;
 }
 

@@ -43,8 +43,10 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
 std::vector<size_t> LayoutOrder(const std::vector<TensorToWrite>& tensors);
 
 // How WriteShardedSafetensors splits `tensors` (indices, in the given order) into shards, as
-// Hugging Face does: a tensor that would push a non-empty shard past `max_shard_size` bytes
-// starts the next shard (so a tensor larger than that has a shard of its own).
+// Hugging Face does (huggingface_hub's split_state_dict_into_shards, which save_pretrained
+// uses): a tensor that would push the current shard past `max_shard_size` bytes closes it and
+// starts the next; a tensor larger than that gets a shard of its own at once, and the current
+// shard goes on after it. Shards in the order they were closed; no tensors: one empty shard.
 std::vector<std::vector<size_t>> SplitIntoShards(const std::vector<TensorToWrite>& tensors,
                                                  uint64_t max_shard_size);
 

