@@ -55,13 +55,13 @@ std::string ProgramName(const std::string& argv0) {
 }
 
 int RunDemo(const DemoArgs& args) {
+  InterruptToCancel interrupt;  // before the first line: a Ctrl-C from then on cancels
   const std::string folder =
       args.dir.empty() ? DefaultCacheDir() + fmt::format("/demo-llama-{}l", args.shape.layers)
                        : args.dir;
   std::cout << fmt::format("demo: synthetic Llama-shaped bf16 checkpoint, {} layers, {} in {}\n",
                            args.shape.layers, HumanBytes(DemoModelBytes(args.shape)), folder);
   const auto start = std::chrono::steady_clock::now();
-  InterruptToCancel interrupt;
   auto made = EnsureDemoModel(folder, args.shape, [&interrupt] { return interrupt.interrupted(); });
   if (!made.ok() && interrupt.interrupted()) {
     std::cerr << "\ndemo: cancelled (Ctrl-C) while writing the model; nothing of it is kept\n";
