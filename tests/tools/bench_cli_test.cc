@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -124,6 +125,38 @@ TEST_CASE("bench --peers: a program that lists no peers is a clear error", "[too
   const int status = std::system(cmd.c_str());
   CHECK(WEXITSTATUS(status) != 0);
   CHECK(Slurp(dir.Path("err")).find("printed no JSON") != std::string::npos);
+}
+
+TEST_CASE("bench: a readable table at 80 columns, whole backends, each bound said for what it bounds",
+          "[tools][bench]") {
+  testing::TempDir dir;
+  std::vector<std::byte> data(1 << 20, std::byte{0x3c});
+  REQUIRE(WriteSafetensors(dir.Path("m.safetensors"),
+                           {{"a.weight", DType::kBF16, {512, 1024}, data, {}}}).ok());
+  const std::string bin = std::string(LOADSTONE_BINARY_DIR) + "/loadstone bench ";
+  REQUIRE(std::system((bin + dir.Path("m.safetensors") + " --repeat 1 --settle 0 >" +
+                       dir.Path("out") + " 2>/dev/null").c_str()) == 0);
+  const std::string out = Slurp(dir.Path("out"));
+  INFO(out);
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    INFO(line);
+    if (line.find(dir.path()) == std::string::npos) CHECK(line.size() <= 79);  // paths aside
+  }
+  CHECK(out.find('{') == std::string::npos);  // no JSON blob
+  CHECK(out.find("(userfaultfd)") != std::string::npos);  // a backend whole, its parenthesis too
+  // Warm: the O_DIRECT read of the device is reported, and said to bound nothing.
+  CHECK(out.find("machine bound: first touch (writing fresh pages)") != std::string::npos);
+  CHECK(out.find("raw ceiling: the device with O_DIRECT (no bound: files are cached)") !=
+        std::string::npos);
+  REQUIRE(std::system((bin + dir.Path("m.safetensors") + " --repeat 1 --settle 0 --json >" +
+                       dir.Path("json") + " 2>/dev/null").c_str()) == 0);
+  const auto doc = nlohmann::json::parse(Slurp(dir.Path("json")));
+  CHECK(doc["ratios"]["machine_bound"] == "first-touch");
+  std::map<std::string, double> gbps;
+  for (const auto& r : doc["results"]) gbps[r["method"]] = r["gbps"].get<double>();
+  CHECK(doc["ratios"]["loadstone_vs_machine_bound"].get<double>() ==
+        Approx(gbps["loadstone"] / gbps["first-touch"]));
 }
 
 }  // namespace

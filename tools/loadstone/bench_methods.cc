@@ -203,7 +203,7 @@ struct ChildReport {
   double seconds = 0;
   uint64_t bytes = 0;
   int64_t peak_rss_kib = 0;
-  char backend[160] = {};
+  char backend[1024] = {};  // whole: the longest description is about 200 characters
   char error[512] = {};
 };
 

@@ -56,4 +56,24 @@ std::string ReadSources(const ReadStats& rs) {
       HumanBytes(rs.direct_bytes), HumanBytes(rs.buffered_bytes + copied), HumanBytes(copied));
 }
 
+std::string Wrapped(std::string_view text, size_t width, std::string_view indent) {
+  std::string out, line(indent);
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(' ', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view word = text.substr(start, end - start);
+    start = end + 1;
+    if (word.empty()) continue;
+    if (line.size() > indent.size() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line = indent;
+    }
+    if (line.size() > indent.size()) line += ' ';
+    line += word;
+  }
+  if (line.size() > indent.size()) out += line + "\n";
+  return out;
+}
+
 }  // namespace loadstone::cli

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +23,10 @@ std::string HumanBytes(uint64_t bytes);
 
 // "[4096, 4096]".
 std::string ShapeString(const std::vector<uint64_t>& shape);
+
+// `text` broken at spaces into lines of at most `width` columns, each starting with `indent`
+// (a word longer than a line stands alone), each ended by a newline.
+std::string Wrapped(std::string_view text, size_t width, std::string_view indent);
 
 // Where a load's bytes came from: "X from the device with O_DIRECT, Y from the page cache (Z of
 // it copied by the workers into fresh pages)".
