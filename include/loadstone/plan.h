@@ -125,6 +125,7 @@ struct OffloadPlan {
   size_t source = 0;          // index into Checkpoint::tensors()
   DType dtype = DType::kF32;  // the dtype it has once materialised
   Conversion conversion = Conversion::kNone;
+  std::vector<uint64_t> shape;  // once materialised (a dequantized GGUF tensor's elements)
   uint64_t nbytes = 0;        // bytes once materialised
   // A safetensors tensor stored contiguous and little-endian: it is read where it is when it is
   // needed (cast then, if `conversion` says so) and nothing is written, as accelerate references

@@ -40,7 +40,7 @@ Status WriteBatch(Loader& loader, const Checkpoint& checkpoint,
   for (const OffloadPlan* o : batch) {
     const TensorInfo& t = checkpoint.tensors()[o->source];
     names.insert(t.name);
-    if (o->conversion == Conversion::kCast) opt.special_dtypes.emplace(t.name, o->dtype);
+    if (o->conversion != Conversion::kNone) opt.special_dtypes.emplace(t.name, o->dtype);
   }
   opt.include = [&names](const TensorInfo& t) { return names.contains(t.name); };
   opt.platform = loader.platform();
@@ -124,7 +124,7 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
       ++summary->in_place;
     } else {
       entry["dtype"] = std::string(*io::OffloadDTypeName(o->dtype));
-      entry["shape"] = t.shape;
+      entry["shape"] = o->shape;
       if (batch_bytes > 0 && batch_bytes + o->nbytes > options.batch_bytes) {
         LOADSTONE_RETURN_IF_ERROR(flush());
       }
@@ -201,12 +201,12 @@ Result<std::shared_ptr<OffloadStore>> OffloadStore::Open(std::shared_ptr<Loader>
     }
     // A stale folder (another model, another dtype) must not pass for this plan's.
     const DType want = o.in_place ? t.dtype : o.dtype;
-    if (stored->dtype != want || stored->shape != t.shape) {
+    if (stored->dtype != want || stored->shape != o.shape) {
       return Status::Corruption(fmt::format(
           "offload folder '{}' holds '{}' as {} {}, but this plan offloads it as {} {}: the folder "
           "is from another load; offload again (WriteOffload) or give another folder",
           plan.offload_folder, t.name, TorchName(stored->dtype), fmt::join(stored->shape, "x"),
-          TorchName(want), fmt::join(t.shape, "x")));
+          TorchName(want), fmt::join(o.shape, "x")));
     }
     store->names_.push_back(t.name);
     tensors.push_back(*stored);

@@ -327,13 +327,18 @@ class TensorPlanner {
           "weights as stored only; map it to a device, or load without a dtype",
           t.name));
     }
-    if (t.packed) {
+    // A GGUF block tensor is dequantized, then written; a weight with a quant state beside it
+    // (bitsandbytes, GPTQ, ...) would need that state in the folder too.
+    if (t.packed && (op.conversion != Conversion::kDequantBlocks || !t.packed->companions().empty())) {
       return Status::Unsupported(fmt::format(
-          "tensor '{}' is {}-packed and mapped to disk: loadstone offloads plain tensors only; "
-          "map it to a device",
-          t.name, t.packed->scheme));
+          "tensor '{}' is {}-packed and mapped to disk: loadstone offloads plain tensors and "
+          "GGUF blocks dequantized with a dtype (--dtype f32, f16 or bf16); {}",
+          t.name, t.packed->scheme,
+          t.packed->companions().empty() ? "give a dtype, or map it to a device"
+                                         : "map it to a device"));
     }
-    op.nbytes = t.numel() * DTypeBits(op.dtype) / 8;
+    op.shape = t.packed ? t.packed->element_shape : t.shape;
+    op.nbytes = PlacedElements(t, op.conversion) * DTypeBits(op.dtype) / 8;
     op.in_place = format_ == CheckpointFormat::kSafetensors && t.plain_layout();
     if (!op.in_place) {
       // Checked now, before any load: what WriteOffload will write must be writable.

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "loadstone/checkpoint.h"
 #include "tests/tools/cli_runner.h"
 
 namespace loadstone::testing {
@@ -146,6 +147,39 @@ TEST_CASE("a safetensors checkpoint mapped to disk needs no folder: read in plac
     CHECK(t["crc32"].get<uint32_t>() == crc.at(t["name"].get<std::string>()));
   }
   CHECK(doc["offload_folder"] == "");
+}
+
+
+TEST_CASE("GGUF blocks mapped to disk with a dtype are dequantized, then offloaded", "[offload]") {
+  // expected.safetensors: the gguf package's own dequantization of each tensor, in float32
+  // (tests/fixtures/make_gguf_dequant_fixtures.py).
+  const std::string dequant = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/gguf/dequant";
+  TempDir dir;
+  const std::string folder = dir.Path("off");
+  const auto run = RunCli("load " + dequant + "/blocks.gguf --device-map '{\"\": \"disk\"}' --dtype "
+                          "f32 --offload-folder " + folder);
+  INFO(run.err);
+  REQUIRE(run.code == 0);
+  const auto index = nlohmann::json::parse(Slurp(folder + "/index.json"));
+  auto expected = Checkpoint::Open(dequant + "/expected.safetensors");
+  REQUIRE(expected.ok());
+  const std::string bytes = Slurp(dequant + "/expected.safetensors");
+  size_t compared = 0;
+  for (const auto& [name, entry] : index.items()) {
+    INFO(name);
+    const TensorInfo* want = expected->Find(name + ".f32");
+    REQUIRE(want != nullptr);
+    CHECK(entry["dtype"] == "float32");
+    CHECK(entry["shape"].get<std::vector<uint64_t>>() == want->shape);  // elements, not blocks
+    CHECK(Slurp(folder + "/" + name + ".dat") == bytes.substr(want->offset, want->nbytes));
+    ++compared;
+  }
+  CHECK(compared == 20);
+  // Without a dtype the blocks would lose their type in a numpy file: refused, saying so.
+  const auto refused = RunCli("load " + dequant + "/blocks.gguf --device-map '{\"\": \"disk\"}' "
+                              "--offload-folder " + dir.Path("raw"));
+  CHECK(refused.code == 1);
+  CHECK(refused.err.find("GGUF blocks dequantized with a dtype") != std::string::npos);
 }
 
 }  // namespace loadstone::testing

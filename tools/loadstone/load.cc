@@ -108,7 +108,7 @@ Result<nlohmann::ordered_json> OffloadedJson(const Checkpoint& checkpoint, const
     LOADSTONE_ASSIGN_OR_RETURN(const uint32_t crc, Crc32(handle->Tensor(t.name).get()));
     out.push_back({{"name", t.name},
                    {"dtype", SafetensorsName(o.dtype)},
-                   {"shape", t.shape},
+                   {"shape", o.shape},
                    {"device", "disk"},
                    {"in_place", o.in_place},
                    {"where", where},
