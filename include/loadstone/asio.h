@@ -13,9 +13,13 @@
 // never will be (the load failed or was cancelled first; NotFound for a name the load does not
 // have; InvalidArgument for an empty handle).
 //
-// The handler runs on its associated executor (a plain callback: the system executor's
-// threads), never on the Loader's threads, and that executor counts the operation as
-// outstanding work until then (an io_context's run() does not return early). A cancellation
+// The handler runs on its associated executor, dispatched there from the load's own callback
+// thread (loader.h), never on the Loader's threads, and that executor counts the operation as
+// outstanding work until then (an io_context's run() does not return early). A handler bound to
+// an io_context, or a coroutine, runs in that context's run(); a plain callback (the system
+// executor) runs on the load's callback thread itself, like an OnDone callback — one that
+// blocks delays its own load alone, and it must not wait for that load's other callbacks. A
+// completion known while the operation is being started is posted, never run inside the call. A cancellation
 // through the handler's cancellation slot (asio::bind_cancellation_slot, or a coroutine's own,
 // e.g. under asio::experimental::awaitable_operators) cancels the load, which then completes
 // with Cancelled; the slot is cleared before the handler runs. For AsyncTensor, `load` must
@@ -30,10 +34,12 @@
 #include <asio/associated_executor.hpp>
 #include <asio/async_result.hpp>
 #include <asio/cancellation_type.hpp>
+#include <asio/dispatch.hpp>
 #include <asio/execution/outstanding_work.hpp>
 #include <asio/post.hpp>
 #include <asio/prefer.hpp>
 
+#include <atomic>
 #include <memory>
 #include <type_traits>
 #include <string>
@@ -60,14 +66,24 @@ class Pending {
     if (slot.is_connected()) slot.assign([cancel](asio::cancellation_type) { cancel(); });
   }
 
-  // Posts the handler, with `args`, to its executor.
+  // The initiating function has returned (or is about to): a completion may run inline now.
+  void Started() { started_.store(true, std::memory_order_release); }
+
+  // Dispatches the handler, with `args`, to its executor; posts it while the operation is
+  // still being started.
   static void Complete(std::shared_ptr<Pending> self, Args... args) {
     auto executor = self->executor_;
-    asio::post(executor, [self = std::move(self), ... args = std::move(args)]() mutable {
+    const bool started = self->started_.load(std::memory_order_acquire);
+    auto call = [self = std::move(self), ... args = std::move(args)]() mutable {
       auto slot = asio::get_associated_cancellation_slot(self->handler_);
       if (slot.is_connected()) slot.clear();
       std::move(self->handler_)(std::move(args)...);
-    });
+    };
+    if (started) {
+      asio::dispatch(executor, std::move(call));
+    } else {
+      asio::post(executor, std::move(call));
+    }
   }
 
  private:
@@ -78,6 +94,7 @@ class Pending {
       asio::execution::outstanding_work.tracked))>;
   Handler handler_;
   Executor executor_;
+  std::atomic<bool> started_{false};
 };
 
 }  // namespace asio_detail
@@ -101,6 +118,7 @@ auto AsyncLoad(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pla
           Op::Complete(std::move(op), std::move(status), std::move(handle));
         });
         (void)registered;  // OK: a handle that Load returned always holds a load
+        op->Started();
       },
       token);
 }
@@ -123,7 +141,8 @@ auto AsyncTensor(LoadHandle& load, std::string name, CompletionToken&& token) {
         const Status registered = load.OnTensorReady(name, [op](Status status, Tensor tensor) {
           Op::Complete(op, std::move(status), std::move(tensor));
         });
-        if (!registered.ok()) Op::Complete(std::move(op), registered, Tensor());
+        if (!registered.ok()) return Op::Complete(std::move(op), registered, Tensor());
+        op->Started();
       },
       token);
 }

@@ -11,11 +11,29 @@
 // load allocated and did not hand out is freed, and the Loader goes on working.
 //
 // Thread safety: Loader is thread-safe; several loads may run at once. A LoadHandle may be used
-// from any thread. On-tensor callbacks run on the Loader's callback threads — never on the
-// thread that does the I/O bookkeeping — one load's in completion order, one at a time; a slow
-// one delays its own load's Done() and no other load; a callback may call back into its handle
-// (OnTensor, Tensor(name).get()); one that throws fails its load with the exception's message.
-// Do not destroy the handle from inside one of its callbacks.
+// from any thread.
+//
+// Callbacks (LoadOptions::on_tensor and on_progress, OnTensor, OnTensorReady, OnDone, and the
+// completions of loadstone/asio.h) run on their load's own callback thread — never on the thread
+// that does the I/O bookkeeping, never on a thread another load uses: one load's in completion
+// order, one at a time. A callback that is slow or blocks (a full upload queue, a lock, another
+// load's Done()) delays its own load's later callbacks and Done(), and no other load, however
+// many loads are blocked. The thread is started when the load first has a callback to run and
+// ends soon after its last; a load without callbacks has none. A callback may call back into its
+// handle (OnTensor, OnTensorReady, OnDone, Tensor(name).get(), Cancel) but must not wait for its
+// own load's Done(), which waits for it.
+//
+// A callback that throws fails its load with CallbackFailed (status.h) naming the callback, the
+// tensor and the exception's message — none of the other codes fits: the caller's arguments
+// were valid and the checkpoint is fine. A waiter that throws once the load's end is decided (an
+// OnDone callback; an OnTensorReady callback told the load ended without its tensor) can no
+// longer fail it: the exception is swallowed and counted, never written anywhere, and
+// LoadHandle::late_callback_error() reports it.
+//
+// A handle may be destroyed inside one of its own callbacks (an engine that drops the handle
+// when done): the load is cancelled if it had not finished, no on-tensor callback is called
+// after that one, and the load is freed once its callback thread lets go — the destructor does
+// not wait for it there.
 #ifndef LOADSTONE_LOADER_H_
 #define LOADSTONE_LOADER_H_
 
@@ -133,18 +151,22 @@ struct LoadOptions {
   uint64_t host_memory_limit = 0;
   // Record every read, conversion and completion for LoadHandle::WriteTrace.
   bool trace = false;
-  // Called as each tensor is in place, in completion order, on a callback thread (see above).
+  // Called as each tensor is in place, in completion order, on the load's callback thread (see
+  // the top of this file). A throw fails the load: CallbackFailed, "an on-tensor callback threw
+  // for tensor 'NAME': WHAT".
   std::function<void(const Tensor&)> on_tensor;
   // Called after each tensor is in place with the load's progress then, like on_tensor (after
-  // it): for a progress display or a log line without polling progress().
+  // it): for a progress display or a log line without polling progress(). A throw fails the
+  // load: CallbackFailed, "LoadOptions::on_progress threw after tensor 'NAME': WHAT".
   std::function<void(const Progress&)> on_progress;
   // The memory of each tensor the plan gives to the caller (TensorPlan::caller_memory): called
   // once per such tensor, before its first byte is read, on the Loader's event-loop thread (so
   // it must be quick: a lookup); must return exactly the tensor's planned bytes
   // (TensorPlan::nbytes), host memory that stays valid and untouched by others until Done()
   // resolves. The tensor handed out then points into it and does not own it; a load that fails
-  // or is cancelled may have written part of it. Unset while the plan has such tensors, a span
-  // of another size, or a callback that throws: the load fails naming the tensor.
+  // or is cancelled may have written part of it. Unset while the plan has such tensors, or a
+  // span of another size: the load fails with InvalidArgument naming the tensor; a callback that
+  // throws: CallbackFailed naming it.
   std::function<std::span<std::byte>(const TensorInfo& tensor, const TensorPlan& plan)> destination;
 };
 
@@ -152,7 +174,8 @@ class LoadHandle {
  public:
   LoadHandle() = default;
   // Cancels and waits, unless already done; once it returns, the load's memory is freed except
-  // the tensors the caller still holds.
+  // the tensors the caller still holds. Inside one of the load's own callbacks: cancels, and
+  // returns at once (see the top of this file).
   ~LoadHandle();
   LoadHandle(LoadHandle&&) noexcept;
   LoadHandle& operator=(LoadHandle&&) noexcept;
@@ -165,8 +188,8 @@ class LoadHandle {
   bool valid() const;
 
   // Resolves once every tensor is in place and every on-tensor callback has returned (OK), or
-  // the load failed (a read, a callback that threw, a plan for another checkpoint) or was
-  // cancelled.
+  // the load failed (a read, a callback that threw: CallbackFailed, a plan for another
+  // checkpoint) or was cancelled.
   std::shared_future<Status> Done() const;
 
   // Resolves when that tensor is in place; holds a loadstone::Error when the load fails first.
@@ -174,21 +197,24 @@ class LoadHandle {
   std::shared_future<loadstone::Tensor> Tensor(std::string_view name) const;
 
   // Calls `callback` for every tensor already in place, then for each one as it lands, on the
-  // callback threads; once the load has finished, for every tensor at once on this thread.
-  // Errors: InvalidArgument on an empty handle.
+  // load's callback thread; once the load has finished, for every tensor at once on this thread
+  // (an exception then leaves OnTensor). Errors: InvalidArgument on an empty handle.
   Status OnTensor(std::function<void(const loadstone::Tensor&)> callback);
 
-  // Calls `callback` once with Done()'s status, on a callback thread after the load's last
-  // on-tensor callback; at once on this thread when the load has already finished. For code
-  // that waits without blocking a thread (loadstone/asio.h). Errors: InvalidArgument on an
-  // empty handle (the callback is not called).
+  // Calls `callback` once with Done()'s status, on the load's callback thread after the load's
+  // last on-tensor callback, once Done() has resolved; at once on this thread when the load has
+  // already finished (an exception then leaves OnDone). For code that waits without blocking a
+  // thread (loadstone/asio.h). An exception from it on the callback thread is counted in
+  // late_callback_error(). Errors: InvalidArgument on an empty handle (the callback is not
+  // called).
   Status OnDone(std::function<void(Status)> callback);
 
   // Calls `callback` once: with OK and the tensor when tensor `name` is in place, or with the
-  // load's failure (and an empty Tensor) when the load ends without it; on a callback thread,
-  // or at once on this thread when the answer is already known. A callback that throws before
-  // the load has ended fails the load, like an on-tensor callback. Errors (the callback is not
-  // called): NotFound for a name the load does not have, InvalidArgument on an empty handle.
+  // load's failure (and an empty Tensor) when the load ends without it; on the load's callback
+  // thread, or at once on this thread when the answer is already known. A callback that throws before
+  // the load has ended fails the load (CallbackFailed), like an on-tensor callback; after, it
+  // is counted in late_callback_error(). Errors (the callback is not called): NotFound for a
+  // name the load does not have, InvalidArgument on an empty handle.
   Status OnTensorReady(std::string_view name,
                        std::function<void(Status, loadstone::Tensor)> callback);
 
@@ -201,6 +227,13 @@ class LoadHandle {
   std::string backend() const;
   // How the reader moved the bytes; zeros until Done() has resolved.
   ReadStats read_stats() const;
+
+  // OK, or CallbackFailed naming the first callback that threw after the load's end was decided
+  // (an OnDone callback, an OnTensorReady callback told the load ended without its tensor), with
+  // the exception's message and how many did. Such an exception cannot change Done(), which has
+  // resolved or is resolving; loadstone swallows it and keeps it here rather than write to
+  // stderr. Final once Done() has resolved and its OnDone callbacks have returned.
+  Status late_callback_error() const;
 
   // Stops the load: outstanding reads are cancelled, Done() becomes Cancelled. Idempotent.
   void Cancel();
@@ -219,7 +252,10 @@ class LoadHandle {
 class Loader {
  public:
   explicit Loader(const LoaderOptions& options = {});
-  ~Loader();  // cancels the loads still running and waits for them
+  // Cancels the loads still running and waits for them and their callbacks; once it returns, a
+  // load whose handle is gone is freed. Handles still held keep working (their loads have
+  // ended). REQUIRES: not called from a callback of one of its loads (it would wait for itself).
+  ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
@@ -229,6 +265,13 @@ class Loader {
   // futures, never as exceptions.
   LoadHandle Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                   const LoadOptions& options = {});
+
+  // Cancels every load this Loader is running, as LoadHandle::Cancel does each: their Done()
+  // becomes Cancelled, unless a load finished first. Returns at once, without waiting for them;
+  // the Loader stays as it was, and a load started after CancelAll runs as usual (one started
+  // on another thread meanwhile may be cancelled or not). Thread-safe; may be called from a
+  // callback.
+  void CancelAll();
 
   // The machine this Loader loads on (LoaderOptions::platform, or Platform::Default()).
   std::shared_ptr<const Platform> platform() const;

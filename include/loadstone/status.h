@@ -32,6 +32,10 @@ enum class StatusCode {
   kOutOfMemory,      // host or device memory could not be had
   kUnsupported,      // a valid input that loadstone does not handle (yet)
   kCancelled,        // the work was cancelled before it finished
+  // A callback the caller gave threw (LoadOptions::on_tensor, on_progress, destination, an
+  // OnTensor / OnTensorReady / OnDone callback): the message names the callback, the tensor and
+  // what it threw. Not the caller's arguments (InvalidArgument), nor loadstone's doing.
+  kCallbackFailed,
 };
 
 // "InvalidArgument", "NotFound", ... ("OK" for kOk).
@@ -64,6 +68,9 @@ class [[nodiscard]] Status {
   }
   static Status Cancelled(std::string msg) {
     return Status(StatusCode::kCancelled, std::move(msg));
+  }
+  static Status CallbackFailed(std::string msg) {
+    return Status(StatusCode::kCallbackFailed, std::move(msg));
   }
 
   bool ok() const { return rep_ == nullptr; }

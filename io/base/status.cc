@@ -12,6 +12,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kOutOfMemory: return "OutOfMemory";
     case StatusCode::kUnsupported: return "Unsupported";
     case StatusCode::kCancelled: return "Cancelled";
+    case StatusCode::kCallbackFailed: return "CallbackFailed";
   }
   return "Unknown";
 }

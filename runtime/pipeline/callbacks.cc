@@ -1,7 +1,5 @@
 #include "runtime/pipeline/callbacks.h"
 
-#include <asio/post.hpp>
-#include <cstdio>
 #include <exception>
 #include <optional>
 #include <span>
@@ -11,8 +9,7 @@
 
 namespace loadstone::pipeline {
 
-Callbacks::Callbacks(asio::thread_pool& pool, size_t tensor_count)
-    : strand_(asio::make_strand(pool.get_executor())), by_index_(tensor_count) {}
+Callbacks::Callbacks(size_t tensor_count) : by_index_(tensor_count) {}
 
 namespace {
 
@@ -38,19 +35,10 @@ std::optional<std::string> Threw(const F& call) {
   }
 }
 
-// Runs a waiter called as the load ends, when its exception can no longer fail the load: the
-// exception is reported on stderr, not let out of the callback thread (which would terminate).
-template <typename F>
-void RunAfterTheEnd(const F& call) {
-  if (auto what = Threw(call)) {
-    fmt::print(stderr, "loadstone: a load's waiter threw after the load had ended: {}\n", *what);
-  }
-}
-
 }  // namespace
 
-// Posting under mu_ keeps the strand's order the order of Add and Deliver.
-void Callbacks::Add(Callback callback) {
+// Posting under mu_ keeps the thread's order the order of Add and Deliver.
+void Callbacks::Add(Callback callback, Kind kind) {
   std::unique_lock lock(mu_);
   if (closed_) {
     const Delivered all = delivered_;
@@ -59,19 +47,18 @@ void Callbacks::Add(Callback callback) {
     return;
   }
   if (closing_) {
-    // Close() has queued its handler on the strand: a replay posted now would run after it, that
-    // is after the load's end. The handler runs it first (every tensor is delivered by now).
-    added_while_closing_.push_back(std::move(callback));
+    // Close() has queued its work: a replay posted now would run after it, that is after the
+    // load's end. That work runs it first (every tensor is delivered by now).
+    added_while_closing_.push_back({std::move(callback), kind});
     return;
   }
   // A new list, so that the lists already posted with tensors stay as they were.
-  auto callbacks = callbacks_ ? std::make_shared<std::vector<Callback>>(*callbacks_)
-                              : std::make_shared<std::vector<Callback>>();
-  callbacks->push_back(callback);
+  auto callbacks = callbacks_ ? std::make_shared<List>(*callbacks_) : std::make_shared<List>();
+  callbacks->push_back({callback, kind});
   callbacks_ = std::move(callbacks);
   if (!delivered_.empty()) {
-    asio::post(*strand_, [this, callback = std::move(callback), so_far = delivered_] {
-      Run({callback}, so_far);
+    thread_.Post([this, one = List{{std::move(callback), kind}}, so_far = delivered_] {
+      Run(one, so_far);
     });
   }
 }
@@ -89,8 +76,12 @@ void Callbacks::AddTensorWaiter(uint32_t index, TensorWaiter waiter) {
     }
     return;
   }
+  if (delivered.valid() && closing_) {  // like Add while closing: before the end
+    waiting_while_closing_.emplace_back(std::move(waiter), delivered);
+    return;
+  }
   if (delivered.valid()) {
-    asio::post(*strand_, [this, waiter = std::move(waiter), delivered] {
+    thread_.Post([this, waiter = std::move(waiter), delivered] {
       RunWaiter(waiter, Status::OK(), delivered.get());
     });
     return;
@@ -114,12 +105,10 @@ void Callbacks::Deliver(uint32_t index, std::shared_future<Tensor> tensor) {
   delivered_.push_back(tensor);
   by_index_.at(index) = tensor;
   if (callbacks_) {
-    asio::post(*strand_, [this, callbacks = callbacks_, tensor] {
-      Run(*callbacks, std::span(&tensor, 1));
-    });
+    thread_.Post([this, callbacks = callbacks_, tensor] { Run(*callbacks, std::span(&tensor, 1)); });
   }
   if (auto waiting = tensor_waiters_.extract(index)) {
-    asio::post(*strand_, [this, waiters = std::move(waiting.mapped()), tensor] {
+    thread_.Post([this, waiters = std::move(waiting.mapped()), tensor] {
       for (const TensorWaiter& waiter : waiters) RunWaiter(waiter, Status::OK(), tensor.get());
     });
   }
@@ -127,77 +116,176 @@ void Callbacks::Deliver(uint32_t index, std::shared_future<Tensor> tensor) {
 
 void Callbacks::RunWaiter(const TensorWaiter& waiter, Status status, const Tensor& tensor) {
   if (auto what = Threw([&] { waiter(std::move(status), tensor); })) {
-    FailWith(fmt::format("a waiter for tensor '{}' threw: {}", tensor.name(), *what));
+    FailWith(fmt::format("an OnTensorReady callback for tensor '{}' threw: {}", tensor.name(),
+                         *what));
   }
 }
 
+template <typename F>
+void Callbacks::RunLate(const F& call, const char* what) {
+  if (auto thrown = Threw(call)) {
+    std::lock_guard lock(mu_);
+    if (late_failures_++ == 0) {
+      first_late_failure_ = fmt::format("{} threw after the load had ended: {}", what, *thrown);
+    }
+  }
+}
+
+Status Callbacks::LateFailure() const {
+  std::lock_guard lock(mu_);
+  if (late_failures_ == 0) return Status::OK();
+  return Status::CallbackFailed(
+      fmt::format("{} ({} callback{} threw after the end in all; Done() is not changed by that)",
+                  first_late_failure_, late_failures_, late_failures_ == 1 ? "" : "s"));
+}
+
 void Callbacks::FailWith(std::string message) {
-  if (!failure_.ok()) return;  // the first failure is the load's
-  failure_ = Status::InvalidArgument(std::move(message));
-  if (on_failure_) on_failure_(failure_);
+  std::function<void(Status)> on_failure;
+  Status failure;
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.ok()) return;  // the first failure is the load's
+    failure_ = Status::CallbackFailed(std::move(message));
+    failure = failure_;
+    on_failure = on_failure_;
+  }
+  if (on_failure) on_failure(std::move(failure));
 }
 
 Status Callbacks::Missing(const Status& end) {
   return end.ok() ? Status::Corruption("the load ended OK without this tensor (a bug)") : end;
 }
 
-void Callbacks::OnFailure(std::function<void(Status)> on_failure) { on_failure_ = std::move(on_failure); }
+void Callbacks::OnFailure(std::function<void(Status)> on_failure) {
+  std::lock_guard lock(mu_);
+  on_failure_ = std::move(on_failure);
+}
 
-void Callbacks::Run(const std::vector<Callback>& callbacks,
-                    std::span<const std::shared_future<Tensor>> tensors) {
-  if (!failure_.ok()) return;  // the load is failing: no more callbacks
+void Callbacks::Abandon() {
+  std::lock_guard lock(mu_);
+  abandoned_ = true;
+}
+
+void Callbacks::Run(const List& callbacks, std::span<const std::shared_future<Tensor>> tensors) {
   for (const auto& ready : tensors) {
+    {
+      std::lock_guard lock(mu_);
+      if (!failure_.ok() || abandoned_) return;  // the load is failing, or nobody listens
+    }
     const Tensor& t = ready.get();
-    for (const Callback& cb : callbacks) {
-      if (auto what = Threw([&] { cb(t); })) {
-        return FailWith(
-            fmt::format("an on-tensor callback threw for tensor '{}': {}", t.name(), *what));
+    for (const Named& cb : callbacks) {
+      if (auto what = Threw([&] { cb.call(t); })) {
+        return FailWith(cb.kind == Kind::kOnProgress
+                            ? fmt::format("LoadOptions::on_progress threw after tensor '{}': {}",
+                                          t.name(), *what)
+                            : fmt::format("an on-tensor callback threw for tensor '{}': {}",
+                                          t.name(), *what));
       }
     }
   }
 }
 
+Status Callbacks::EndOf(const Status& result) const {
+  return result.ok() && !failure_.ok() ? failure_ : result;
+}
+
 void Callbacks::Close(Status result, std::function<void(Status)> finish) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  if (thread_.Idle() && tensor_waiters_.empty() && done_waiters_.empty()) {
+    // Every callback has returned and nobody waits: the end needs no callback thread. (Posts
+    // happen under mu_, so none can slip in before closed_ is set.)
+    const Status end = EndOf(result);
+    closed_ = true;
+    final_ = end;
+    lock.unlock();
+    return Finish(end, std::move(finish));
+  }
   closing_ = true;
-  asio::post(*strand_, [this, result = std::move(result), finish = std::move(finish)]() mutable {
-    // Callbacks added since Close() was called (by a callback, say) see every tensor before the
-    // end, like those added earlier. The last check and closed_ are one critical section: an Add
-    // between them would queue a callback nobody runs.
-    Status end;
-    std::unordered_map<uint32_t, std::vector<TensorWaiter>> never_delivered;
-    for (;;) {
-      std::vector<Callback> late;
-      Delivered all;
-      {
-        std::lock_guard closing(mu_);
-        if (added_while_closing_.empty()) {
-          end = result.ok() && !failure_.ok() ? failure_ : result;  // failure_: this strand's
-          closed_ = true;
-          final_ = end;
-          never_delivered.swap(tensor_waiters_);
-          strand_.reset();  // this handler keeps the strand alive until it returns
-          break;
-        }
-        late.swap(added_while_closing_);
-        all = delivered_;
-      }
-      Run(late, all);
-    }
-    for (const auto& [index, waiters] : never_delivered) {
-      for (const TensorWaiter& waiter : waiters) {
-        RunAfterTheEnd([&] { waiter(Missing(end), Tensor()); });
-      }
-    }
-    finish(end);
-    std::vector<DoneWaiter> done;
-    {
-      std::lock_guard finished(mu_);
-      done_called_ = true;
-      done.swap(done_waiters_);
-    }
-    for (const DoneWaiter& waiter : done) RunAfterTheEnd([&] { waiter(end); });
+  thread_.Post([this, result = std::move(result), finish = std::move(finish)]() mutable {
+    CloseOnThread(result, finish);
   });
+}
+
+void Callbacks::CloseOnThread(const Status& result, const std::function<void(Status)>& finish) {
+  // Callbacks and waiters added since Close() was called (by a callback, say) see every tensor
+  // before the end, like those added earlier. The last check and closed_ are one critical
+  // section: an Add between them would queue a callback nobody runs.
+  Status end;
+  std::unordered_map<uint32_t, std::vector<TensorWaiter>> never_delivered;
+  for (;;) {
+    std::vector<Named> late;
+    std::vector<std::pair<TensorWaiter, std::shared_future<Tensor>>> waiting;
+    Delivered all;
+    {
+      std::lock_guard closing(mu_);
+      if (added_while_closing_.empty() && waiting_while_closing_.empty()) {
+        end = EndOf(result);
+        closed_ = true;
+        final_ = end;
+        never_delivered.swap(tensor_waiters_);
+        break;
+      }
+      late.swap(added_while_closing_);
+      waiting.swap(waiting_while_closing_);
+      all = delivered_;
+    }
+    Run(late, all);
+    for (const auto& [waiter, tensor] : waiting) RunWaiter(waiter, Status::OK(), tensor.get());
+  }
+  for (const auto& [index, waiters] : never_delivered) {
+    for (const TensorWaiter& waiter : waiters) {
+      RunLate([&] { waiter(Missing(end), Tensor()); },
+              "an OnTensorReady callback told the load ended without its tensor");
+    }
+  }
+  finish(end);
+  std::vector<DoneWaiter> done;
+  {
+    std::lock_guard finished(mu_);
+    done_called_ = true;
+    done.swap(done_waiters_);
+  }
+  RunDoneWaiters(done, end);
+  MarkEnded();
+}
+
+void Callbacks::Finish(const Status& end, std::function<void(Status)> finish) {
+  finish(end);
+  std::vector<DoneWaiter> done;
+  {
+    std::lock_guard finished(mu_);
+    done_called_ = true;
+    done.swap(done_waiters_);
+    if (!done.empty()) {
+      // Added while `finish` ran: called on the callback thread, which holds the load meanwhile.
+      thread_.Post([this, done = std::move(done), end, finish = std::move(finish)] {
+        RunDoneWaiters(done, end);
+        MarkEnded();
+      });
+      return;
+    }
+  }
+  MarkEnded();
+}
+
+void Callbacks::RunDoneWaiters(const std::vector<DoneWaiter>& waiters, const Status& end) {
+  for (const DoneWaiter& waiter : waiters) RunLate([&] { waiter(end); }, "an OnDone callback");
+}
+
+void Callbacks::MarkEnded() {
+  {
+    std::lock_guard lock(mu_);
+    ended_ = true;
+  }
+  ended_cv_.notify_all();
+}
+
+void Callbacks::WaitEnded() {
+  {
+    std::unique_lock lock(mu_);
+    ended_cv_.wait(lock, [&] { return ended_; });
+  }
+  thread_.WaitIdle();
 }
 
 }  // namespace loadstone::pipeline

@@ -170,10 +170,10 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_onl
     try {
       given = caller_memory_(src, tp);
     } catch (const std::exception& e) {
-      return Status::InvalidArgument(fmt::format(
+      return Status::CallbackFailed(fmt::format(
           "LoadOptions::destination threw for tensor '{}': {}", src.name, e.what()));
     } catch (...) {
-      return Status::InvalidArgument(
+      return Status::CallbackFailed(
           fmt::format("LoadOptions::destination threw for tensor '{}'", src.name));
     }
     if (given.size() != tp.nbytes || (given.data() == nullptr && tp.nbytes > 0)) {

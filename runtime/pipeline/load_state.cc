@@ -27,8 +27,7 @@ std::vector<std::string> DeviceNames(size_t count) {
 }  // namespace
 
 LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_in,
-                         asio::thread_pool& callback_pool, Checkpoint checkpoint_in,
-                         LoadPlan plan_in, LoadOptions options_in,
+                         Checkpoint checkpoint_in, LoadPlan plan_in, LoadOptions options_in,
                          const LoaderOptions& loader_options_in,
                          LoadHooks hooks, device::DeviceSet devices_in,
                          std::string device_log_in)
@@ -44,7 +43,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       tensors(plan.tensors.size()),
       done(done_promise.get_future().share()),
       trace(options.trace),
-      callbacks(callback_pool, plan.tensors.size()),
+      callbacks(plan.tensors.size()),
       hooks_(std::move(hooks)),
       workers_count_(loader_options.worker_threads > 0
                          ? static_cast<size_t>(loader_options.worker_threads)
@@ -63,7 +62,8 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
   }
   if (options.on_tensor) callbacks.Add(options.on_tensor);
   if (options.on_progress) {  // after each tensor, with the progress then (this State outlives it)
-    callbacks.Add([this](const loadstone::Tensor&) { options.on_progress(Snapshot()); });
+    callbacks.Add([this](const loadstone::Tensor&) { options.on_progress(Snapshot()); },
+                  pipeline::Callbacks::Kind::kOnProgress);
   }
 }
 

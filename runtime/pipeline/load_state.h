@@ -50,8 +50,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
 
   using TensorCallback = std::function<void(const loadstone::Tensor&)>;
 
-  State(asio::io_context& loop, asio::thread_pool& workers, asio::thread_pool& callback_pool,
-        Checkpoint checkpoint, LoadPlan plan,
+  State(asio::io_context& loop, asio::thread_pool& workers, Checkpoint checkpoint, LoadPlan plan,
         LoadOptions options, const LoaderOptions& loader_options,
         LoadHooks hooks, device::DeviceSet devices,
         std::string device_log);
@@ -110,7 +109,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   ReadStats read_stats;              // set when finished; guarded by callbacks_mu
 
   mutable std::mutex callbacks_mu;  // guards backend_description and read_stats
-  pipeline::Callbacks callbacks;    // the on-tensor callbacks, off the loop thread
+  pipeline::Callbacks callbacks;    // the load's callbacks, on its own callback thread
 
  private:
   void Pump();

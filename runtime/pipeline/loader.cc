@@ -57,20 +57,28 @@ struct Loader::Impl {
         thread([this] { loop.run(); }) {}
 
   ~Impl() {
-    std::vector<std::shared_ptr<LoadHandle::State>> running;
-    {
-      std::lock_guard lock(mu);
-      for (auto& weak : loads) {
-        if (auto state = weak.lock()) running.push_back(std::move(state));
-      }
+    const std::vector<std::shared_ptr<LoadHandle::State>> running = Running();
+    for (const auto& state : running) state->RequestCancel();
+    // Each load's callback thread lets go of it too (a handle destroyed in its own callback
+    // leaves the load to that thread): a load nobody else holds is freed here.
+    for (const auto& state : running) {
+      state->done.wait();
+      state->callbacks.WaitEnded();
     }
-    for (auto& state : running) state->RequestCancel();
-    for (auto& state : running) state->done.wait();
     guard.reset();
     loop.stop();
     thread.join();
     workers.join();
-    callback_pool.join();
+  }
+
+  // The loads not yet freed.
+  std::vector<std::shared_ptr<LoadHandle::State>> Running() {
+    std::vector<std::shared_ptr<LoadHandle::State>> running;
+    std::lock_guard lock(mu);
+    for (auto& weak : loads) {
+      if (auto state = weak.lock()) running.push_back(std::move(state));
+    }
+    return running;
   }
 
   const LoaderOptions options;
@@ -79,7 +87,6 @@ struct Loader::Impl {
   device::DeviceSet devices;   // "cuda:N" = devices[N]
   asio::io_context loop;
   asio::thread_pool workers;
-  asio::thread_pool callback_pool{2};  // on-tensor callbacks, one strand per load
   asio::executor_work_guard<asio::io_context::executor_type> guard;
   std::mutex mu;
   std::list<std::weak_ptr<LoadHandle::State>> loads;  // guarded by mu
@@ -95,8 +102,7 @@ std::shared_ptr<const Platform> Loader::platform() const {
 
 LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                         const LoadOptions& options) {
-  auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers,
-                                                   impl_->callback_pool, checkpoint, plan,
+  auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers, checkpoint, plan,
                                                    options, impl_->options,
                                                    impl_->platform.hooks, impl_->devices,
                                                    impl_->device_log);
@@ -107,6 +113,12 @@ LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
   }
   asio::post(impl_->loop, [state] { state->Start(); });
   return LoadHandle(state);
+}
+
+void Loader::CancelAll() {
+  for (const auto& state : impl_->Running()) {
+    if (!state->finished) state->RequestCancel();
+  }
 }
 
 LoadHandle::LoadHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -133,10 +145,17 @@ Status NoLoad() {
 LoadHandle::~LoadHandle() {
   if (!state_) return;
   if (!state_->finished) state_->RequestCancel();
+  if (state_->callbacks.OnItsThread()) {
+    // From one of its own callbacks, which the load's end waits for: waiting here would wait for
+    // itself. The load ends (cancelled, if it had not finished) and is freed by that thread.
+    state_->callbacks.Abandon();
+    return;
+  }
   state_->done.wait();  // resolved after the load's last callback
-  // The event loop, the workers and the callbacks may still hold the load for the instant
-  // after it finished: wait (on a signal, not a poll) until they have let go, so that its
-  // memory is freed when this destructor returns.
+  state_->callbacks.WaitEnded();  // its OnDone callbacks too: its callback thread lets go
+  // The event loop and the workers may still hold the load for the instant after it finished:
+  // wait (on a signal, not a poll) until they have let go, so that its memory is freed when this
+  // destructor returns.
   std::future<void> released = state_->released.promise->get_future();
   state_.reset();
   released.wait();
@@ -208,6 +227,10 @@ ReadStats LoadHandle::read_stats() const {
   if (!state_) return {};
   std::lock_guard lock(state_->callbacks_mu);
   return state_->read_stats;
+}
+
+Status LoadHandle::late_callback_error() const {
+  return state_ ? state_->callbacks.LateFailure() : Status::OK();
 }
 
 void LoadHandle::Cancel() {

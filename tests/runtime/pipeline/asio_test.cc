@@ -19,7 +19,6 @@
 
 #include <catch2/catch.hpp>
 
-#include "io/fault_reader.h"
 #include "test_model.h"
 #include "tests/runtime/pipeline/test_platform.h"
 
@@ -29,25 +28,8 @@ namespace {
 
 constexpr const char* kTensor = "model.layers.1.attn.q.weight";
 
-// Reads held back by `latency` each, one at a time: a load still runs when a test acts on it.
-testing::ReaderSwitch SlowReads(std::chrono::milliseconds latency) {
-  return testing::ReaderSwitch([latency](const std::vector<std::string>& paths,
-                                         const io::ReaderOptions& o,
-                                         std::string* log) -> Result<std::unique_ptr<io::Reader>> {
-    LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, o, log));
-    io::FaultOptions faults;
-    faults.latency = latency;
-    LOADSTONE_ASSIGN_OR_RETURN(auto wrapped,
-                               io::FaultInjectingReader::Create(std::move(inner), paths, faults));
-    return std::unique_ptr<io::Reader>(std::move(wrapped));
-  });
-}
-
-LoaderOptions OneReadAtATime(const testing::ReaderSwitch& reads) {
-  LoaderOptions lo;
-  lo.queue_depth = 1;
-  return reads.Options(lo);
-}
+using testing::OneReadAtATime;
+using testing::SlowReads;
 
 // A plan whose every chunk goes through the (slow) reader: no page-cache copies.
 LoadPlan EveryChunkRead(const Checkpoint& ckpt) {
@@ -225,7 +207,7 @@ TEST_CASE("asio: a tensor waiter that throws fails its load with the message") {
   const std::string first = ckpt.tensors()[plan.tensors.front().source].name;
   REQUIRE(load.OnTensorReady(first, [](Status, Tensor) { throw std::runtime_error("boom"); }).ok());
   const Status status = load.Done().get();
-  CHECK(status.code() == StatusCode::kInvalidArgument);
+  CHECK(status.code() == StatusCode::kCallbackFailed);
   CHECK(std::string(status.message()).find("boom") != std::string::npos);
 }
 

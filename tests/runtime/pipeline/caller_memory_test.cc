@@ -109,7 +109,7 @@ TEST_CASE("caller memory: no destination, or one of the wrong size, fails naming
     throw std::runtime_error("no memory for you");
   };
   Status thrown = loader.Load(ckpt, *plan, throws).Done().get();
-  CHECK(thrown.code() == StatusCode::kInvalidArgument);
+  CHECK(thrown.code() == StatusCode::kCallbackFailed);
   CHECK_THAT(std::string(thrown.message()), Catch::Contains("threw for tensor") &&
                                                 Catch::Contains("no memory for you"));
   // The Loader is fine afterwards.

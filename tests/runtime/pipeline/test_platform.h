@@ -5,10 +5,12 @@
 #define LOADSTONE_TESTS_RUNTIME_PIPELINE_TEST_PLATFORM_H_
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "io/fault_reader.h"
 #include "loadstone/loader.h"
 #include "runtime/device/platform_impl.h"
 
@@ -60,6 +62,26 @@ class ReaderSwitch {
   ReaderFactory factory_;
   std::shared_ptr<std::atomic<bool>> on_ = std::make_shared<std::atomic<bool>>(true);
 };
+
+// Reads held back by `latency` each: with OneReadAtATime, a load still runs when a test acts on
+// it.
+inline ReaderSwitch SlowReads(std::chrono::milliseconds latency) {
+  return ReaderSwitch([latency](const std::vector<std::string>& paths, const io::ReaderOptions& o,
+                                std::string* log) -> Result<std::unique_ptr<io::Reader>> {
+    LOADSTONE_ASSIGN_OR_RETURN(auto inner, io::OpenReader(paths, o, log));
+    io::FaultOptions faults;
+    faults.latency = latency;
+    LOADSTONE_ASSIGN_OR_RETURN(auto wrapped,
+                               io::FaultInjectingReader::Create(std::move(inner), paths, faults));
+    return std::unique_ptr<io::Reader>(std::move(wrapped));
+  });
+}
+
+inline LoaderOptions OneReadAtATime(const ReaderSwitch& reads) {
+  LoaderOptions options;
+  options.queue_depth = 1;
+  return reads.Options(options);
+}
 
 }  // namespace loadstone::testing
 
