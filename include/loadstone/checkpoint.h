@@ -28,8 +28,8 @@ namespace loadstone {
 
 enum class CheckpointFormat {
   kSafetensors,
-  kPyTorch,  // torch.save zip archives (.bin, .pt, .pth): shared/specs/torch-zip.md
-  kGguf,     // llama.cpp's GGUF, one file or a split set: shared/specs/gguf.md
+  kPyTorch,  // torch.save zip archives (.bin, .pt, .pth): docs/formats.md
+  kGguf,     // llama.cpp's GGUF, one file or a split set: docs/formats.md
   // accelerate's offload folder (index.json + NAME.dat, or references into safetensors files):
   // what a disk offload wrote (offload.h), opened to read those tensors back.
   kOffloadFolder,
@@ -62,7 +62,7 @@ struct CheckpointFile {
   FileStamp stamp;     // the file then
 };
 
-// A bitsandbytes 4-bit weight's quant state (shared/specs/quant.md, "bitsandbytes 4-bit"), read
+// A bitsandbytes 4-bit weight's quant state (docs/conversions.md, "bitsandbytes 4-bit"), read
 // at Open from the tensors transformers saves beside the packed weight `W`: the JSON of
 // `W.quant_state.bitsandbytes__nf4|fp4`, `W.quant_map` and, when nested, `W.nested_quant_map` and
 // `W.nested_absmax` (small: 16 + 256 values and one per 256 blocks). The per-block absmax
@@ -91,7 +91,7 @@ struct BnbInt8State {
   std::vector<std::string> companions;  // M.SCB, then M.weight_format when present
 };
 
-// How the words of a packed-integer weight hold its codes (shared/specs/quant.md).
+// How the words of a packed-integer weight hold its codes (docs/conversions.md).
 enum class PackOrder : uint8_t {
   // compressed-tensors `M.weight_packed` int32 [out, ceil(in * bits / 32)]: along the input dim.
   kRows,
@@ -252,7 +252,7 @@ class Checkpoint {
   const TensorInfo* Find(std::string_view name) const;
   // The scales beside float8 weight `weight`, which make it a quantized weight a load with a
   // floating-point target dequantizes: DeepSeek-V3's "W_scale_inv", else compressed-tensors'
-  // "W_scale" (specs/quant.md, "FP8 weights"). nullptr for a tensor that is not float8 or has
+  // "W_scale" (docs/conversions.md, "FP8 weights"). nullptr for a tensor that is not float8 or has
   // neither. Whether the scales fit the weight is the planner's to say (PlanOptions::fp8_block).
   const TensorInfo* Float8Scales(const TensorInfo& weight) const;
   // The files' "__metadata__" entries (a key given by several shards keeps the first value).

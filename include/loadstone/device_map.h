@@ -11,7 +11,7 @@
 //
 // For the same module tree, sizes, budgets and no-split set, the map is the one accelerate's
 // get_balanced_memory + infer_auto_device_map return: same keys, same order, same devices
-// (specs/device-map.md; docs/device-map.md lists where loadstone can do better, behind flags).
+// (docs/device-map.md, which also lists where loadstone can do better, behind flags).
 //
 // Everything here is pure data: planning reads no tensor bytes and touches no device. The only
 // environment read is the default budgets when max_memory is not given: the free memory of the
@@ -46,7 +46,7 @@ enum class PlanStrategy {
   kMinMax,  // contiguous partition of the layer sequence minimising the largest GPU load
 };
 
-// The defects of the reference planner (specs/device-map.md), each fixed when its flag is set.
+// The defects of the reference planner (docs/device-map.md), each fixed when its flag is set.
 // All off = accelerate's behaviour.
 struct ReferenceFixes {
   // Tied parameters: "is inside module m" becomes a dotted-prefix test (the reference's substring
@@ -95,7 +95,7 @@ struct DeviceMapOptions {
   bool explain = false;
 };
 
-// A model description (specs/model-json.md): the tree and the planning fields of the file.
+// A model description (docs/model-json.md): the tree and the planning fields of the file.
 struct ModelDescription {
   ModuleTree tree;
   DeviceMapOptions options;  // defaults where the file says nothing

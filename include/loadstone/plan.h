@@ -29,7 +29,7 @@ namespace loadstone {
 enum class Conversion {
   kNone,  // bytes land as they are in the file
   kCast,  // a float cast (f32/f16/bf16/f64/float8 → f32/f16/bf16), exact as PyTorch
-  // A float8 weight times its block scales (specs/quant.md, "FP8 weights"), into `dtype`.
+  // A float8 weight times its block scales (docs/conversions.md, "FP8 weights"), into `dtype`.
   kDequantFp8Block,
   // The file bytes gathered into C order and/or byte-swapped, no cast: a strided view or a
   // big-endian tensor of a PyTorch archive (TensorInfo::strides, big_endian), by a CPU worker
@@ -37,14 +37,14 @@ enum class Conversion {
   // that does the same first.
   kRelayout,
   // A packed block-quantized tensor (TensorInfo::packed: GGUF Q4_0 ... Q6_K) decoded into `dtype`
-  // (specs/quant.md, "GGUF blocks"; runtime/convert/gguf_blocks.h), by a CPU worker as its read
+  // (docs/conversions.md, "GGUF blocks"; runtime/convert/gguf_blocks.h), by a CPU worker as its read
   // completes; for a GPU target by the device, from the packed bytes (Device::DecodesQuantized;
   // a device that cannot has the worker decode and copies the result). Its reads hold whole
   // blocks; its shape once loaded is PackedLayout::element_shape.
   kDequantBlocks,
   // A bitsandbytes 4-bit weight (TensorInfo::packed with PackedLayout::bnb4: "bnb-nf4",
   // "bnb-fp4") decoded into `dtype` with its per-block absmax (TensorPlan::scale: planned and read
-  // before it, loaded as stored) by a CPU worker as its read completes (specs/quant.md;
+  // before it, loaded as stored) by a CPU worker as its read completes (docs/conversions.md;
   // runtime/convert/bitsandbytes.h). Two codes a byte: any piece of whole bytes decodes on its own. Its
   // shape once loaded is PackedLayout::element_shape. For a GPU target the device decodes the
   // packed bytes (as kDequantBlocks), the absmax and the nested tables copied there first; the
@@ -225,7 +225,7 @@ struct PlanOptions : DeviceMapOptions {
   // is instead of inferring one from `device_map`. Every tensor must fall under a key.
   std::optional<DeviceMap> explicit_map;
   // The model's module tree (class names, buffers, ties) to infer the map on, from a model
-  // description (specs/model-json.md); unset: the tree of the checkpoint's tensor names.
+  // description (docs/model-json.md); unset: the tree of the checkpoint's tensor names.
   std::optional<ModuleTree> model;
   // Scaled float8 weights: a 2-D float8 tensor `W` with a sibling `W_scale_inv` (DeepSeek-V3:
   // f32, ceil(rows / block[0]) x ceil(cols / block[1]) scales) or `W_scale` (compressed-tensors:

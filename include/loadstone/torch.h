@@ -72,7 +72,7 @@ class ModelTraits {
   virtual std::vector<std::string> non_persistent_buffers() const { return {}; }
 };
 
-// The model description (shared/specs/model-json.md) of `module`: class names, parameters and
+// The model description (docs/model-json.md) of `module`: class names, parameters and
 // buffers with shapes, dtypes and persistence, parameters tied by shared storage (the first in
 // registration order is the source). No planning fields are set.
 // Errors: Unsupported (a dtype loadstone does not know).

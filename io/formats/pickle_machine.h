@@ -82,7 +82,7 @@ class Machine {
   Status Refuse(std::string_view what) const {
     return Status::Unsupported(fmt::format(
         "pickle of '{}': {} at byte {}; loadstone reads tensors and the containers torch.save "
-        "writes for them, and runs nothing (shared/specs/torch-zip.md)",
+        "writes for them, and runs nothing (docs/formats.md)",
         where_, what, op_at_));
   }
 
