@@ -64,6 +64,19 @@ std::string Line(const std::string& screen, std::string_view starts) {
   return "";
 }
 
+// Runs loadstone with `argv` under an 80-column terminal and types Ctrl-C once, as soon as the
+// screen shows `cue`; *pressed says whether it did.
+testing::PtyRun CtrlCAfter(const std::vector<std::string>& argv, const std::string& cue,
+                           bool* pressed) {
+  *pressed = false;
+  return RunInPty(argv, 80, [&](const std::string& screen, int fd) {
+    if (!*pressed && screen.find(cue) != std::string::npos) {
+      *pressed = true;
+      REQUIRE(::write(fd, "\x03", 1) == 1);  // what Ctrl-C types
+    }
+  });
+}
+
 struct Models {
   TempDir dir;
   std::string llama, fp8;
@@ -174,15 +187,9 @@ TEST_CASE("terminal: Ctrl-C cancels the load, says what was done, writes the tra
   bool pressed = false;
   // A cast and one read at a time keep it running for a second or more (it is cancelled after
   // a tenth of that), even on a fast machine.
-  const auto run = RunInPty({"load", model, "--dtype", "f32", "--backend", "pread", "--queue-depth", "1",
-                             "--trace", trace},
-                            80,
-                            [&](const std::string& screen, int fd) {
-                              if (!pressed && screen.find('%') != std::string::npos) {
-                                pressed = true;
-                                REQUIRE(::write(fd, "\x03", 1) == 1);  // what Ctrl-C types
-                              }
-                            });
+  const auto run = CtrlCAfter({"load", model, "--dtype", "f32", "--backend", "pread",
+                               "--queue-depth", "1", "--trace", trace},
+                              "%", &pressed);
   INFO(run.screen);
   REQUIRE(pressed);
   REQUIRE_FALSE(run.timed_out);
@@ -228,13 +235,8 @@ TEST_CASE("terminal: Ctrl-C stops convert, says so, removes the partial output, 
   const std::string model = SparseCheckpoint(dir);
   const std::string out = dir.Path("new/folder/converted.safetensors");  // the folders too
   bool pressed = false;
-  const auto run = RunInPty({"convert", model, out, "--dtype", "f32", "--backend", "pread"}, 80,
-                            [&](const std::string& screen, int fd) {
-                              if (!pressed && screen.find('%') != std::string::npos) {
-                                pressed = true;
-                                REQUIRE(::write(fd, "\x03", 1) == 1);
-                              }
-                            });
+  const auto run =
+      CtrlCAfter({"convert", model, out, "--dtype", "f32", "--backend", "pread"}, "%", &pressed);
   INFO(run.screen);
   REQUIRE(pressed);
   REQUIRE_FALSE(run.timed_out);
@@ -251,13 +253,8 @@ TEST_CASE("terminal: Ctrl-C while the demo writes its model leaves nothing of it
           "[tools][terminal]") {
   TempDir dir;
   bool pressed = false;
-  const auto run = RunInPty({"demo", "--layers", "12", "--dir", dir.Path("demo")}, 80,
-                            [&](const std::string& screen, int fd) {
-                              if (!pressed && screen.find("demo: synthetic") != std::string::npos) {
-                                pressed = true;
-                                REQUIRE(::write(fd, "\x03", 1) == 1);
-                              }
-                            });
+  const auto run =
+      CtrlCAfter({"demo", "--layers", "12", "--dir", dir.Path("demo")}, "demo: synthetic", &pressed);
   INFO(run.screen);
   REQUIRE(pressed);
   REQUIRE_FALSE(run.timed_out);

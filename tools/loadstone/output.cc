@@ -38,6 +38,16 @@ fs::path Resolved(const std::string& path) {
   return p;
 }
 
+// The folders above `path` that exist, innermost first.
+std::vector<Identity> FoldersAbove(const fs::path& path) {
+  std::vector<Identity> out;
+  for (fs::path p = path.parent_path();; p = p.parent_path()) {
+    if (auto id = IdentityOf(p)) out.push_back(*id);
+    if (p == p.parent_path()) break;
+  }
+  return out;
+}
+
 std::string FileKind(mode_t mode) {
   if (S_ISDIR(mode)) return "a folder";
   if (S_ISREG(mode)) return "a file";
@@ -79,28 +89,25 @@ Status RefuseInputAsOutput(const std::string& output, const std::vector<std::str
           what, output, *input, what));
     }
   }
-  // The folders above the output, as far as they exist.
-  for (fs::path p = out.parent_path();; p = p.parent_path()) {
+  for (const Identity& folder : FoldersAbove(out)) {
     for (const auto& [input, id] : in_ids) {
-      if (IdentityOf(p) == id) {
+      if (folder == id) {
         return Status::InvalidArgument(fmt::format(
             "{} '{}' lies inside the input folder '{}': writing there would change the input "
             "while it is read; give {} a path outside it",
             what, output, *input, what));
       }
     }
-    if (p == p.parent_path()) break;
   }
   if (!out_id) return Status::OK();
   for (const auto& [input, id] : in_ids) {
-    for (fs::path p = Resolved(*input).parent_path();; p = p.parent_path()) {
-      if (IdentityOf(p) == out_id) {
+    for (const Identity& folder : FoldersAbove(Resolved(*input))) {
+      if (folder == *out_id) {
         return Status::InvalidArgument(fmt::format(
             "{} '{}' holds the input '{}': replacing it would destroy what is read; give {} a "
             "path outside the input",
             what, output, *input, what));
       }
-      if (p == p.parent_path()) break;
     }
   }
   return Status::OK();
