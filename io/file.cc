@@ -12,6 +12,36 @@
 #include "io/posix_error.h"
 
 namespace loadstone::io {
+namespace {
+
+FileStamp StampOf(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+          static_cast<int64_t>(st.st_mtim.tv_sec), static_cast<int64_t>(st.st_mtim.tv_nsec)};
+}
+
+// OK when the file at `path`, `bytes` long and stamped `now`, is the one `catalogued` describes.
+Status Unchanged(const std::string& path, uint64_t bytes, const FileStamp& now,
+                 const CheckpointFile& catalogued) {
+  std::string what;
+  const FileStamp& then = catalogued.stamp;
+  if (then.known() && !then.SameFile(now)) {
+    what = fmt::format("another file is there now: device {} inode {} then, device {} inode {} now",
+                       then.device, then.inode, now.device, now.inode);
+  } else if (catalogued.bytes != bytes) {
+    what = fmt::format("{} bytes then, {} now", catalogued.bytes, bytes);
+  } else if (then.known() && then != now) {
+    what = fmt::format("rewritten: modification time {}.{:09} then, {}.{:09} now", then.mtime_sec,
+                       then.mtime_nsec, now.mtime_sec, now.mtime_nsec);
+  } else {
+    return Status::OK();
+  }
+  return Status::Corruption(fmt::format(
+      "'{}' changed since its header was read ({}); its catalog no longer describes it: open the "
+      "checkpoint again",
+      path, what));
+}
+
+}  // namespace
 
 File::~File() {
   if (fd_ >= 0) ::close(fd_);
@@ -53,8 +83,7 @@ Result<File> File::OpenForRead(const std::string& path, int extra_flags) {
     return ErrnoStatus(errno, "cannot set up", path);
   }
   file.size_ = static_cast<uint64_t>(st.st_size);
-  file.stamp_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
-                 static_cast<int64_t>(st.st_mtim.tv_sec), static_cast<int64_t>(st.st_mtim.tv_nsec)};
+  file.stamp_ = StampOf(st);
   return file;
 }
 
@@ -86,24 +115,13 @@ Result<uint64_t> File::SizeNow() const {
 }
 
 Status CheckUnchanged(const File& file, const CheckpointFile& catalogued) {
-  std::string what;
-  const FileStamp& then = catalogued.stamp;
-  const FileStamp& now = file.stamp();
-  if (then.known() && !then.SameFile(now)) {
-    what = fmt::format("another file is there now: device {} inode {} then, device {} inode {} now",
-                       then.device, then.inode, now.device, now.inode);
-  } else if (catalogued.bytes != file.size()) {
-    what = fmt::format("{} bytes then, {} now", catalogued.bytes, file.size());
-  } else if (then.known() && then != now) {
-    what = fmt::format("rewritten: modification time {}.{:09} then, {}.{:09} now", then.mtime_sec,
-                       then.mtime_nsec, now.mtime_sec, now.mtime_nsec);
-  } else {
-    return Status::OK();
-  }
-  return Status::Corruption(fmt::format(
-      "'{}' changed since its header was read ({}); its catalog no longer describes it: open the "
-      "checkpoint again",
-      file.path(), what));
+  return Unchanged(file.path(), file.size(), file.stamp(), catalogued);
+}
+
+Status CheckUnchangedNow(const File& file, const CheckpointFile& catalogued) {
+  struct stat st;
+  if (::fstat(file.fd(), &st) != 0) return ErrnoStatus(errno, "cannot stat", file.path());
+  return Unchanged(file.path(), static_cast<uint64_t>(st.st_size), StampOf(st), catalogued);
 }
 
 }  // namespace loadstone::io

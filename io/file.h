@@ -50,6 +50,10 @@ class File {
 // Errors: Corruption naming the path and what changed — another file there now, another size,
 // another modification time — and saying to open the checkpoint again.
 Status CheckUnchanged(const File& file, const CheckpointFile& catalogued);
+// The same check of `file` as it is now (an fstat of its descriptor), not as it was opened: for
+// a mapped file, whose bytes are read on touch long after the open. Errors: as CheckUnchanged;
+// IOError when it cannot be stat'ed.
+Status CheckUnchangedNow(const File& file, const CheckpointFile& catalogued);
 
 }  // namespace loadstone::io
 

@@ -103,9 +103,16 @@ Status Destinations::MapFiles() {
     mappings_.emplace_back(p, [bytes = f.bytes](void* q) {
       if (q) ::munmap(q, bytes);
     });
+    mapped_files_.push_back(std::move(file));
   }
   return Status::OK();
 }
+
+Status Destinations::CheckMapped(uint32_t file) const {
+  return io::CheckUnchangedNow(mapped_files_.at(file), checkpoint_.files()[file]);
+}
+
+void Destinations::CloseMappedFiles() { mapped_files_.clear(); }
 
 Result<Destinations::Memory> Destinations::ForSharedRead(const ReadChunk& read) {
   const uint32_t first = read.tensors.front();

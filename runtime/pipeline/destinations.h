@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "io/file.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/plan.h"
 #include "runtime/device/device.h"
@@ -43,6 +44,12 @@ class Destinations {
   // The backend line's note on pinned CPU tensors (empty when none are planned).
   std::string PinnedNote() const;
   Status MapFiles();  // ReadRouteOptions::mmap: every file mapped privately
+  // OK when mapped file `file` is still, now, the file the catalog describes (io::
+  // CheckUnchangedNow on the descriptor that was mapped): a mapped tensor's bytes are the file's,
+  // read on touch, so one that shrank or was rewritten since would hand out zeros or other bytes.
+  // Errors: Corruption naming the file and what changed. REQUIRES: MapFiles() succeeded.
+  Status CheckMapped(uint32_t file) const;
+  void CloseMappedFiles();  // once no tensor will be counted any more (the mappings stay)
   // Opens fresh pages when some tensor wants them (`refuse`: as if userfaultfd were refused);
   // the backend line's note (empty when none do).
   std::string OpenFreshPages(bool refuse = false);
@@ -87,6 +94,7 @@ class Destinations {
   std::shared_ptr<device::Device> pin_device_;
   std::unique_ptr<FreshPages> fresh_;
   std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
+  std::vector<io::File> mapped_files_;           // what each mapping maps, until the load ends
 };
 
 }  // namespace loadstone::pipeline

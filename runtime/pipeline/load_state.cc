@@ -140,6 +140,13 @@ Status LoadHandle::State::CheckFileSize(uint32_t file, uint64_t needed) const {
            : std::string()));
 }
 
+Status LoadHandle::State::CheckMappedFile(uint32_t file) const {
+  Status changed = destinations_.CheckMapped(file);
+  if (changed.ok()) return changed;
+  Status size = CheckFileSize(file, 0);
+  return size.ok() ? changed : size;
+}
+
 Status LoadHandle::State::EnsureDestination(uint32_t t) {
   TensorSlot& slot = tensors[t];
   if (slot.data || slot.buffer) return Status::OK();
@@ -248,6 +255,7 @@ void LoadHandle::State::MaybeFinish() {
                   route_counts_};
   }
   destinations_.CloseFreshPages();  // every placed tensor is whole: unregisters their pages
+  destinations_.CloseMappedFiles();
   Status result = error_;
   if (result.ok() && tensors_done.load() != tensors.size()) {
     result = Status::Corruption("the load ended with tensors not in place");  // a bug, never OK

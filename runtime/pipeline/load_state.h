@@ -188,6 +188,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // the size it had when the checkpoint was opened (`needed` == 0) or is shorter than `needed`:
   // the file the reader opened once it is open (not whatever its path names now), else the path.
   Status CheckFileSize(uint32_t file, uint64_t needed) const;
+  // OK when mapped file `file` is, now, the file the catalog describes (Destinations::
+  // CheckMapped); else Corruption naming it and, when its size changed, the first tensor past
+  // its end.
+  Status CheckMappedFile(uint32_t file) const;
   void Fail(Status status);
   void MaybeFinish();
   Status ChunkError(uint64_t chunk, const Status& status) const;

@@ -66,7 +66,15 @@ void LoadHandle::State::Pump() {
     CountRoute(id);
     if (route != ReadRoute::kInPlace && route != ReadRoute::kStaged) {
       window_.Skip();
-      if (route == ReadRoute::kMapped) AdvanceChunk(id);
+      if (route == ReadRoute::kMapped) {
+        // Its bytes are the file's, read on touch: it counts as loaded only if the file is
+        // still the one mapped, now (a truncation or rewrite after this is SIGBUS or other
+        // bytes on touch, as with any mapping: docs/pipeline.md, "mmap mode").
+        if (Status s = CheckMappedFile(chunk.file); !s.ok()) {
+          return fail(ChunkError(id, s));
+        }
+        AdvanceChunk(id);
+      }
       continue;
     }
     if (trace.enabled()) chunks_[id].submitted = trace.Now();
