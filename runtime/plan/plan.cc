@@ -103,12 +103,11 @@ void WarnUnused(const Checkpoint& checkpoint, const PlanOptions& options, const 
   if (options.routes.mmap) {
     size_t converted = 0;
     std::string first;
-    for (const TensorPlan& t : plan.tensors) {
-      if (plan.device_of(static_cast<uint32_t>(&t - plan.tensors.data())) != Device::Cpu() ||
-          t.conversion == Conversion::kNone) {
+    for (uint32_t t = 0; t < plan.tensors.size(); ++t) {
+      if (plan.device_of(t) != Device::Cpu() || plan.tensors[t].conversion == Conversion::kNone) {
         continue;
       }
-      if (converted++ == 0) first = checkpoint.tensors()[t.source].name;
+      if (converted++ == 0) first = checkpoint.tensors()[plan.tensors[t].source].name;
     }
     if (converted > 0) {
       warnings->push_back(fmt::format(

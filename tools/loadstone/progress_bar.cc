@@ -93,25 +93,27 @@ void DrawProgress(const Progress& progress) {
 
 WaitResult WaitWithProgress(LoadHandle& load, bool show, const InterruptToCancel* interrupt) {
   WaitResult result;
+  // A Ctrl-C, once: the load is cancelled and the line ended after the terminal's "^C", so that
+  // no frame is drawn over it.
+  auto notice_interrupt = [&] {
+    if (!interrupt || !interrupt->interrupted() || result.interrupted) return;
+    result.interrupted = true;
+    load.Cancel();
+    if (show) std::cerr << "\n" << std::flush;
+  };
   auto done = load.Done();
   auto last_draw = std::chrono::steady_clock::now();
   // Ctrl-C is looked for every 20 ms, the line redrawn every 100 ms.
   while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
-    if (interrupt && interrupt->interrupted() && !result.interrupted) {
-      result.interrupted = true;
-      load.Cancel();
-      if (show) std::cerr << "\n" << std::flush;  // after the "^C"; no frame is drawn over it
-    }
+    notice_interrupt();
     const auto now = std::chrono::steady_clock::now();
     if (show && !result.interrupted && now - last_draw >= std::chrono::milliseconds(100)) {
       last_draw = now;
       DrawProgress(load.progress());
     }
   }
-  if (interrupt && interrupt->interrupted() && !result.interrupted) {
-    result.interrupted = true;
-    if (show) std::cerr << "\n" << std::flush;
-  } else if (show && !result.interrupted) {
+  notice_interrupt();  // a Ctrl-C as the load ended (cancelling a finished load does nothing)
+  if (show && !result.interrupted) {
     DrawProgress(load.progress());
     std::cerr << "\n";
   }
