@@ -1,0 +1,109 @@
+"""patch_diffusers() and patch_transformers(): from_pretrained reads its weights through loadstone.
+
+Each works as a plain call (patched until unpatch() or the end of the process) and as a context
+manager (patched inside the block only):
+
+    with loadstone.patch_diffusers():
+        unet = UNet2DConditionModel.from_pretrained("sd/unet")
+
+Only the function that reads a checkpoint file into a state dict is replaced; everything
+from_pretrained does with the state dict (dtypes, keep-in-fp32 modules, device maps, offload,
+missing keys) is the library's own, so the model is the one it would build. Files loadstone
+does not read (GGUF for diffusers' quantizer, anything on the meta device) go to the original.
+"""
+import os
+import threading
+import zipfile
+
+_lock = threading.Lock()
+
+
+class _Patch:
+    """Replaces attributes now; restores them on unpatch() or when a `with` block ends."""
+
+    def __init__(self, targets):
+        self._saved = []
+        with _lock:
+            for owner, name, make in targets:
+                original = getattr(owner, name)
+                self._saved.append((owner, name, original))
+                setattr(owner, name, make(original))
+
+    def unpatch(self):
+        with _lock:
+            for owner, name, original in reversed(self._saved):
+                setattr(owner, name, original)
+            self._saved = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.unpatch()
+        return False
+
+
+def _reads(checkpoint_file, map_location):
+    """True for a file loadstone reads for from_pretrained: a safetensors file or a torch.save zip
+    archive, loaded onto a real device."""
+    if isinstance(checkpoint_file, dict) or str(map_location) == "meta":
+        return False
+    path = os.fspath(checkpoint_file)
+    return path.endswith(".safetensors") or (os.path.isfile(path) and zipfile.is_zipfile(path))
+
+
+def _state_dict(checkpoint_file, map_location):
+    from .torch import load_file
+
+    return load_file(checkpoint_file, device=str(map_location) if map_location else "cpu",
+                     progress=False)
+
+
+def patch_diffusers():
+    """diffusers' load_state_dict (every checkpoint file from_pretrained reads, whole or one
+    shard at a time) reads through loadstone."""
+    from diffusers.models import model_loading_utils, modeling_utils
+
+    def make(original):
+        def load_state_dict(checkpoint_file, disable_mmap=False, map_location="cpu", *a, **kw):
+            if a or kw or not _reads(checkpoint_file, map_location):
+                return original(checkpoint_file, disable_mmap, map_location, *a, **kw)
+            return _state_dict(checkpoint_file, map_location)
+
+        load_state_dict.__wrapped__ = original
+        return load_state_dict
+
+    return _Patch([(model_loading_utils, "load_state_dict", make),
+                   (modeling_utils, "load_state_dict", make)])
+
+
+def patch_transformers():
+    """transformers' checkpoint reads go through loadstone: its safe_open (every safetensors
+    shard from_pretrained opens, each read whole as soon as it is opened, since from_pretrained
+    reads every tensor) and its load_state_dict (.bin files)."""
+    from transformers import modeling_utils
+
+    from ._safe_open import safe_open as loadstone_safe_open
+
+    def make_safe_open(original):
+        def safe_open(filename, framework="pt", device="cpu", *a, backend=None, **kw):
+            if a or kw or str(framework) not in ("pt", "torch", "pytorch") or str(device) != "cpu":
+                return original(filename, framework, device, *a, backend=backend or "mmap", **kw)
+            return loadstone_safe_open(filename, framework, device, prefetch=True)
+
+        safe_open.__wrapped__ = original
+        return safe_open
+
+    def make_load_state_dict(original):
+        def load_state_dict(checkpoint_file, map_location="cpu", weights_only=True,
+                            disable_mmap=None, *a, **kw):
+            if a or kw or not weights_only or not _reads(checkpoint_file, map_location):
+                return original(checkpoint_file, map_location, weights_only, disable_mmap, *a,
+                                **kw)
+            return _state_dict(checkpoint_file, map_location)
+
+        load_state_dict.__wrapped__ = original
+        return load_state_dict
+
+    return _Patch([(modeling_utils, "safe_open", make_safe_open),
+                   (modeling_utils, "load_state_dict", make_load_state_dict)])

@@ -1,0 +1,210 @@
+// loadstone._core.Checkpoint (the catalog: headers only) and Plan (what a load will do).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "errors.h"
+#include "loadstone/checkpoint.h"
+#include "loadstone/plan.h"
+#include "options.h"
+
+namespace nb = nanobind;
+
+namespace loadstone::python {
+namespace {
+
+std::string Path(nb::handle path) {
+  return nb::cast<std::string>(nb::module_::import_("os").attr("fspath")(path));
+}
+
+nb::list Dims(const std::vector<uint64_t>& shape) {
+  nb::list out;
+  for (uint64_t d : shape) out.append(d);
+  return out;
+}
+
+// The name a tensor has in a state dict once loaded (a decoded packed weight's decoded name).
+const std::string& StateDictName(const TensorInfo& t) {
+  return t.packed && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
+}
+
+nb::dict Info(const TensorInfo& t) {
+  nb::dict d;
+  d["name"] = t.name;
+  d["dtype"] = std::string(TorchName(t.dtype));
+  d["safetensors_dtype"] = std::string(SafetensorsName(t.dtype));
+  d["bits"] = DTypeBits(t.dtype);
+  d["shape"] = Dims(t.shape);
+  d["file"] = t.file;
+  d["offset"] = t.offset;
+  d["nbytes"] = t.nbytes;
+  d["plain"] = t.plain_layout();
+  d["packed"] = t.packed ? nb::object(nb::str(t.packed->scheme.c_str())) : nb::none();
+  d["element_shape"] = Dims(t.packed ? t.packed->element_shape : t.shape);
+  d["state_dict_name"] = StateDictName(t);
+  nb::list companions;
+  if (t.packed) {
+    for (const std::string& c : t.packed->companions()) companions.append(c);
+  }
+  d["companions"] = companions;
+  return d;
+}
+
+const TensorInfo& Find(const Checkpoint& c, const std::string& name) {
+  const TensorInfo* t = c.Find(name);
+  if (t == nullptr) throw StatusError(Status::NotFound("no tensor '" + name + "' in the checkpoint"));
+  return *t;
+}
+
+// view(): a catalog of byte ranges of this checkpoint's files, each {name, dtype, shape, file,
+// offset, nbytes}.
+Checkpoint View(const Checkpoint& c, nb::iterable specs) {
+  std::vector<TensorInfo> tensors;
+  for (nb::handle s : specs) {
+    nb::dict d = nb::cast<nb::dict>(s);
+    TensorInfo t;
+    t.name = nb::cast<std::string>(d["name"]);
+    t.dtype = ParseDTypeArg(d["dtype"], "view: dtype");
+    for (nb::handle dim : nb::iter(d["shape"])) t.shape.push_back(nb::cast<uint64_t>(dim));
+    t.file = nb::cast<uint32_t>(d["file"]);
+    t.offset = nb::cast<uint64_t>(d["offset"]);
+    t.nbytes = nb::cast<uint64_t>(d["nbytes"]);
+    tensors.push_back(std::move(t));
+  }
+  return ValueOrThrow(c.WithTensors(std::move(tensors)));
+}
+
+nb::list PlanTensors(const PyPlan& p) {
+  nb::list out;
+  const auto& infos = p.checkpoint.tensors();
+  for (uint32_t i = 0; i < p.plan->tensors.size(); ++i) {
+    const TensorPlan& tp = p.plan->tensors[i];
+    const TensorInfo& src = infos[tp.source];
+    nb::dict d;
+    d["name"] = src.name;
+    d["state_dict_name"] = Unpacks(tp.conversion) ? StateDictName(src) : src.name;
+    d["device"] = p.plan->device_of(i).ToString();
+    d["dtype"] = std::string(TorchName(tp.dtype));
+    d["conversion"] = std::string(ConversionName(tp.conversion));
+    d["nbytes"] = tp.nbytes;
+    out.append(d);
+  }
+  return out;
+}
+
+nb::list PlanOffloaded(const PyPlan& p) {
+  nb::list out;
+  const auto& infos = p.checkpoint.tensors();
+  for (const OffloadPlan& o : p.plan->offloaded) {
+    nb::dict d;
+    d["name"] = infos[o.source].name;
+    d["dtype"] = std::string(TorchName(o.dtype));
+    d["shape"] = Dims(o.shape);
+    d["in_place"] = o.in_place;
+    d["nbytes"] = o.nbytes;
+    out.append(d);
+  }
+  return out;
+}
+
+nb::list Usage(const DevicePlan& devices) {
+  nb::list out;
+  for (const DeviceUsage& u : devices.usage) {
+    nb::dict d;
+    d["device"] = DeviceToPython(u.device);
+    d["bytes"] = u.bytes;
+    d["budget"] = u.budget ? nb::object(nb::int_(*u.budget)) : nb::none();
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+void RegisterCheckpoint(nb::module_& m) {
+  nb::class_<Checkpoint>(m, "Checkpoint", "A checkpoint's catalog: headers only, never a data byte.")
+      .def_static(
+          "open",
+          [](nb::handle path, const std::string& variant, const std::string& subfolder) {
+            const std::string p = Path(path);
+            OpenOptions options{variant, subfolder};
+            nb::gil_scoped_release unlocked;
+            return ValueOrThrow(Checkpoint::Open(p, options));
+          },
+          nb::arg("path"), nb::arg("variant") = "", nb::arg("subfolder") = "")
+      .def_prop_ro("format", [](const Checkpoint& c) {
+        return std::string(CheckpointFormatName(c.format()));
+      })
+      .def_prop_ro("files", [](const Checkpoint& c) {
+        nb::list out;
+        for (const CheckpointFile& f : c.files()) out.append(nb::make_tuple(f.path, f.bytes));
+        return out;
+      })
+      .def_prop_ro("metadata", &Checkpoint::metadata)
+      .def_prop_ro("index_path", &Checkpoint::index_path)
+      .def_prop_ro("resolution", &Checkpoint::resolution)
+      .def_prop_ro("warnings", &Checkpoint::warnings)
+      .def_prop_ro("total_bytes", &Checkpoint::total_bytes)
+      .def_prop_ro("fingerprint", &Checkpoint::fingerprint)
+      .def_prop_ro("quant_method", [](const Checkpoint& c) { return c.config().quant_method; })
+      .def("keys", [](const Checkpoint& c) {
+        nb::list out;
+        for (const TensorInfo& t : c.tensors()) out.append(t.name);
+        return out;
+      }, "Every tensor name, in file order, then offset order within a file.")
+      .def("__len__", [](const Checkpoint& c) { return c.tensors().size(); })
+      .def("__contains__", [](const Checkpoint& c, const std::string& n) {
+        return c.Find(n) != nullptr;
+      })
+      .def("info", [](const Checkpoint& c, const std::string& n) { return Info(Find(c, n)); })
+      .def("infos", [](const Checkpoint& c) {
+        nb::list out;
+        for (const TensorInfo& t : c.tensors()) out.append(Info(t));
+        return out;
+      })
+      .def("float8_scales", [](const Checkpoint& c, const std::string& n) -> nb::object {
+        const TensorInfo* s = c.Float8Scales(Find(c, n));
+        return s ? nb::object(nb::str(s->name.c_str())) : nb::none();
+      })
+      .def("view", &View, nb::arg("tensors"),
+           "A catalog over the same files listing these byte ranges instead: dicts {name, "
+           "dtype, shape, file, offset, nbytes}.");
+
+  nb::class_<PyPlan>(m, "Plan", "What a load will do: pure data.")
+      .def_prop_ro("device_map", [](const PyPlan& p) {
+        return DeviceMapToPython(p.plan->devices.device_map);
+      })
+      .def_prop_ro("tensors", &PlanTensors)
+      .def_prop_ro("offloaded", &PlanOffloaded)
+      .def_prop_ro("usage", [](const PyPlan& p) { return Usage(p.plan->devices); })
+      .def_prop_ro("no_split", [](const PyPlan& p) { return p.plan->devices.no_split; })
+      .def_prop_ro("warnings", [](const PyPlan& p) { return p.plan->warnings; })
+      .def_prop_ro("read_bytes", [](const PyPlan& p) { return p.plan->read_bytes; })
+      .def_prop_ro("placed_bytes", [](const PyPlan& p) { return p.plan->placed_bytes; })
+      .def_prop_ro("offloaded_bytes", [](const PyPlan& p) { return p.plan->offloaded_bytes; })
+      .def_prop_ro("offload_folder", [](const PyPlan& p) { return p.plan->offload_folder; })
+      .def("__str__", [](const PyPlan& p) { return p.plan->ToString(); });
+
+  m.def(
+      "plan",
+      [](const Checkpoint& checkpoint, nb::kwargs kwargs) {
+        PlanOptions options = ParsePlanOptions(kwargs);
+        Result<LoadPlan> plan = [&] {
+          nb::gil_scoped_release unlocked;
+          return Plan(checkpoint, options);
+        }();
+        return PyPlan{checkpoint, std::make_shared<const LoadPlan>(ValueOrThrow(std::move(plan)))};
+      },
+      nb::arg("checkpoint"), nb::arg("kwargs"),
+      "Plans a load of `checkpoint` (options: see loadstone._core.plan's docs in "
+      "loadstone/__init__.py).");
+}
+
+}  // namespace loadstone::python
