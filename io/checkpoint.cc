@@ -349,7 +349,7 @@ ResolvedCheckpoint OffloadFolderAt(const std::string& folder) {
 }
 
 // A resolved path's catalog: its files' headers, the names checked unique, config.json.
-Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved) {
+Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved, bool as_stored) {
   auto impl = std::make_shared<Checkpoint::Impl>();
   impl->format = resolved.format;
   if (resolved.format == CheckpointFormat::kOffloadFolder) {
@@ -393,10 +393,12 @@ Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved) {
       }
     }
   }
-  LOADSTONE_RETURN_IF_ERROR(io::CatalogBitsandbytes(impl->files, &impl->tensors, find));
-  LOADSTONE_RETURN_IF_ERROR(io::CatalogPackQuantized(impl->files, &impl->tensors, find));
-  LOADSTONE_RETURN_IF_ERROR(
-      io::CatalogGptqAwq(impl->files, impl->config, &impl->tensors, find, &impl->warnings));
+  if (!as_stored) {
+    LOADSTONE_RETURN_IF_ERROR(io::CatalogBitsandbytes(impl->files, &impl->tensors, find));
+    LOADSTONE_RETURN_IF_ERROR(io::CatalogPackQuantized(impl->files, &impl->tensors, find));
+    LOADSTONE_RETURN_IF_ERROR(
+        io::CatalogGptqAwq(impl->files, impl->config, &impl->tensors, find, &impl->warnings));
+  }
   impl->resolution = resolved.note.empty()
                          ? fmt::format("{} file(s), {} tensors", impl->files.size(),
                                        impl->tensors.size())
@@ -462,11 +464,11 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
     found = OffloadFolderAt(path);
   }
   LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint resolved, std::move(found));
-  return OpenResolved(resolved);
+  return OpenResolved(resolved, options.as_stored);
 }
 
 Result<Checkpoint> Checkpoint::OpenOffloadFolder(const std::string& folder) {
-  return OpenResolved(OffloadFolderAt(folder));
+  return OpenResolved(OffloadFolderAt(folder), /*as_stored=*/false);
 }
 
 Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) const {

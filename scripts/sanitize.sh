@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the test suite under ASan+UBSan and under TSan (separate build folders). The
-# package test is left out: a program outside the build cannot link a sanitized library.
+# package and Python tests are left out: a program outside the build (or Python) cannot load a
+# sanitized library.
 # Usage: scripts/sanitize.sh [asan|tsan|all] [ctest args...]   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ run() {  # name, sanitizers, env
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
     -DLOADSTONE_SANITIZE="$2" -DLOADSTONE_CUDA=OFF -DLOADSTONE_TORCH=OFF >/dev/null
   cmake --build "$dir" -j"$(nproc)"
-  (cd "$dir" && env $3 ctest --output-on-failure -j"$(nproc)" -LE "reference|gpu|package" "${extra[@]}")
+  (cd "$dir" && env $3 ctest --output-on-failure -j"$(nproc)" -LE "reference|gpu|package|python" "${extra[@]}")
 }
 
 if [[ "$which" == asan || "$which" == all ]]; then

@@ -3,7 +3,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config git python3 python3-venv
+  build-essential cmake pkg-config git python3 python3-venv python3-dev
   libasio-dev liburing-dev libfmt-dev catch2 nlohmann-json3-dev libcli11-dev zlib1g-dev
   libtorch-dev
 )

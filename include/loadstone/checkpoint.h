@@ -213,6 +213,11 @@ struct OpenOptions {
   std::string variant;
   // A folder inside the model folder (diffusers: "unet", "vae", "text_encoder").
   std::string subfolder;
+  // Every tensor as its file stores it: no bitsandbytes, compressed-tensors, GPTQ or AWQ layout
+  // is recognised (no PackedLayout; their tensors load as stored, and one shard opens without
+  // the others), as safetensors.safe_open sees a file. GGUF block tensors stay packed: that is
+  // their format's own layout.
+  bool as_stored = false;
 };
 
 class Checkpoint {

@@ -20,7 +20,7 @@ def torch_dtype(name):
     """The torch dtype called `name` ("bfloat16", "float8_e4m3fn", ...)."""
     import torch
 
-    if name == "float4_e2m1fn":  # safetensors' F4: torch packs two in one float4_e2m1fn_x2
+    if name.startswith("float4_e2m1fn"):  # safetensors' F4: torch packs two a float4_e2m1fn_x2
         name = "float4_e2m1fn_x2"
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
@@ -36,14 +36,25 @@ def to_torch(tensor):
     viewed as the torch dtype."""
     import torch
 
+    if any(d >= 1 << 63 for d in tensor.shape):
+        from ._errors import UnsupportedError
+
+        raise UnsupportedError(f"tensor {tensor.name!r} has shape {list(tensor.shape)}: torch "
+                               "holds dimensions below 2^63 only")
     try:
         return torch.from_dlpack(tensor)
     except (BufferError, RuntimeError, TypeError):
         pass
     dtype = torch_dtype(tensor.dtype)
     raw = torch.from_dlpack(tensor.as_bytes())
-    if tensor.dtype == "float4_e2m1fn":
+    if tensor.dtype.startswith("float4"):  # two values a byte: torch's shape is halved
         shape = list(tensor.shape)
+        if not shape or shape[-1] % 2:
+            from ._errors import UnsupportedError
+
+            raise UnsupportedError(
+                f"tensor {tensor.name!r} is float4 of shape {shape}: torch holds float4 two a "
+                "byte (float4_e2m1fn_x2), so its last dimension must be even")
         shape[-1] //= 2
         return raw.view(dtype).reshape(shape)
     return raw.view(dtype)

@@ -5,11 +5,12 @@ from . import _core
 from ._loads import LoadHandle
 
 
-def open_checkpoint(checkpoint, variant=None, subfolder=None):
-    """A _core.Checkpoint for a path (file, index, folder), or the one given."""
+def open_checkpoint(checkpoint, variant=None, subfolder=None, as_stored=False):
+    """A _core.Checkpoint for a path (file, index, folder), or the one given. as_stored: every
+    tensor as the file stores it (safetensors' view: no quantized layout recognised)."""
     if isinstance(checkpoint, _core.Checkpoint):
         return checkpoint
-    return _core.Checkpoint.open(os.fspath(checkpoint), variant or "", subfolder or "")
+    return _core.Checkpoint.open(os.fspath(checkpoint), variant or "", subfolder or "", as_stored)
 
 
 def device_name(device):

@@ -157,7 +157,7 @@ class safe_open:  # noqa: N801  (safetensors' name)
             raise InvalidArgumentError(f"Device {self._device} is not supported for framework numpy")
         loader_for(backend)  # checks the name
         self._backend = backend
-        self._ckpt = open_checkpoint(os.fspath(filename))
+        self._ckpt = open_checkpoint(os.fspath(filename), as_stored=True)
         self._infos = {i["name"]: i for i in self._ckpt.infos()}
         self._prefetched = None
         self._closed = False

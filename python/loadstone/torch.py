@@ -35,8 +35,9 @@ def load_file(filename, device="cpu", *, dtype=None, backend=None, progress=None
     backend (None: loadstone's reads into memory the tensors own; "pread"; "mmap": CPU tensors
     point into a private mapping of the file, as safetensors' do), progress (a tqdm bar; None:
     when stderr is a terminal). Any checkpoint loadstone opens works: an index, a folder, a
-    .bin, a GGUF file."""
-    ckpt = open_checkpoint(os.fspath(filename))
+    .bin, a GGUF file. Tensors come as the file stores them, as safetensors gives them: a
+    quantized weight stays packed (load_state_dict with a dtype dequantizes)."""
+    ckpt = open_checkpoint(os.fspath(filename), as_stored=True)
     options = {"mmap": True} if backend == "mmap" else {}
     plan = make_plan(ckpt, device=device_name(device), dtype=_dtype_name(dtype), **options)
     handle = loader_for(backend).start(plan, ckpt.keys(), progress=progress)

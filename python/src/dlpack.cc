@@ -1,5 +1,6 @@
 #include "dlpack.h"
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -99,6 +100,12 @@ nb::object ExportDlpack(const Tensor& tensor, const ExportRequest& request) {
                 std::to_string(version.minor) +
                 " has no type code for; take its bytes with .as_bytes() and view them "
                 "(loadstone.torch does: torch.from_dlpack(t.as_bytes()).view(dtype))");
+  }
+  for (uint64_t d : tensor.shape()) {
+    if (d > static_cast<uint64_t>(INT64_MAX)) {
+      BufferError("tensor '" + tensor.name() + "' has a dimension of " + std::to_string(d) +
+                  ", beyond DLPack's int64 shapes");
+    }
   }
   auto out = std::make_unique<Exported>();
   out->tensor = tensor;

@@ -132,13 +132,17 @@ void RegisterCheckpoint(nb::module_& m) {
   nb::class_<Checkpoint>(m, "Checkpoint", "A checkpoint's catalog: headers only, never a data byte.")
       .def_static(
           "open",
-          [](nb::handle path, const std::string& variant, const std::string& subfolder) {
+          [](nb::handle path, const std::string& variant, const std::string& subfolder,
+             bool as_stored) {
             const std::string p = Path(path);
-            OpenOptions options{variant, subfolder};
+            OpenOptions options{variant, subfolder, as_stored};
             nb::gil_scoped_release unlocked;
             return ValueOrThrow(Checkpoint::Open(p, options));
           },
-          nb::arg("path"), nb::arg("variant") = "", nb::arg("subfolder") = "")
+          nb::arg("path"), nb::arg("variant") = "", nb::arg("subfolder") = "",
+          nb::arg("as_stored") = false,
+          "as_stored: every tensor as its file stores it (no quantized layout recognised), as "
+          "safetensors sees a file.")
       .def_prop_ro("format", [](const Checkpoint& c) {
         return std::string(CheckpointFormatName(c.format()));
       })
