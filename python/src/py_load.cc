@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -131,15 +132,21 @@ struct PyLoader {
   ~PyLoader() { Release(loader); }
 };
 
+// A timeout argument: seconds, or none (no limit). Read while the GIL is held.
+std::optional<std::chrono::duration<double>> Seconds(nb::handle timeout) {
+  if (timeout.is_none()) return std::nullopt;
+  return std::chrono::duration<double>(nb::cast<double>(timeout));
+}
+
 template <typename Future>
 bool WaitFor(const Future& future, nb::handle timeout) {
+  const auto limit = Seconds(timeout);
   nb::gil_scoped_release unlocked;
-  if (timeout.is_none()) {
+  if (!limit) {
     future.wait();
     return true;
   }
-  const auto limit = std::chrono::duration<double>(nb::cast<double>(timeout));
-  return future.wait_for(limit) == std::future_status::ready;
+  return future.wait_for(*limit) == std::future_status::ready;
 }
 
 void EnableLanded(PyLoad& load) {
@@ -166,14 +173,15 @@ nb::tuple NextLanded(PyLoad& load, nb::handle timeout) {
   std::shared_ptr<Landed> landed = load.landed;
   std::optional<Tensor> next;
   bool ended = false;
+  const auto limit = Seconds(timeout);
   {
     nb::gil_scoped_release unlocked;
     std::unique_lock<std::mutex> lock(landed->mu);
     auto ready = [&] { return !landed->queue.empty() || landed->ended; };
-    if (timeout.is_none()) {
+    if (!limit) {
       landed->cv.wait(lock, ready);
     } else {
-      landed->cv.wait_for(lock, std::chrono::duration<double>(nb::cast<double>(timeout)), ready);
+      landed->cv.wait_for(lock, *limit, ready);
     }
     if (!landed->queue.empty()) {
       next = std::move(landed->queue.front());

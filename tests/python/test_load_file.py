@@ -1,8 +1,6 @@
 """loadstone.torch.load_file against safetensors.torch.load_file, on every committed .safetensors
 fixture: the same keys in the same order, dtypes, shapes and bytes where the reference loads a
 file, and an error (never a crash) where it refuses one."""
-import json
-
 import pytest
 import safetensors
 import safetensors.torch
@@ -10,17 +8,7 @@ import torch
 
 import loadstone
 import loadstone.torch as lt
-from conftest import rel, safetensors_files, same_tensor
-
-
-def deliberate_refusal(path):
-    """The error loadstone gives on purpose where the reference accepts a file (a tensor or
-    metadata key given twice: the reference keeps the last), from the fixture's expectations."""
-    expected = path.with_name(path.name.replace(".safetensors", ".expected.json"))
-    if not expected.exists():
-        return None
-    doc = json.loads(expected.read_text())
-    return doc.get("error") if doc.get("reference") == "accepts" else None
+from conftest import deliberate_refusal, rel, safetensors_files, same_tensor
 
 
 @pytest.mark.parametrize("path", safetensors_files(), ids=rel)
