@@ -1,0 +1,162 @@
+"""Loads that run while Python goes on: futures per tensor, asyncio without blocking its loop,
+as_completed, progress, cancel, errors as exceptions, several threads at once, and the GIL
+released while a wait blocks."""
+import asyncio
+import concurrent.futures
+import threading
+import time
+
+import pytest
+import safetensors.torch
+import torch
+
+import loadstone
+from loadstone._frameworks import to_torch
+
+
+@pytest.fixture
+def model(tmp_path):
+    torch.manual_seed(0)
+    tensors = {f"layers.{i}.weight": torch.randn(128, 96) for i in range(12)}
+    tensors["embed"] = torch.randn(1000, 64).bfloat16()
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file(tensors, path)
+    return path, tensors
+
+
+def held(handle, name):
+    """Holds the load open until the returned event is set: a done-callback on `name`'s future
+    runs on the load's callback thread, and the load ends only once its callbacks have returned."""
+    release = threading.Event()
+    handle.tensor(name).add_done_callback(lambda f: release.wait(30))
+    return release
+
+
+def test_futures_resolve_to_each_tensor(model):
+    path, tensors = model
+    handle = loadstone.Loader().load(path)
+    futures = {name: handle.tensor(name) for name in tensors}
+    for name, future in futures.items():
+        assert isinstance(future, concurrent.futures.Future)
+        assert torch.equal(to_torch(future.result(timeout=30)), tensors[name])
+    result = handle.result()
+    assert list(result) == list(safetensors.safe_open(path, "pt").offset_keys())
+    progress = handle.progress
+    assert progress.tensors_done == progress.tensors_total == len(tensors)
+    assert progress.bytes_placed == progress.bytes_to_place > 0
+    with pytest.raises(loadstone.NotFoundError):
+        handle.tensor("no.such.tensor")
+
+
+def test_asyncio_awaits_without_blocking_its_loop(model):
+    path, tensors = model
+
+    async def main():
+        handle = loadstone.Loader().load(path)
+        release = held(handle, "embed")
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while ticks < 5:
+                ticks += 1
+                await asyncio.sleep(0.01)
+            release.set()  # only the loop running this lets the load end
+
+        task = asyncio.create_task(ticker())
+        first = await handle.tensor("layers.0.weight")
+        everything = await handle
+        await task
+        return first, everything, ticks
+
+    first, everything, ticks = asyncio.run(main())
+    assert ticks == 5
+    assert torch.equal(to_torch(first), tensors["layers.0.weight"])
+    assert sorted(everything) == sorted(tensors)
+
+
+def test_as_completed_yields_each_tensor_once(model):
+    path, tensors = model
+    handle = loadstone.Loader().load(path)
+    seen = [t.name for t in handle.as_completed()]
+    assert sorted(seen) == sorted(tensors)
+    assert list(handle.as_completed()) == []  # each once
+
+
+def test_cancel_fails_every_wait_with_cancelled(model):
+    path, tensors = model
+    handle = loadstone.Loader().load(path)
+    release = held(handle, "layers.0.weight")
+    handle.cancel()
+    release.set()
+    with pytest.raises(loadstone.CancelledError) as caught:
+        handle.result()
+    assert isinstance(caught.value, concurrent.futures.CancelledError)
+    with pytest.raises(loadstone.CancelledError):
+        asyncio.run(_await(handle))
+    # The Loader goes on working after a cancelled load.
+    again = loadstone.default_loader().load(path).result()
+    assert torch.equal(to_torch(again["embed"]), tensors["embed"])
+
+
+async def _await(handle):
+    return await handle
+
+
+def test_the_gil_is_free_while_a_wait_blocks(model):
+    path, _ = model
+    handle = loadstone.Loader().load(path)
+    release = held(handle, "embed")
+    counted = []
+
+    def count():  # Python code, which needs the GIL the waiting thread must not hold
+        n = 0
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            n += 1
+        counted.append(n)
+        release.set()
+
+    worker = threading.Thread(target=count)
+    worker.start()
+    assert handle.wait(timeout=30)
+    worker.join()
+    assert counted and counted[0] > 1000
+
+
+def test_eight_threads_load_at_once(model):
+    path, tensors = model
+    shared = loadstone.Loader()
+
+    def load(i):
+        loader = shared if i % 2 else loadstone.Loader()
+        got = loader.load(path, dtype="bfloat16" if i % 3 == 0 else None).result()
+        return i, {n: to_torch(t) for n, t in got.items()}
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for i, got in pool.map(load, range(8)):
+            for name, tensor in tensors.items():
+                want = tensor.bfloat16() if i % 3 == 0 else tensor
+                assert torch.equal(got[name], want), (i, name)
+
+
+def test_errors_are_typed_with_the_runtime_message(tmp_path, model):
+    path, _ = model
+    with pytest.raises(loadstone.InvalidArgumentError) as caught:
+        loadstone.Loader().load(path, dtype="int8")
+    assert isinstance(caught.value, ValueError)
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(path.read_bytes()[:-4096])
+    with pytest.raises(loadstone.CorruptionError, match="broken.safetensors"):
+        loadstone.Loader().load(broken)
+    with pytest.raises(loadstone.InvalidArgumentError, match="backend"):
+        loadstone.Loader(backend="floppy")
+
+
+def test_a_file_that_changes_under_the_load_fails_it(tmp_path):
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"w": torch.randn(256, 256)}, path)
+    ckpt = loadstone.Checkpoint.open(path)
+    safetensors.torch.save_file({"w": torch.randn(256, 256)}, path)  # replaced after the header
+    with pytest.raises(loadstone.Error, match="m.safetensors"):
+        loadstone.Loader().load(ckpt).result()
