@@ -240,6 +240,11 @@ struct PlanOptions : DeviceMapOptions {
   // tensor goes where it would in a full load. The scales of a float8 weight that is included
   // are included with it.
   std::function<bool(const TensorInfo&)> include;
+  // Plain safetensors tensors mapped to "disk" are read where they are when needed
+  // (OffloadPlan::in_place: transformers' convention; nothing is written). false: every disk
+  // tensor is written to the offload folder as NAME.dat, as accelerate's
+  // load_checkpoint_in_model and diffusers write it (a folder that outlives the checkpoint).
+  bool offload_in_place = true;
   // Where tensors mapped to "disk" that cannot be read in place (OffloadPlan::in_place) are
   // written (WriteOffload). Empty: such a tensor is an error with diffusers' message ("The
   // current `device_map` had weights offloaded to the disk. Please provide an `offload_folder`

@@ -95,7 +95,8 @@ def _map_text(device):
 
 
 def load_checkpoint_in_model(model, checkpoint, device_map=None, offload_folder=None, dtype=None,
-                             offload_buffers=False, strict=False, progress=None):
+                             offload_buffers=False, strict=False, progress=None,
+                             offload_in_place=False):
     """accelerate's load_checkpoint_in_model through loadstone (see load_checkpoint_and_dispatch)."""
     (_, find_tied_parameters, retie_parameters,
      set_module_tensor_to_device) = _accelerate()
@@ -140,7 +141,7 @@ def load_checkpoint_in_model(model, checkpoint, device_map=None, offload_folder=
         explicit[name] = device
     plan = make_plan(ckpt, explicit_map=explicit, include=include, special_dtypes=special or None,
                      offload_folder=os.fspath(offload_folder) if offload_folder else None,
-                     offload_buffers=offload_buffers)
+                     offload_buffers=offload_buffers, offload_in_place=offload_in_place)
     loader = default_loader()
     handle = loader.start(plan, ckpt.keys(), progress=progress, desc="loading checkpoint")
     if plan.offloaded:
@@ -168,14 +169,19 @@ def load_checkpoint_and_dispatch(model, checkpoint, device_map=None, max_memory=
                                  offload_buffers=False, dtype=None, offload_state_dict=None,
                                  skip_keys=None, preload_module_classes=None, force_hooks=False,
                                  strict=False, full_state_dict=True, broadcast_from_rank0=False,
-                                 *, progress=None):
+                                 *, offload_in_place=False, progress=None):
     """accelerate.load_checkpoint_and_dispatch: the same arguments, map, hooks and result
     (model.hf_device_map is set), the weights read by loadstone.
 
     offload_state_dict: accelerate's way of bounding host memory (the CPU weights written to a
     temporary folder and read back); loadstone streams every tensor into place through a bounded
     staging pool, so there is nothing to offload and it changes nothing. broadcast_from_rank0 and
-    full_state_dict=False (distributed state dicts) are not supported yet."""
+    full_state_dict=False (distributed state dicts) are not supported yet.
+
+    Extra: offload_in_place=True references plain safetensors tensors mapped to "disk" where
+    they are (index entries with safetensors_file and weight_name, which accelerate's hooks read;
+    transformers' convention) instead of copying them into NAME.dat files: nothing is written,
+    but the offload folder then needs the checkpoint to stay where it is."""
     dispatch_model = _accelerate()[0]
     if broadcast_from_rank0:
         raise UnsupportedError("broadcast_from_rank0: rank-aware loading is not in loadstone yet")
@@ -189,7 +195,8 @@ def load_checkpoint_and_dispatch(model, checkpoint, device_map=None, max_memory=
                                offload_buffers=offload_buffers)
     load_checkpoint_in_model(model, checkpoint, device_map=device_map,
                              offload_folder=offload_folder, dtype=dtype,
-                             offload_buffers=offload_buffers, strict=strict, progress=progress)
+                             offload_buffers=offload_buffers, strict=strict, progress=progress,
+                             offload_in_place=offload_in_place)
     if device_map is None:
         return model
     return dispatch_model(model, device_map=device_map, offload_dir=offload_folder,

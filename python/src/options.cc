@@ -187,6 +187,9 @@ PlanOptions ParsePlanOptions(nb::dict kwargs) {
   if (nb::object v = Take(kwargs, "offload_folder"); !v.is_none()) {
     options.offload_folder = Str(nb::module_::import_("os").attr("fspath")(v));
   }
+  if (nb::object v = Take(kwargs, "offload_in_place"); !v.is_none()) {
+    options.offload_in_place = nb::cast<bool>(v);
+  }
   if (nb::object v = Take(kwargs, "keep_packed"); !v.is_none()) {
     options.keep_packed = nb::cast<bool>(v);
   }

@@ -35,7 +35,7 @@ std::shared_ptr<const Platform> ParsePlatform(nanobind::handle value);
 void TakeDeviceMapOptions(nanobind::dict& kwargs, DeviceMapOptions& options);
 
 // Every plan option: the device-map ones, plus explicit_map, model_json, include,
-// caller_memory, offload_folder, keep_packed, pin_cpu_tensors, mmap, align_tensors,
+// caller_memory, offload_folder, offload_in_place, keep_packed, pin_cpu_tensors, mmap, align_tensors,
 // fp8_block, max_chunk. A key left over is a TypeError.
 PlanOptions ParsePlanOptions(nanobind::dict kwargs);
 

@@ -338,7 +338,8 @@ class TensorPlanner {
     }
     op.shape = t.packed ? t.packed->element_shape : t.shape;
     op.nbytes = PlacedElements(t, op.conversion) * DTypeBits(op.dtype) / 8;
-    op.in_place = format_ == CheckpointFormat::kSafetensors && t.plain_layout();
+    op.in_place = options_.offload_in_place && format_ == CheckpointFormat::kSafetensors &&
+                  t.plain_layout();
     if (!op.in_place) {
       // Checked now, before any load: what WriteOffload will write must be writable.
       LOADSTONE_RETURN_IF_ERROR(io::CheckOffloadName(t.name));

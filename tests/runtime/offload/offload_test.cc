@@ -158,6 +158,37 @@ TEST_CASE("offload: safetensors tensors are read in place, cast when they materi
   CHECK(ids.dtype() == DType::kI64);  // integers never cast
 }
 
+TEST_CASE("offload: offload_in_place=false writes safetensors tensors as NAME.dat, as accelerate does",
+          "[offload]") {
+  auto ckpt = Checkpoint::Open(kFixtures + "/model/model.safetensors");
+  REQUIRE(ckpt.ok());
+  TempDir dir;
+  PlanOptions opt;
+  opt.device_map = "auto";
+  opt.max_memory = MaxMemory{{"cpu", int64_t{12000}}};
+  opt.offload_in_place = false;
+  auto without_folder = Plan(*ckpt, opt);
+  REQUIRE_FALSE(without_folder.ok());  // copies need a folder
+  CHECK_THAT(std::string(without_folder.status().message()), Catch::Contains("offload_folder"));
+  opt.offload_folder = dir.Path("off");
+  auto plan = Plan(*ckpt, opt);
+  REQUIRE(plan.ok());
+  REQUIRE_FALSE(plan->offloaded.empty());
+  for (const OffloadPlan& o : plan->offloaded) CHECK_FALSE(o.in_place);
+  auto loader = std::make_shared<Loader>();
+  auto written = WriteOffload(*loader, *ckpt, *plan);
+  REQUIRE(written.ok());
+  CHECK(written->written == plan->offloaded.size());
+  CHECK(written->in_place == 0);
+  auto store = OffloadStore::Open(loader, *ckpt, *plan);
+  REQUIRE(store.ok());
+  const std::map<std::string, uint32_t> crcs = ManifestCrcs();
+  for (const std::string& name : (*store)->names()) {
+    CHECK_THAT(*(*store)->Where(name), Catch::EndsWith(name + ".dat"));
+    CHECK(Crc((*store)->Materialize(name, Device::Cpu()).get()) == crcs.at(name));
+  }
+}
+
 TEST_CASE("offload: the prefetcher streams the next block while the current one is used", "[offload]") {
   Offloaded off;
   OffloadPrefetcher prefetch(off.store, {{"blocks.1.w", "blocks.1.scale", "blocks.1.ids"},
