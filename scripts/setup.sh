@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs what loadstone needs to build and test on Debian 12. Idempotent; needs root (or sudo).
+#   scripts/setup.sh          everything: the library, the CLI, the tests, the LibTorch face and
+#                             the Python extension's build
+#   scripts/setup.sh --cli    only what the library and the CLI need (scripts/demo.sh)
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config git python3 python3-venv python3-dev
-  libasio-dev liburing-dev libfmt-dev catch2 nlohmann-json3-dev libcli11-dev zlib1g-dev
-  libtorch-dev
+  build-essential cmake pkg-config
+  libasio-dev liburing-dev libfmt-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
 )
+if [ "${1:-}" != "--cli" ]; then
+  packages+=(git python3 python3-venv python3-dev catch2 libtorch-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

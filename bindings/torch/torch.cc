@@ -14,6 +14,7 @@
 #include "internal.h"  // beside this file: the binding sees loadstone's public headers only
 #include "loadstone/model.h"
 #include "loadstone/plan.h"
+#include "loadstone/state_dict.h"
 
 namespace loadstone::libtorch {
 namespace {
@@ -52,7 +53,8 @@ const std::string& StateDictName(const TensorInfo& t) {
   return t.packed && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
 }
 
-// The one casting rule. `model`: the model's state-dict tensors by key (LoadInto), else empty.
+// The one casting rule. `model`: the model tensor each checkpoint tensor fills, by the
+// checkpoint tensor's name (LoadInto), else empty.
 Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_set<std::string>* include,
                              const TorchLoadOptions& options,
                              const std::vector<std::string>& keep_in_fp32,
@@ -72,7 +74,7 @@ Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_
     std::optional<DType> target;
     if (target_all) {
       target = KeptInFp32(t.name, keep_in_fp32) ? DType::kF32 : *target_all;
-    } else if (auto m = model.find(StateDictName(t)); m != model.end()) {
+    } else if (auto m = model.find(t.name); m != model.end()) {
       LOADSTONE_ASSIGN_OR_RETURN(const DType param, FromScalarType(m->second.scalar_type()));
       if (IsFloatingPoint(param)) target = param;
     }
@@ -222,53 +224,36 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
   LOADSTONE_ASSIGN_OR_RETURN(ModelDescription description, DescribeModule(model));
   popt.model = std::move(description.tree);
 
-  // Keys: the model's state dict against the checkpoint's tensors.
+  // Keys: the model's state dict against the checkpoint's tensors (the one rule of state_dict.h).
   const auto state = PersistentStateDict(model);
   std::unordered_map<std::string, at::Tensor> target(state.begin(), state.end());
-  LoadReport report;
-  std::unordered_set<std::string> include;
-  // A packed weight loaded into a floating-point parameter is dequantized: it has its element
-  // shape, and its quant-state tensors (absmax, ...) are part of it, not unexpected keys.
-  auto dequantized = [&](const TensorInfo& t) {
-    const auto it = target.find(StateDictName(t));
-    return t.packed && it != target.end() && it->second.is_floating_point();
-  };
-  std::unordered_set<std::string> consumed, decoded;  // decoded: the renamed weights' names
-  for (const TensorInfo& t : checkpoint.tensors()) {
-    if (dequantized(t)) decoded.insert(StateDictName(t));
-    if (dequantized(t)) consumed.insert(t.packed->companions().begin(), t.packed->companions().end());
-    // A float8 weight loaded into a floating-point parameter is dequantized with its scales,
-    // which are then part of it.
-    const auto param = target.find(t.name);
-    if (const TensorInfo* scales = checkpoint.Float8Scales(t);
-        scales && param != target.end() && param->second.is_floating_point()) {
-      consumed.insert(scales->name);
-    }
-  }
-  for (const TensorInfo& t : checkpoint.tensors()) {
-    auto it = target.find(StateDictName(t));
-    if (it == target.end()) {
-      if (!consumed.contains(t.name)) report.unexpected_keys.push_back(t.name);
-      continue;
-    }
-    const std::vector<int64_t> found = Sizes(dequantized(t) ? t.packed->element_shape : t.shape);
-    if (it->second.sizes().vec() != found) {
-      if (!options.ignore_mismatched_sizes) {
-        return Status::InvalidArgument(fmt::format(
-            "Cannot load {} because {} expected shape {}, but got {}. If you want to instead "
-            "overwrite randomly initialized weights, please make sure to pass "
-            "`ignore_mismatched_sizes=True` (TorchLoadOptions::ignore_mismatched_sizes).",
-            path, t.name, TorchSize(it->second.sizes()), TorchSize(found)));
-      }
-      report.mismatched_keys.push_back({t.name, it->second.sizes().vec(), found});
-      continue;
-    }
-    include.insert(t.name);
-  }
+  std::vector<ModelKey> model_keys;
   for (const auto& [name, t] : state) {
-    if (checkpoint.Find(name) == nullptr && !decoded.contains(name)) {
-      report.missing_keys.push_back(name);
-    }
+    model_keys.push_back({name, std::vector<uint64_t>(t.sizes().begin(), t.sizes().end()),
+                          t.is_floating_point()});
+  }
+  const KeyMatch match = MatchStateDict(checkpoint, model_keys);
+  if (!match.mismatched.empty() && !options.ignore_mismatched_sizes) {
+    const ShapeMismatch& m = match.mismatched.front();
+    return Status::InvalidArgument(fmt::format(
+        "Cannot load {} because {} expected shape {}, but got {}. If you want to instead "
+        "overwrite randomly initialized weights, please make sure to pass "
+        "`ignore_mismatched_sizes=True` (TorchLoadOptions::ignore_mismatched_sizes).",
+        path, m.key, TorchSize(Sizes(m.expected)), TorchSize(Sizes(m.found))));
+  }
+  LoadReport report;
+  report.missing_keys = match.missing;
+  report.unexpected_keys = match.unexpected;
+  for (const ShapeMismatch& m : match.mismatched) {
+    report.mismatched_keys.push_back({m.key, Sizes(m.expected), Sizes(m.found)});
+  }
+  // The tensors to load, each with the model tensor it fills.
+  std::unordered_set<std::string> include;
+  std::unordered_map<std::string, at::Tensor> param_of;
+  for (const KeyFill& fill : match.fills) {
+    const std::string& name = checkpoint.tensors()[fill.tensor].name;
+    include.insert(name);
+    param_of.emplace(name, target.at(fill.key));
   }
   if (options.strict && (!report.missing_keys.empty() || !report.unexpected_keys.empty())) {
     std::string message = fmt::format("Error(s) in loading state_dict for {}:", ClassName(model));
@@ -291,7 +276,7 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
     for (std::string& m : traits->keep_in_fp32_modules()) keep.push_back(std::move(m));
   }
   LOADSTONE_ASSIGN_OR_RETURN(const CastRule rule,
-                             CastTargets(checkpoint, &include, options, keep, target));
+                             CastTargets(checkpoint, &include, options, keep, param_of));
   popt.special_dtypes = rule.special;
   popt.include = [&include](const TensorInfo& t) { return include.contains(t.name); };
 
@@ -302,7 +287,7 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
   if (options.copy_into_parameters) {
     for (const std::string& name : include) {
       const TensorInfo& t = *checkpoint.Find(name);
-      const at::Tensor& param = target.at(StateDictName(t));
+      const at::Tensor& param = param_of.at(name);
       auto special = rule.special.find(name);
       const DType loads_as = special != rule.special.end() ? special->second : t.dtype;
       auto param_dtype = FromScalarType(param.scalar_type());
@@ -316,7 +301,7 @@ Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
     // neither call LibTorch nor throw.
     std::unordered_map<std::string_view, std::span<std::byte>> memory;
     for (const std::string& name : direct) {
-      const at::Tensor& param = target.at(StateDictName(*checkpoint.Find(name)));
+      const at::Tensor& param = param_of.at(name);
       memory.emplace(name, std::span<std::byte>(static_cast<std::byte*>(param.data_ptr()), param.nbytes()));
     }
     load_options.destination = [memory = std::move(memory)](const TensorInfo& t, const TensorPlan&) {

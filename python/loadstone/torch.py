@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from . import _core
 from ._describe import describe, describe_json
 from ._dispatch import infer_auto_device_map, load_checkpoint_and_dispatch
 from ._errors import InvalidArgumentError
@@ -72,37 +73,6 @@ def load_state_dict(path, *, device="cpu", device_map=None, max_memory=None, dty
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
-def _match_keys(ckpt, state):
-    """The checkpoint's tensors that fill the model's keys ({state-dict key: info}), the missing
-    and the unexpected keys, as Module.load_state_dict reports them. A tensor fills the key of
-    its own name, else of its decoded name (a dequantized compressed-tensors or GPTQ weight's
-    M.weight). A quantized weight loaded into a floating-point parameter is dequantized: its
-    quant-state tensors (absmax, scales) are part of it, not unexpected."""
-    infos = ckpt.infos()
-    fills = {}
-    for info in infos:
-        for key in (info["name"], info["state_dict_name"]):
-            if key in state and key not in fills:
-                fills[key] = info
-                break
-    consumed = {info["name"] for info in fills.values()}
-    for key, info in fills.items():
-        if state[key].is_floating_point():
-            if info["packed"] is not None:
-                consumed.update(info["companions"])
-            scales = ckpt.float8_scales(info["name"])
-            if scales is not None:
-                consumed.add(scales)
-    unexpected = [i["name"] for i in infos if i["name"] not in consumed]
-    missing = [k for k in state if k not in fills]
-    return fills, missing, unexpected
-
-
-def _loaded_shape(info, target):
-    dequantized = info["packed"] is not None and target.is_floating_point()
-    return list(info["element_shape"] if dequantized else info["shape"])
-
-
 def load_into(model, path, *, strict=True, assign=False, variant=None, subfolder=None,
               progress=None):
     """Fills `model`'s parameters and persistent buffers from the checkpoint at `path` in place
@@ -118,14 +88,13 @@ def load_into(model, path, *, strict=True, assign=False, variant=None, subfolder
     or unexpected keys — raised before any byte is read."""
     state = model.state_dict(keep_vars=True)
     ckpt = open_checkpoint(path, variant, subfolder)
-    fills, missing, unexpected = _match_keys(ckpt, state)
-    errors = []
-    for key, info in fills.items():
-        shape = _loaded_shape(info, state[key])
-        if list(state[key].shape) != shape:
-            errors.append(f"size mismatch for {key}: copying a param with shape "
-                          f"{torch.Size(shape)} from checkpoint, the shape in current model is "
-                          f"{state[key].shape}.")
+    match = _core.match_state_dict(
+        ckpt, [(k, list(t.shape), t.is_floating_point()) for k, t in state.items()])
+    missing, unexpected = match["missing"], match["unexpected"]
+    fills = {key: ckpt.info(name) for key, name, _ in match["fills"]}
+    errors = [f"size mismatch for {key}: copying a param with shape {torch.Size(found)} from "
+              f"checkpoint, the shape in current model is {torch.Size(expected)}."
+              for key, expected, found in match["mismatched"]]
     if strict:
         if unexpected:
             errors.insert(0, "Unexpected key(s) in state_dict: {}. ".format(

@@ -7,12 +7,14 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
 #include "errors.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/plan.h"
+#include "loadstone/state_dict.h"
 #include "options.h"
 
 namespace nb = nanobind;
@@ -126,6 +128,31 @@ nb::list Usage(const DevicePlan& devices) {
   return out;
 }
 
+// match_state_dict(): MatchStateDict over [(key, shape, floating)].
+nb::dict MatchKeys(const Checkpoint& c, nb::iterable model) {
+  std::vector<ModelKey> keys;
+  for (nb::handle entry : model) {
+    auto [name, shape, floating] = nb::cast<std::tuple<std::string, nb::object, bool>>(entry);
+    ModelKey key{std::move(name), {}, floating};
+    for (nb::handle d : nb::iter(shape)) key.shape.push_back(nb::cast<uint64_t>(d));
+    keys.push_back(std::move(key));
+  }
+  const KeyMatch match = MatchStateDict(c, keys);
+  nb::list fills, mismatched;
+  for (const KeyFill& f : match.fills) {
+    fills.append(nb::make_tuple(f.key, c.tensors()[f.tensor].name, f.dequantized));
+  }
+  for (const ShapeMismatch& mm : match.mismatched) {
+    mismatched.append(nb::make_tuple(mm.key, Dims(mm.expected), Dims(mm.found)));
+  }
+  nb::dict out;
+  out["fills"] = fills;
+  out["missing"] = match.missing;
+  out["unexpected"] = match.unexpected;
+  out["mismatched"] = mismatched;
+  return out;
+}
+
 }  // namespace
 
 void RegisterCheckpoint(nb::module_& m) {
@@ -180,6 +207,11 @@ void RegisterCheckpoint(nb::module_& m) {
       .def("view", &View, nb::arg("tensors"),
            "A catalog over the same files listing these byte ranges instead: dicts {name, "
            "dtype, shape, file, offset, nbytes}.");
+
+  m.def("match_state_dict", &MatchKeys, nb::arg("checkpoint"), nb::arg("model"),
+        "Which checkpoint tensor fills which key of a model's state dict (model: [(key, shape, "
+        "floating)]): {fills: [(key, tensor, dequantized)], missing, unexpected, mismatched: "
+        "[(key, expected, found)]}.");
 
   nb::class_<PyPlan>(m, "Plan", "What a load will do: pure data.")
       .def_prop_ro("device_map", [](const PyPlan& p) {
