@@ -51,15 +51,25 @@ def build_on_meta(cls, config):
 
 
 def _write(text, out, overwrite):
+    """Writes `text` to `out` whole (beside it, then renamed) with a new file's mode."""
     out = os.path.abspath(out)
     if os.path.exists(out) and not overwrite:
         raise SystemExit(f"error: {out} exists; pass --overwrite to replace it")
     folder = os.path.dirname(out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", dir=folder)
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(out)}.", dir=folder)
+    except OSError as e:
+        raise SystemExit(f"error: cannot write {out}: {e.strerror}") from None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, out)
+    except OSError as e:
+        os.unlink(tmp)
+        raise SystemExit(f"error: cannot write {out}: {e.strerror}") from None
     except BaseException:
         os.unlink(tmp)
         raise

@@ -51,9 +51,16 @@ def _max_memory(max_memory):
     return out
 
 
+def _classes(no_split_module_classes):
+    """accelerate's no_split_module_classes: None is none, one name is a list of one."""
+    if isinstance(no_split_module_classes, str):
+        return [no_split_module_classes]
+    return list(no_split_module_classes or [])
+
+
 def _plan_map(model, mode, max_memory, no_split_module_classes, dtype, special_dtypes=None,
               offload_buffers=False, fallback_allocation=False, clean_result=True):
-    doc = describe(model, no_split=list(no_split_module_classes or []), keep_in_fp32=[])
+    doc = describe(model, no_split=_classes(no_split_module_classes), keep_in_fp32=[])
     planned = _core.infer_device_map(
         json.dumps(doc), device_map=mode, max_memory=_max_memory(max_memory),
         dtype=_dtype_name(dtype), offload_buffers=offload_buffers,
@@ -70,7 +77,7 @@ def infer_auto_device_map(model, max_memory=None, no_split_module_classes=None, 
     """accelerate.infer_auto_device_map: the same map (keys, order, devices), planned by loadstone
     on the module's tree. verbose: loadstone's explanation printed."""
     if verbose:
-        doc = describe(model, no_split=list(no_split_module_classes or []), keep_in_fp32=[])
+        doc = describe(model, no_split=_classes(no_split_module_classes), keep_in_fp32=[])
         planned = _core.infer_device_map(
             json.dumps(doc), device_map="sequential", max_memory=_max_memory(max_memory),
             dtype=_dtype_name(dtype), explain=True)
@@ -95,9 +102,13 @@ def _map_text(device):
 
 
 def load_checkpoint_in_model(model, checkpoint, device_map=None, offload_folder=None, dtype=None,
-                             offload_buffers=False, strict=False, progress=None,
-                             offload_in_place=False):
-    """accelerate's load_checkpoint_in_model through loadstone (see load_checkpoint_and_dispatch)."""
+                             offload_state_dict=False, offload_buffers=False, strict=False,
+                             progress=None, offload_in_place=False):
+    """accelerate's load_checkpoint_in_model through loadstone (see load_checkpoint_and_dispatch).
+
+    offload_state_dict: accelerate writes the CPU weights to a temporary folder and reads them
+    back, which leaves each in the checkpoint's dtype (or `dtype`) rather than its parameter's;
+    loadstone gives that result without the round trip."""
     (_, find_tied_parameters, retie_parameters,
      set_module_tensor_to_device) = _accelerate()
     from .torch import load_into
@@ -132,6 +143,9 @@ def load_checkpoint_in_model(model, checkpoint, device_map=None, offload_folder=
                 continue  # accelerate leaves such a buffer as it is
             targets[name] = ("disk", new_dtype or torch_dtype_of(info))
         else:
+            kept = device == "cpu" and offload_state_dict and not _integer(state[name])
+            if kept and new_dtype is None:
+                new_dtype = torch_dtype_of(info)  # what accelerate's round trip leaves
             wants = new_dtype or state[name].dtype
             if floating and _dtype_name(wants) in ("float32", "float16", "bfloat16"):
                 if _dtype_name(wants) != info["dtype"]:
@@ -158,6 +172,10 @@ def load_checkpoint_in_model(model, checkpoint, device_map=None, offload_folder=
     retie_parameters(model, tied)
 
 
+def _integer(tensor):
+    return str(tensor.dtype).startswith(("torch.uint", "torch.int", "torch.bool"))
+
+
 def torch_dtype_of(info):
     from ._frameworks import torch_dtype
 
@@ -173,10 +191,12 @@ def load_checkpoint_and_dispatch(model, checkpoint, device_map=None, max_memory=
     """accelerate.load_checkpoint_and_dispatch: the same arguments, map, hooks and result
     (model.hf_device_map is set), the weights read by loadstone.
 
-    offload_state_dict: accelerate's way of bounding host memory (the CPU weights written to a
-    temporary folder and read back); loadstone streams every tensor into place through a bounded
-    staging pool, so there is nothing to offload and it changes nothing. broadcast_from_rank0 and
-    full_state_dict=False (distributed state dicts) are not supported yet.
+    offload_state_dict (default: on when the map has "disk", as accelerate's): accelerate bounds
+    host memory by writing the CPU weights to a temporary folder and reading them back, which
+    leaves each in the checkpoint's dtype (or `dtype`) rather than its parameter's; loadstone
+    streams every tensor into place through a bounded staging pool and gives the same dtypes
+    without the round trip. broadcast_from_rank0 and full_state_dict=False (distributed state
+    dicts) are not supported yet.
 
     Extra: offload_in_place=True references plain safetensors tensors mapped to "disk" where
     they are (index entries with safetensors_file and weight_name, which accelerate's hooks read;
@@ -193,8 +213,11 @@ def load_checkpoint_and_dispatch(model, checkpoint, device_map=None, max_memory=
     if isinstance(device_map, str):
         device_map = _plan_map(model, device_map, max_memory, no_split_module_classes, dtype,
                                offload_buffers=offload_buffers)
+    if offload_state_dict is None and device_map is not None and "disk" in device_map.values():
+        offload_state_dict = True
     load_checkpoint_in_model(model, checkpoint, device_map=device_map,
                              offload_folder=offload_folder, dtype=dtype,
+                             offload_state_dict=bool(offload_state_dict),
                              offload_buffers=offload_buffers, strict=strict, progress=progress,
                              offload_in_place=offload_in_place)
     if device_map is None:

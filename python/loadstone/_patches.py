@@ -16,24 +16,36 @@ import threading
 import zipfile
 
 _lock = threading.Lock()
+# (owner, attribute) -> [the original, how many patches hold it]: the first patch installs the
+# wrapper, the last one undone puts the original back, in whatever order they are undone.
+_installed = {}
 
 
 class _Patch:
-    """Replaces attributes now; restores them on unpatch() or when a `with` block ends."""
+    """Installs wrappers now (once per attribute, however many patches ask); restores the
+    originals when the last patch holding them is undone (unpatch(), or the end of a `with`)."""
 
     def __init__(self, targets):
-        self._saved = []
+        self._held = []
         with _lock:
             for owner, name, make in targets:
-                original = getattr(owner, name)
-                self._saved.append((owner, name, original))
-                setattr(owner, name, make(original))
+                key = (owner, name)
+                if key not in _installed:
+                    original = getattr(owner, name)
+                    _installed[key] = [original, 0]
+                    setattr(owner, name, make(original))
+                _installed[key][1] += 1
+                self._held.append(key)
 
     def unpatch(self):
         with _lock:
-            for owner, name, original in reversed(self._saved):
-                setattr(owner, name, original)
-            self._saved = []
+            for key in self._held:
+                entry = _installed[key]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    setattr(key[0], key[1], entry[0])
+                    del _installed[key]
+            self._held = []
 
     def __enter__(self):
         return self
