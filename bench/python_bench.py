@@ -767,6 +767,9 @@ def main():
             rng.shuffle(order)
             for case, label, path, files, extra, mode, method in order:
                 k += 1
+                # Dirty pages of earlier runs (offload folders written) are written back first:
+                # their writeback would otherwise throttle and slow whichever run came next.
+                os.sync()
                 if mode == "cold":
                     drop_cache(files)
                 else:

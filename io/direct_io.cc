@@ -148,3 +148,12 @@ int BouncePool::Acquire() {
 }
 
 }  // namespace loadstone::io
+
+namespace loadstone {
+
+Result<double> CachedFraction(const std::string& path) {
+  LOADSTONE_ASSIGN_OR_RETURN(const io::File file, io::File::OpenForRead(path));
+  return io::CacheProbe(file).CachedFraction(0, file.size());
+}
+
+}  // namespace loadstone

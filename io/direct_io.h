@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/file.h"
+#include "loadstone/diagnostics.h"
 
 namespace loadstone::io {
 
@@ -34,8 +35,8 @@ DirectTwin OpenDirectTwin(const File& buffered);
 void DisableReadahead(const File& file);
 
 // A range this much in the page cache is copied from there instead of read from the device
-// (measured break-even on a 1.5 GB/s disk: ~70%).
-inline constexpr double kMostlyCached = 0.75;
+// (loadstone::kMostlyCached, diagnostics.h).
+inline constexpr double kMostlyCached = loadstone::kMostlyCached;
 
 // Tells how much of a file range is in the page cache: cachestat(2) on Linux 6.5+, mincore(2)
 // on a read-only mapping of the file before that. Holds that mapping either way (CachedView).

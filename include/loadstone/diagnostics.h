@@ -26,6 +26,17 @@ struct RawReadResult {
 Result<RawReadResult> MeasureRawRead(const std::vector<std::string>& paths,
                                      const RawReadOptions& options = {});
 
+// A share of a file's pages this much in the page cache counts as cached: its bytes are copied
+// (or mapped) from there rather than read from the device (measured break-even on a 1.5 GB/s
+// disk: ~70%). The Loader's own rule for a read's bytes (docs/pipeline.md), and the Python
+// patches' rule for mapping a file from_pretrained reads (docs/python.md).
+inline constexpr double kMostlyCached = 0.75;
+
+// The share of the pages of the file at `path` that are in the page cache now, 0..1: cachestat(2)
+// where the kernel has it, else mincore(2) over a mapping of the file; nothing is read. 0 when it
+// cannot be told. Errors: NotFound, IOError (the file cannot be opened).
+Result<double> CachedFraction(const std::string& path);
+
 }  // namespace loadstone
 
 #endif  // LOADSTONE_DIAGNOSTICS_H_

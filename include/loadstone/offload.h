@@ -45,7 +45,8 @@ namespace loadstone {
 
 struct OffloadOptions {
   // Host memory the offloaded tensors pass through: they are loaded in batches of at most this
-  // many bytes (a larger tensor alone), each batch written, then freed.
+  // many bytes (a larger tensor alone), each batch written, then freed; the next batch loads
+  // while one is written, so two batches are in memory at most.
   uint64_t batch_bytes = 256ULL << 20;
   LoadOptions load;  // for each batch's load (host_memory_limit, trace, progress)
   // Asked every 50 ms while a batch loads and between batches (from the calling thread): true

@@ -12,7 +12,7 @@ load_checkpoint_and_dispatch, weights_iterator, describe). ``loadstone.safe_open
 safetensors.safe_open's drop-in.
 """
 from . import _errors
-from ._core import Checkpoint, Plan, Tensor, __version__
+from ._core import MOSTLY_CACHED, Checkpoint, Plan, Tensor, __version__, cached_fraction
 from ._core import platform as _platform
 from ._errors import (
     CallbackError,
@@ -54,6 +54,8 @@ __all__ = [
     "safe_open",
     "plan",
     "platform",
+    "cached_fraction",
+    "MOSTLY_CACHED",
     "patch_diffusers",
     "patch_transformers",
     "Error",

@@ -6,7 +6,9 @@ manager (patched inside the block only):
     with loadstone.patch_diffusers():
         unet = UNet2DConditionModel.from_pretrained("sd/unet")
 
-Only the function that reads a checkpoint file into a state dict is replaced; everything
+A file already in the page cache is mapped, as the library's own reader maps it (a copy could
+only be slower); a cold one is read by loadstone. Only the function that reads a checkpoint
+file into a state dict is replaced; everything
 from_pretrained does with the state dict (dtypes, keep-in-fp32 modules, device maps, offload,
 missing keys) is the library's own, so the model is the one it would build. Files loadstone
 does not read (GGUF for diffusers' quantizer, anything on the meta device) go to the original.
@@ -14,6 +16,8 @@ does not read (GGUF for diffusers' quantizer, anything on the meta device) go to
 import os
 import threading
 import zipfile
+
+from . import _core
 
 _lock = threading.Lock()
 # (owner, attribute) -> [the original, how many patches hold it]: the first patch installs the
@@ -64,10 +68,21 @@ def _reads(checkpoint_file, map_location):
     return path.endswith(".safetensors") or (os.path.isfile(path) and zipfile.is_zipfile(path))
 
 
+def backend_for(path, device):
+    """The patches' one rule for reading a checkpoint file: a file mostly in the page cache
+    (loadstone.MOSTLY_CACHED of its pages) is mapped, as the library's own reader maps it — a copy
+    could only be slower than a mapping of pages already in memory; any other is read by
+    loadstone (io_uring, O_DIRECT), into memory its tensors own."""
+    if str(device) != "cpu":
+        return None
+    return "mmap" if _core.cached_fraction(path) >= _core.MOSTLY_CACHED else None
+
+
 def _state_dict(checkpoint_file, map_location):
     from .torch import load_file
 
-    return load_file(checkpoint_file, device=str(map_location) if map_location else "cpu",
+    device = str(map_location) if map_location else "cpu"
+    return load_file(checkpoint_file, device=device, backend=backend_for(checkpoint_file, device),
                      progress=False)
 
 
@@ -101,7 +116,8 @@ def patch_transformers():
         def safe_open(filename, framework="pt", device="cpu", *a, backend=None, **kw):
             if a or kw or str(framework) not in ("pt", "torch", "pytorch") or str(device) != "cpu":
                 return original(filename, framework, device, *a, backend=backend or "mmap", **kw)
-            return loadstone_safe_open(filename, framework, device, prefetch=True)
+            return loadstone_safe_open(filename, framework, device, prefetch=True,
+                                       backend=backend_for(filename, device))
 
         safe_open.__wrapped__ = original
         return safe_open

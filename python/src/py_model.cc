@@ -9,6 +9,7 @@
 #include "bindings.h"
 #include "errors.h"
 #include "loadstone/device_map.h"
+#include "loadstone/diagnostics.h"
 #include "loadstone/platform.h"
 #include "loadstone/version.h"
 #include "options.h"
@@ -91,6 +92,12 @@ void RegisterModel(nb::module_& m) {
     out["host_available_bytes"] = host.ok() ? nb::object(nb::int_(*host)) : nb::none();
     return out;
   }, nb::arg("spec") = nb::none());
+  m.def("cached_fraction", [](nb::handle path) {
+    const std::string p = nb::cast<std::string>(nb::module_::import_("os").attr("fspath")(path));
+    nb::gil_scoped_release unlocked;
+    return ValueOrThrow(CachedFraction(p));
+  }, nb::arg("path"), "The share of the file's pages in the page cache now (nothing is read).");
+  m.attr("MOSTLY_CACHED") = kMostlyCached;
   m.attr("__version__") = LOADSTONE_VERSION_STRING;
 }
 

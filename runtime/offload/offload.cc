@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
@@ -30,22 +31,35 @@ std::vector<const OffloadPlan*> InSourceOrder(const LoadPlan& plan) {
   return out;
 }
 
-// One batch of tensors to write, loaded to host memory and written as NAME.dat files.
-Status WriteBatch(Loader& loader, const Checkpoint& checkpoint,
-                  const std::vector<const OffloadPlan*>& batch, const std::string& folder,
-                  const OffloadOptions& options, std::vector<std::string>* written,
-                  OffloadSummary* summary) {
+// One batch of tensors to write, loading into host memory (StartBatch), then written as NAME.dat
+// files (FinishBatch). WriteAll starts the next batch's load before it writes this one's, so the
+// reads of one overlap the writes of the other.
+struct PendingBatch {
   std::unordered_set<std::string_view> names;
+  LoadHandle load;
+};
+
+Result<PendingBatch> StartBatch(Loader& loader, const Checkpoint& checkpoint,
+                                const std::vector<const OffloadPlan*>& batch,
+                                const OffloadOptions& options) {
+  PendingBatch pending;
   PlanOptions opt;
   for (const OffloadPlan* o : batch) {
     const TensorInfo& t = checkpoint.tensors()[o->source];
-    names.insert(t.name);
+    pending.names.insert(t.name);
     if (o->conversion != Conversion::kNone) opt.special_dtypes.emplace(t.name, o->dtype);
   }
-  opt.include = [&names](const TensorInfo& t) { return names.contains(t.name); };
+  const auto* names = &pending.names;  // asked by Plan() below only, before `pending` moves
+  opt.include = [names](const TensorInfo& t) { return names->contains(t.name); };
   opt.platform = loader.platform();
   LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(checkpoint, opt));
-  LoadHandle load = loader.Load(checkpoint, plan, options.load);
+  pending.load = loader.Load(checkpoint, plan, options.load);
+  return pending;
+}
+
+Status FinishBatch(PendingBatch& pending, const std::string& folder, const OffloadOptions& options,
+                   std::vector<std::string>* written, OffloadSummary* summary) {
+  LoadHandle& load = pending.load;
   if (options.cancelled) {
     while (load.Done().wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
       if (options.cancelled()) load.Cancel();
@@ -54,7 +68,7 @@ Status WriteBatch(Loader& loader, const Checkpoint& checkpoint,
   LOADSTONE_RETURN_IF_ERROR(load.Done().get());
   summary->bytes_read += load.progress().bytes_read;
   for (const Tensor& t : load.Tensors()) {
-    if (!names.contains(t.name())) continue;  // a float8 weight's scales, loaded with it
+    if (!pending.names.contains(t.name())) continue;  // a float8 weight's scales, loaded with it
     // Written beside the final name and renamed once every tensor is written (WriteAll), so that
     // a failure never leaves an existing NAME.dat half-rewritten.
     const std::string path = io::OffloadDataPath(folder, t.name()) + ".tmp";
@@ -104,14 +118,23 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
   nlohmann::ordered_json entries = nlohmann::ordered_json::object();
   std::vector<const OffloadPlan*> batch;
   uint64_t batch_bytes = 0;
+  std::optional<PendingBatch> loading;  // the batch whose load runs while the one before is written
+  auto finish = [&]() -> Status {
+    if (!loading) return Status::OK();
+    PendingBatch done = std::move(*loading);
+    loading.reset();
+    return FinishBatch(done, folder, options, written, summary);
+  };
   auto flush = [&]() -> Status {
     if (batch.empty()) return Status::OK();
     if (options.cancelled && options.cancelled()) {
       return Status::Cancelled("writing the offload folder was cancelled");
     }
-    LOADSTONE_RETURN_IF_ERROR(WriteBatch(loader, checkpoint, batch, folder, options, written, summary));
+    LOADSTONE_ASSIGN_OR_RETURN(PendingBatch next, StartBatch(loader, checkpoint, batch, options));
     batch.clear();
     batch_bytes = 0;
+    LOADSTONE_RETURN_IF_ERROR(finish());
+    loading = std::move(next);
     return Status::OK();
   };
   for (const OffloadPlan* o : order) {
@@ -134,6 +157,7 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
     entries[t.name] = std::move(entry);
   }
   LOADSTONE_RETURN_IF_ERROR(flush());
+  LOADSTONE_RETURN_IF_ERROR(finish());
   for (const std::string& tmp : *written) {
     const std::string path = tmp.substr(0, tmp.size() - 4);
     if (::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -134,9 +134,19 @@ def patch_for(name):
     return loadstone.patch_transformers if TINY[name].is_transformers else loadstone.patch_diffusers
 
 
+@pytest.fixture(params=["cached", "cold"])
+def residency(request, monkeypatch):
+    """Both of the patches' routes: a file in the page cache is mapped, a cold one read (the
+    share of cached pages is what the rule asks; here it is told)."""
+    share = 1.0 if request.param == "cached" else 0.0
+    monkeypatch.setattr(loadstone._core, "cached_fraction", lambda path: share)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("name,fmt", CASES)
-def test_from_pretrained_under_the_patch_loads_the_same_model(name, fmt, dtype, saved, readers):
+def test_from_pretrained_under_the_patch_loads_the_same_model(name, fmt, dtype, saved, readers,
+                                                              residency):
     folder, extra = saved(name, fmt)
     cls = TINY[name].cls
     expected = loaded(cls, folder, dtype, extra)
@@ -216,3 +226,25 @@ def test_patches_undone_in_the_order_they_were_made(patch):
     for key, (owner, attr) in PATCHED.items():  # leave the process as the test found it
         setattr(owner, attr, before[key])
     assert restored
+
+
+def test_the_route_follows_the_page_cache(tmp_path):
+    """A file read just now is mapped; one whose pages were dropped is read."""
+    import os
+
+    from loadstone._patches import backend_for
+
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"w": torch.randn(512, 512)}, path)
+    path.read_bytes()
+    assert backend_for(path, "cpu") == "mmap"
+    assert backend_for(path, "cuda:0") is None  # a device load is always read
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if loadstone.cached_fraction(path) >= loadstone.MOSTLY_CACHED:
+        pytest.skip("the kernel kept the file's pages (posix_fadvise is advice)")
+    assert backend_for(path, "cpu") is None
