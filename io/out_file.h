@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "io/file.h"
 #include "io/posix_error.h"
 #include "loadstone/status.h"
 
@@ -68,6 +69,11 @@ class OutFile {
     return Status::OK();
   }
   Status Write(std::string_view text) { return Write(std::as_bytes(std::span(text.data(), text.size()))); }
+  // Appends `length` bytes of `src` from `offset`, copied inside the kernel (copy_file_range:
+  // page cache to page cache, no copy through user memory), or through a bounce buffer where the
+  // kernel cannot. Errors: IOError naming either file and the offset; Corruption when `src`
+  // ends before offset + length.
+  Status CopyFrom(const File& src, uint64_t offset, uint64_t length);
   // Open(): closes the file. OpenReplacing(): closes it and removes it.
   Status Close() {
     int fd = std::exchange(fd_, -1);

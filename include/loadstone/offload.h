@@ -64,7 +64,9 @@ struct OffloadSummary {
 };
 
 // Writes every offloaded tensor of `plan` that is not read in place into plan.offload_folder
-// (created when missing) as NAME.dat, converted as planned, and records it, and the in-place
+// (created when missing) as NAME.dat, converted as planned (one stored as it is in the file,
+// contiguous and unconverted, is copied file to file inside the kernel; others are loaded in
+// batches through `loader`), and records it, and the in-place
 // ones, in index.json. Nothing to write and no folder: OK, nothing done. A failure removes the
 // .dat files this call wrote and leaves index.json as it was. Errors: those of the loads,
 // IOError (a write, naming the file and offset: ENOSPC says the disk is full), Unsupported (a

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <set>
 #include <unordered_set>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/formats/json_util.h"
+#include "io/file.h"
 #include "io/formats/offload_folder.h"
 #include "io/out_file.h"
 
@@ -83,6 +85,49 @@ Status FinishBatch(PendingBatch& pending, const std::string& folder, const Offlo
   return Status::OK();
 }
 
+// The source files WriteAll copies tensors out of, each opened once and checked against its
+// catalog entry (a file changed since the header was read is refused, as a load refuses it).
+class SourceFiles {
+ public:
+  explicit SourceFiles(const Checkpoint& checkpoint) : checkpoint_(checkpoint) {}
+  Result<const io::File*> Get(uint32_t index) {
+    auto it = open_.find(index);
+    if (it == open_.end()) {
+      const CheckpointFile& catalogued = checkpoint_.files()[index];
+      LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(catalogued.path));
+      LOADSTONE_RETURN_IF_ERROR(io::CheckUnchanged(file, catalogued));
+      it = open_.emplace(index, std::move(file)).first;
+    }
+    return &it->second;
+  }
+
+ private:
+  const Checkpoint& checkpoint_;
+  std::map<uint32_t, io::File> open_;
+};
+
+// A tensor whose NAME.dat is its bytes in the file as they are: copied file to file inside the
+// kernel, never through memory.
+bool CopiedAsStored(const OffloadPlan& o, const TensorInfo& t) {
+  return o.conversion == Conversion::kNone && t.plain_layout() && !t.packed && t.nbytes == o.nbytes;
+}
+
+Status CopyAsStored(SourceFiles& sources, const TensorInfo& t, const std::string& folder,
+                    std::vector<std::string>* written, OffloadSummary* summary) {
+  LOADSTONE_ASSIGN_OR_RETURN(const io::File* source, sources.Get(t.file));
+  const std::string path = io::OffloadDataPath(folder, t.name) + ".tmp";
+  io::OutFile out;
+  LOADSTONE_RETURN_IF_ERROR(out.Open(path));
+  written->push_back(path);
+  LOADSTONE_RETURN_IF_ERROR(out.CopyFrom(*source, t.offset, t.nbytes).WithContext(
+      fmt::format("tensor '{}'", t.name)));
+  LOADSTONE_RETURN_IF_ERROR(out.Close());
+  ++summary->written;
+  summary->bytes_written += t.nbytes;
+  summary->bytes_read += t.nbytes;
+  return Status::OK();
+}
+
 // folder/index.json with `entries` merged in (Python dict.update: an existing key keeps its
 // place, a new one goes last), written as json.dump(indent=2) writes it, through a rename.
 Status MergeIndex(const std::string& folder, const nlohmann::ordered_json& entries) {
@@ -116,6 +161,7 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
   fs::create_directories(folder, ec);
   if (ec) return io::ErrnoStatus(ec.value(), "cannot create the offload folder", folder);
   nlohmann::ordered_json entries = nlohmann::ordered_json::object();
+  SourceFiles sources(checkpoint);
   std::vector<const OffloadPlan*> batch;
   uint64_t batch_bytes = 0;
   std::optional<PendingBatch> loading;  // the batch whose load runs while the one before is written
@@ -145,6 +191,13 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
       entry["weight_name"] = t.name;
       entry["dtype"] = std::string(TorchName(o->dtype));
       ++summary->in_place;
+    } else if (CopiedAsStored(*o, t)) {
+      entry["dtype"] = std::string(*io::OffloadDTypeName(o->dtype));
+      entry["shape"] = o->shape;
+      if (options.cancelled && options.cancelled()) {
+        return Status::Cancelled("writing the offload folder was cancelled");
+      }
+      LOADSTONE_RETURN_IF_ERROR(CopyAsStored(sources, t, folder, written, summary));
     } else {
       entry["dtype"] = std::string(*io::OffloadDTypeName(o->dtype));
       entry["shape"] = o->shape;
