@@ -13,6 +13,8 @@ from ._errors import CancelledError
 
 # How long one wait may block before Python looks at Ctrl-C and the progress bar again.
 _SLICE = 0.05
+# A load shows its progress bar once it has run this long (seconds): a quick one shows none.
+_BAR_AFTER = 0.1
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class LoadHandle:
         self._progress = progress
         self._desc = desc
         self._done = None
+        self._bar = None  # drawn by the waiting thread (_wait)
         self._lock = threading.Lock()
         with _live_lock:
             _live_handles.add(self)
@@ -105,24 +108,42 @@ class LoadHandle:
     # ---- waiting -------------------------------------------------------------------------------
 
     def _wait(self, step, timeout=None):
-        """Calls step(slice) until it returns True (done) or `timeout` passes; Ctrl-C cancels."""
-        bar = _Bar(self, self._progress, self._desc)
+        """Calls step(slice) until it returns True or `timeout` passes, drawing the progress bar
+        while it blocks; Ctrl-C cancels. The bar lives from the first wait that blocks until the
+        load ends (or a wait is interrupted), across waits (as_completed's)."""
         try:
             waited = 0.0
             while True:
                 s = _SLICE if timeout is None else min(_SLICE, max(timeout - waited, 0.0))
                 if step(s):
+                    self._draw_bar()
                     return True
                 waited += s
-                bar.update(self._core)
+                self._draw_bar()
                 if timeout is not None and waited >= timeout:
                     return False
         except KeyboardInterrupt:
+            self._close_bar()
             self.cancel()
             self._core.wait()
             raise
-        finally:
-            bar.close()
+
+    def _draw_bar(self):
+        """Shows the bar once the load has run for _BAR_AFTER seconds (a quick load draws none),
+        updates it, and closes it when the load has ended."""
+        if self._core.wait(0):
+            self._close_bar()
+            return
+        if self._bar is None:
+            if self._core.progress()["seconds"] < _BAR_AFTER:
+                return
+            self._bar = _Bar(self, self._progress, self._desc)
+        self._bar.update(self._core)
+
+    def _close_bar(self):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
     def wait(self, timeout=None):
         """Waits until the load has ended (or `timeout` seconds); True when it has."""
@@ -203,6 +224,12 @@ class LoadHandle:
     def as_completed(self, timeout=None):
         """Yields each loadstone.Tensor as it lands (each once), then raises the load's error if it
         failed. `timeout`: seconds to wait for the next one (TimeoutError after)."""
+        try:
+            yield from self._landed(timeout)
+        finally:
+            self._close_bar()
+
+    def _landed(self, timeout):
         while True:
             box = []
 
