@@ -226,4 +226,16 @@ nb::dict DeviceMapToPython(const DeviceMap& map) {
   return out;
 }
 
+nb::list UsageToPython(const DevicePlan& plan) {
+  nb::list out;
+  for (const DeviceUsage& u : plan.usage) {
+    nb::dict d;
+    d["device"] = DeviceToPython(u.device);
+    d["bytes"] = u.bytes;
+    d["budget"] = u.budget ? nb::object(nb::int_(*u.budget)) : nb::none();
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace loadstone::python

@@ -45,6 +45,9 @@ nanobind::dict DeviceMapToPython(const DeviceMap& map);
 // Device → accelerate's value (0, "cpu", "disk").
 nanobind::object DeviceToPython(const Device& device);
 
+// The bytes per device of a device plan: [{device, bytes, budget (None when none)}].
+nanobind::list UsageToPython(const DevicePlan& plan);
+
 }  // namespace loadstone::python
 
 #endif  // LOADSTONE_PYTHON_OPTIONS_H_

@@ -116,18 +116,6 @@ nb::list PlanOffloaded(const PyPlan& p) {
   return out;
 }
 
-nb::list Usage(const DevicePlan& devices) {
-  nb::list out;
-  for (const DeviceUsage& u : devices.usage) {
-    nb::dict d;
-    d["device"] = DeviceToPython(u.device);
-    d["bytes"] = u.bytes;
-    d["budget"] = u.budget ? nb::object(nb::int_(*u.budget)) : nb::none();
-    out.append(d);
-  }
-  return out;
-}
-
 // match_state_dict(): MatchStateDict over [(key, shape, floating)].
 nb::dict MatchKeys(const Checkpoint& c, nb::iterable model) {
   std::vector<ModelKey> keys;
@@ -219,7 +207,7 @@ void RegisterCheckpoint(nb::module_& m) {
       })
       .def_prop_ro("tensors", &PlanTensors)
       .def_prop_ro("offloaded", &PlanOffloaded)
-      .def_prop_ro("usage", [](const PyPlan& p) { return Usage(p.plan->devices); })
+      .def_prop_ro("usage", [](const PyPlan& p) { return UsageToPython(p.plan->devices); })
       .def_prop_ro("no_split", [](const PyPlan& p) { return p.plan->devices.no_split; })
       .def_prop_ro("warnings", [](const PyPlan& p) { return p.plan->warnings; })
       .def_prop_ro("read_bytes", [](const PyPlan& p) { return p.plan->read_bytes; })

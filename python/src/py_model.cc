@@ -39,15 +39,7 @@ nb::dict InferFromDescription(const std::string& model_json, nb::kwargs kwargs) 
   const DevicePlan& plan = ValueOrThrow(std::move(planned));
   nb::dict out;
   out["device_map"] = DeviceMapToPython(plan.device_map);
-  nb::list usage;
-  for (const DeviceUsage& u : plan.usage) {
-    nb::dict d;
-    d["device"] = DeviceToPython(u.device);
-    d["bytes"] = u.bytes;
-    d["budget"] = u.budget ? nb::object(nb::int_(*u.budget)) : nb::none();
-    usage.append(d);
-  }
-  out["usage"] = usage;
+  out["usage"] = UsageToPython(plan);
   nb::list buffers;
   for (const BufferPlacement& b : plan.buffers) {
     buffers.append(nb::make_tuple(b.name, b.device ? DeviceToPython(*b.device) : nb::none()));
