@@ -11,7 +11,6 @@ not import torch; ``loadstone.torch`` does (load_file, load_state_dict, load_int
 load_checkpoint_and_dispatch, weights_iterator, describe). ``loadstone.safe_open`` is
 safetensors.safe_open's drop-in.
 """
-from . import _errors
 from ._core import MOSTLY_CACHED, Checkpoint, Plan, Tensor, __version__, cached_fraction
 from ._core import platform as _platform
 from ._errors import (
@@ -69,4 +68,3 @@ __all__ = [
     "CallbackError",
     "__version__",
 ]
-_ = _errors

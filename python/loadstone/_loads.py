@@ -8,7 +8,6 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from . import _core
 from ._errors import CancelledError
 
 # How long one wait may block before Python looks at Ctrl-C and the progress bar again.

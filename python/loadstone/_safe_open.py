@@ -194,7 +194,7 @@ class safe_open:  # noqa: N801  (safetensors' name)
         return dict(self._ckpt.metadata) or None
 
     def get_tensor(self, name):
-        info = self._info(name)
+        self._info(name)  # checks the file is open and holds the tensor
         if self._prefetched is not None:
             return self._convert(self._prefetched.wait_tensor(name))
         return self._convert(self._load([name])[name])

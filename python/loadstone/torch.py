@@ -16,7 +16,6 @@ import torch
 from . import _core
 from ._describe import describe, describe_json
 from ._dispatch import infer_auto_device_map, load_checkpoint_and_dispatch
-from ._errors import InvalidArgumentError
 from ._frameworks import to_torch, torch_dtype
 from ._loader import device_name, make_plan, open_checkpoint
 from ._loads import default_loader
@@ -204,4 +203,3 @@ __all__ = [
     "to_torch",
     "torch_dtype",
 ]
-_ = InvalidArgumentError

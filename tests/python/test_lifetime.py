@@ -15,7 +15,6 @@ import termios
 import textwrap
 import time
 
-import pytest
 import safetensors.torch
 import torch
 
