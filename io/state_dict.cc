@@ -6,15 +6,6 @@
 #include <unordered_set>
 
 namespace loadstone {
-namespace {
-
-// The name a tensor has in a state dict once decoded (PackedLayout::decoded_name), or its own.
-const std::string& DecodedName(const TensorInfo& t) {
-  return t.packed && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
-}
-
-}  // namespace
-
 KeyMatch MatchStateDict(const Checkpoint& checkpoint, const std::vector<ModelKey>& model) {
   std::unordered_map<std::string_view, const ModelKey*> keys;
   for (const ModelKey& k : model) keys.emplace(k.name, &k);
@@ -22,7 +13,7 @@ KeyMatch MatchStateDict(const Checkpoint& checkpoint, const std::vector<ModelKey
   std::unordered_map<std::string_view, size_t> source;
   const std::vector<TensorInfo>& tensors = checkpoint.tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
-    for (const std::string* name : {&tensors[i].name, &DecodedName(tensors[i])}) {
+    for (const std::string* name : {&tensors[i].name, &tensors[i].decoded_name()}) {
       if (keys.contains(*name) && !source.contains(*name)) {
         source.emplace(*name, i);
         break;

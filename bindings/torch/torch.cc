@@ -47,12 +47,6 @@ struct CastRule {
   std::map<std::string, c10::ScalarType> after;  // cast by LibTorch once loaded
 };
 
-// The name tensor `t` has in a state dict once loaded: a dequantized compressed-tensors weight
-// "M.weight_packed" is "M.weight" (PackedLayout::decoded_name); any other keeps its own.
-const std::string& StateDictName(const TensorInfo& t) {
-  return t.packed && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
-}
-
 // The one casting rule. `model`: the model tensor each checkpoint tensor fills, by the
 // checkpoint tensor's name (LoadInto), else empty.
 Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_set<std::string>* include,
@@ -141,7 +135,7 @@ Result<Loaded> LoadPlanned(const Checkpoint& checkpoint, const PlanOptions& popt
   std::unordered_map<std::string_view, std::string_view> renamed;  // decoded packed weights
   for (const TensorPlan& tp : plan.tensors) {
     const TensorInfo& src = checkpoint.tensors()[tp.source];
-    if (Unpacks(tp.conversion)) renamed.emplace(src.name, StateDictName(src));
+    if (Unpacks(tp.conversion)) renamed.emplace(src.name, src.decoded_name());
   }
   for (const loadstone::Tensor& t : load.Tensors()) {
     const auto name = renamed.find(t.name());

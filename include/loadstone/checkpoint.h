@@ -188,6 +188,12 @@ struct TensorInfo {
   uint64_t element_count() const;
   // Its file bytes are the tensor as loaded before any cast: contiguous and little-endian.
   bool plain_layout() const { return strides.empty() && !big_endian; }
+  // The name it has once decoded (PackedLayout::decoded_name: a compressed-tensors or GPTQ
+  // weight's "M.weight"), or its own: what a state dict, a model and a converted checkpoint
+  // call it once dequantized.
+  const std::string& decoded_name() const {
+    return packed && !packed->decoded_name.empty() ? packed->decoded_name : name;
+  }
 };
 
 // What loadstone takes from the model's config.json: only what a load needs. A folder's

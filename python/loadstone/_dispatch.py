@@ -16,7 +16,7 @@ import torch
 from . import _core
 from ._describe import describe
 from ._errors import UnsupportedError
-from ._frameworks import to_torch
+from ._frameworks import to_torch, torch_dtype
 from ._loader import make_plan, open_checkpoint
 from ._loads import default_loader
 
@@ -141,11 +141,11 @@ def load_checkpoint_in_model(model, checkpoint, device_map=None, offload_folder=
         if device == "disk":
             if not offload_buffers and name in buffers:
                 continue  # accelerate leaves such a buffer as it is
-            targets[name] = ("disk", new_dtype or torch_dtype_of(info))
+            targets[name] = ("disk", new_dtype or torch_dtype(info["dtype"]))
         else:
             kept = device == "cpu" and offload_state_dict and not _integer(state[name])
             if kept and new_dtype is None:
-                new_dtype = torch_dtype_of(info)  # what accelerate's round trip leaves
+                new_dtype = torch_dtype(info["dtype"])  # what accelerate's round trip leaves
             wants = new_dtype or state[name].dtype
             if floating and _dtype_name(wants) in ("float32", "float16", "bfloat16"):
                 if _dtype_name(wants) != info["dtype"]:
@@ -174,12 +174,6 @@ def load_checkpoint_in_model(model, checkpoint, device_map=None, offload_folder=
 
 def _integer(tensor):
     return str(tensor.dtype).startswith(("torch.uint", "torch.int", "torch.bool"))
-
-
-def torch_dtype_of(info):
-    from ._frameworks import torch_dtype
-
-    return torch_dtype(info["dtype"])
 
 
 def load_checkpoint_and_dispatch(model, checkpoint, device_map=None, max_memory=None,

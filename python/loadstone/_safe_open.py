@@ -36,6 +36,12 @@ def loader_for(backend):
         f'backend {backend!r} is invalid (expected one of: None, "auto", "uring", "pread", "mmap")')
 
 
+def reading(backend):
+    """How a backend reads: its Loader (loader_for) and the plan options it asks for ("mmap":
+    CPU tensors point into a private mapping of the file)."""
+    return loader_for(backend), ({"mmap": True} if backend == "mmap" else {})
+
+
 class _Selection:
     """A basic index (ints, slices with positive steps, Ellipsis, None) resolved against a shape:
     per dimension (start, count, step), which dimensions it removes (ints), where it adds ones
@@ -155,7 +161,7 @@ class safe_open:  # noqa: N801  (safetensors' name)
         self._device = device_name(device) or "cpu"
         if self._framework == "np" and self._device != "cpu":
             raise InvalidArgumentError(f"Device {self._device} is not supported for framework numpy")
-        loader_for(backend)  # checks the name
+        reading(backend)  # checks the name
         self._backend = backend
         self._ckpt = open_checkpoint(os.fspath(filename), as_stored=True)
         self._infos = {i["name"]: i for i in self._ckpt.infos()}
@@ -163,9 +169,10 @@ class safe_open:  # noqa: N801  (safetensors' name)
         self._closed = False
         self.bytes_read = 0  # bytes the loads of this object read from storage
         if prefetch:
-            plan = make_plan(self._ckpt, device=self._device, mmap=backend == "mmap" or None)
+            loader, options = reading(backend)
+            plan = make_plan(self._ckpt, device=self._device, **options)
             self.bytes_read += plan.read_bytes
-            self._prefetched = loader_for(backend).start(plan, self._ckpt.keys(), progress=False)
+            self._prefetched = loader.start(plan, self._ckpt.keys(), progress=False)
 
     # ---- safetensors' interface ----------------------------------------------------------------
 
@@ -229,12 +236,12 @@ class safe_open:  # noqa: N801  (safetensors' name)
 
     def _load(self, names, ckpt=None, device=None):
         ckpt = ckpt or self._ckpt
-        options = {"mmap": True} if self._backend == "mmap" else {}
+        loader, options = reading(self._backend)
         if names is not None:
             options["include"] = list(names)
         plan = make_plan(ckpt, device=device or self._device, **options)
         self.bytes_read += plan.read_bytes
-        return loader_for(self._backend).start(plan, ckpt.keys(), progress=False).result()
+        return loader.start(plan, ckpt.keys(), progress=False).result()
 
     def _slice(self, info, key):
         if self._prefetched is not None or not info["plain"] or info["packed"] is not None:

@@ -19,7 +19,7 @@ from ._dispatch import infer_auto_device_map, load_checkpoint_and_dispatch
 from ._frameworks import to_torch, torch_dtype
 from ._loader import device_name, make_plan, open_checkpoint
 from ._loads import default_loader
-from ._safe_open import loader_for
+from ._safe_open import reading
 
 
 def _dtype_name(dtype):
@@ -38,9 +38,9 @@ def load_file(filename, device="cpu", *, dtype=None, backend=None, progress=None
     .bin, a GGUF file. Tensors come as the file stores them, as safetensors gives them: a
     quantized weight stays packed (load_state_dict with a dtype dequantizes)."""
     ckpt = open_checkpoint(os.fspath(filename), as_stored=True)
-    options = {"mmap": True} if backend == "mmap" else {}
+    loader, options = reading(backend)
     plan = make_plan(ckpt, device=device_name(device), dtype=_dtype_name(dtype), **options)
-    handle = loader_for(backend).start(plan, ckpt.keys(), progress=progress)
+    handle = loader.start(plan, ckpt.keys(), progress=progress)
     return {name: to_torch(t) for name, t in handle.result().items()}
 
 

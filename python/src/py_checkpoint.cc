@@ -32,11 +32,6 @@ nb::list Dims(const std::vector<uint64_t>& shape) {
   return out;
 }
 
-// The name a tensor has in a state dict once loaded (a decoded packed weight's decoded name).
-const std::string& StateDictName(const TensorInfo& t) {
-  return t.packed && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
-}
-
 nb::dict Info(const TensorInfo& t) {
   nb::dict d;
   d["name"] = t.name;
@@ -50,7 +45,7 @@ nb::dict Info(const TensorInfo& t) {
   d["plain"] = t.plain_layout();
   d["packed"] = t.packed ? nb::object(nb::str(t.packed->scheme.c_str())) : nb::none();
   d["element_shape"] = Dims(t.packed ? t.packed->element_shape : t.shape);
-  d["state_dict_name"] = StateDictName(t);
+  d["state_dict_name"] = t.decoded_name();
   nb::list companions;
   if (t.packed) {
     for (const std::string& c : t.packed->companions()) companions.append(c);
@@ -91,7 +86,7 @@ nb::list PlanTensors(const PyPlan& p) {
     const TensorInfo& src = infos[tp.source];
     nb::dict d;
     d["name"] = src.name;
-    d["state_dict_name"] = Unpacks(tp.conversion) ? StateDictName(src) : src.name;
+    d["state_dict_name"] = Unpacks(tp.conversion) ? src.decoded_name() : src.name;
     d["device"] = p.plan->device_of(i).ToString();
     d["dtype"] = std::string(TorchName(tp.dtype));
     d["conversion"] = std::string(ConversionName(tp.conversion));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -31,6 +32,23 @@ std::vector<const OffloadPlan*> InSourceOrder(const LoadPlan& plan) {
   std::sort(out.begin(), out.end(),
             [](const OffloadPlan* a, const OffloadPlan* b) { return a->source < b->source; });
   return out;
+}
+
+// Writes tensor `name`'s NAME.dat through `fill` (which appends its `nbytes` bytes), beside the
+// final name: WriteAll renames every file once all are written, so that a failure never leaves
+// an existing NAME.dat half-rewritten.
+Status WriteDat(const std::string& folder, const std::string& name, uint64_t nbytes,
+                const std::function<Status(io::OutFile&)>& fill, std::vector<std::string>* written,
+                OffloadSummary* summary) {
+  const std::string path = io::OffloadDataPath(folder, name) + ".tmp";
+  io::OutFile out;
+  LOADSTONE_RETURN_IF_ERROR(out.Open(path));
+  written->push_back(path);
+  LOADSTONE_RETURN_IF_ERROR(fill(out));
+  LOADSTONE_RETURN_IF_ERROR(out.Close());
+  ++summary->written;
+  summary->bytes_written += nbytes;
+  return Status::OK();
 }
 
 // One batch of tensors to write, loading into host memory (StartBatch), then written as NAME.dat
@@ -71,16 +89,10 @@ Status FinishBatch(PendingBatch& pending, const std::string& folder, const Offlo
   summary->bytes_read += load.progress().bytes_read;
   for (const Tensor& t : load.Tensors()) {
     if (!pending.names.contains(t.name())) continue;  // a float8 weight's scales, loaded with it
-    // Written beside the final name and renamed once every tensor is written (WriteAll), so that
-    // a failure never leaves an existing NAME.dat half-rewritten.
-    const std::string path = io::OffloadDataPath(folder, t.name()) + ".tmp";
-    io::OutFile out;
-    LOADSTONE_RETURN_IF_ERROR(out.Open(path));
-    written->push_back(path);
-    LOADSTONE_RETURN_IF_ERROR(out.Write(std::span<const std::byte>(t.data(), t.nbytes())));
-    LOADSTONE_RETURN_IF_ERROR(out.Close());
-    ++summary->written;
-    summary->bytes_written += t.nbytes();
+    LOADSTONE_RETURN_IF_ERROR(WriteDat(
+        folder, t.name(), t.nbytes(),
+        [&](io::OutFile& out) { return out.Write(std::span<const std::byte>(t.data(), t.nbytes())); },
+        written, summary));
   }
   return Status::OK();
 }
@@ -115,17 +127,13 @@ bool CopiedAsStored(const OffloadPlan& o, const TensorInfo& t) {
 Status CopyAsStored(SourceFiles& sources, const TensorInfo& t, const std::string& folder,
                     std::vector<std::string>* written, OffloadSummary* summary) {
   LOADSTONE_ASSIGN_OR_RETURN(const io::File* source, sources.Get(t.file));
-  const std::string path = io::OffloadDataPath(folder, t.name) + ".tmp";
-  io::OutFile out;
-  LOADSTONE_RETURN_IF_ERROR(out.Open(path));
-  written->push_back(path);
-  LOADSTONE_RETURN_IF_ERROR(out.CopyFrom(*source, t.offset, t.nbytes).WithContext(
-      fmt::format("tensor '{}'", t.name)));
-  LOADSTONE_RETURN_IF_ERROR(out.Close());
-  ++summary->written;
-  summary->bytes_written += t.nbytes;
   summary->bytes_read += t.nbytes;
-  return Status::OK();
+  return WriteDat(
+      folder, t.name, t.nbytes,
+      [&](io::OutFile& out) {
+        return out.CopyFrom(*source, t.offset, t.nbytes).WithContext(fmt::format("tensor '{}'", t.name));
+      },
+      written, summary);
 }
 
 // folder/index.json with `entries` merged in (Python dict.update: an existing key keeps its

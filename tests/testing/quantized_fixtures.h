@@ -61,10 +61,7 @@ inline size_t CheckDecoded(const QuantFixture& fixture, const Checkpoint& ckpt,
   for (const TensorPlan& tp : plan.tensors) {
     if (!Unpacks(tp.conversion)) continue;
     const TensorInfo& src = ckpt.tensors()[tp.source];
-    const std::string base =
-        fixture.renamed.empty()
-            ? (src.packed->decoded_name.empty() ? src.name : src.packed->decoded_name)
-            : fixture.renamed;
+    const std::string base = fixture.renamed.empty() ? src.decoded_name() : fixture.renamed;
     const TensorInfo* want = expected->Find(base + "." + suffix);
     if (want == nullptr) continue;  // a case the fixture decodes into another dtype only
     INFO(src.name);

@@ -348,8 +348,7 @@ int RunConvert(const ConvertArgs& args) {
     const TensorInfo& t = ckpt->tensors()[i];
     if (dropped[i]) continue;
     // A dequantized weight under the name a model gives it ("M.weight" for "M.weight_packed").
-    const std::string& name =
-        decoded[i] && !t.packed->decoded_name.empty() ? t.packed->decoded_name : t.name;
+    const std::string& name = decoded[i] ? t.decoded_name() : t.name;
     TensorToWrite w{name, out_dtype[i], decoded[i] ? t.packed->element_shape : t.shape, {}, {}};
     source_of.push_back(i);
     w.fill = [&feeder, &draw, i](uint64_t offset, std::span<std::byte> chunk) {
