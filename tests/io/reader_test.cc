@@ -123,9 +123,11 @@ TEST_CASE("reader: random ranges read exact bytes") {
   REQUIRE(dir.ok());
   const uint64_t sizes[2] = {(6 << 20) + 1234, (1 << 20) + 4096};
   std::vector<std::string> paths = {dir.Path("a.bin"), dir.Path("b.bin")};
+  std::vector<std::unique_ptr<CachePin>> pins;  // warm: the files stay in the page cache
   for (uint32_t f = 0; f < 2; ++f) {
     WritePatternFile(paths[f], f, sizes[f]);
     if (cold) DropFromCache(paths[f]);
+    if (!cold) pins.push_back(std::make_unique<CachePin>(paths[f]));
   }
 
   ReaderOptions options = Options(backend);
@@ -186,7 +188,19 @@ TEST_CASE("reader: random ranges read exact bytes") {
   const ReaderStats stats = reader->stats();
   CHECK(stats.requests == kRequests);
   if (max_read_call > 0) CHECK(stats.resubmits > 0);
-  if (!cold) CHECK(stats.direct_bytes == 0);  // all of it was in the page cache
+  if (!cold) {
+    // All of it was in the page cache, so none of it was read with O_DIRECT. Where the pages
+    // could not be locked there (RLIMIT_MEMLOCK) and memory pressure evicted some, the premise
+    // is gone and so is the check.
+    const bool cached = std::all_of(pins.begin(), pins.end(), [](const auto& pin) {
+      return pin->pinned() || pin->AllResident();
+    });
+    if (cached) {
+      CHECK(stats.direct_bytes == 0);
+    } else {
+      WARN("pages evicted from the page cache during the test; direct_bytes not checked");
+    }
+  }
 }
 
 TEST_CASE("reader: deep queue with many more requests than the ring") {

@@ -5,10 +5,13 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
@@ -46,6 +49,48 @@ inline void DropFromCache(const std::string& path) {
 }
 
 // Index of the first byte of dst[0, length) that differs from the pattern, or -1.
+// Keeps a file's pages in the page cache while it lives: a shared read-only mapping of it,
+// mlock'ed (the kernel evicts no locked page, even in a memory cgroup at its limit). Where
+// mlock is refused (RLIMIT_MEMLOCK) the pages may be evicted under memory pressure, and
+// AllResident() tells whether they were.
+class CachePin {
+ public:
+  explicit CachePin(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) return;
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+      void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+      if (map != MAP_FAILED) {
+        map_ = map;
+        size_ = static_cast<size_t>(st.st_size);
+        pinned_ = ::mlock(map_, size_) == 0;
+      }
+    }
+    ::close(fd);
+  }
+  ~CachePin() {
+    if (map_ != nullptr) ::munmap(map_, size_);  // unlocks as well
+  }
+  CachePin(const CachePin&) = delete;
+  CachePin& operator=(const CachePin&) = delete;
+
+  bool pinned() const { return pinned_; }
+
+  // Every page of the file is in the page cache now (mincore).
+  bool AllResident() const {
+    if (map_ == nullptr) return false;
+    std::vector<unsigned char> pages((size_ + 4095) / 4096);
+    if (::mincore(map_, size_, pages.data()) != 0) return false;
+    return std::all_of(pages.begin(), pages.end(), [](unsigned char v) { return v & 1; });
+  }
+
+ private:
+  void* map_ = nullptr;
+  size_t size_ = 0;
+  bool pinned_ = false;
+};
+
 inline int64_t FirstMismatch(const std::byte* dst, uint32_t file, uint64_t offset,
                              uint64_t length) {
   for (uint64_t i = 0; i < length; ++i) {
