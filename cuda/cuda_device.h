@@ -1,4 +1,4 @@
-// CudaDevice: the Device interface (runtime/device/device.h) on one CUDA GPU.
+// CudaDevice: the Device interface (runtime/device/accelerator.h) on one CUDA GPU.
 //
 // Per device: a copy stream and a compute stream (both non-blocking), a small pool of device
 // scratch slots for conversions, and one completion thread. A job is dispatched in submission
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "loadstone/status.h"
-#include "runtime/device/device.h"
+#include "runtime/device/accelerator.h"
 
 namespace loadstone::cuda {
 
@@ -35,7 +35,7 @@ struct CudaDeviceOptions {
   uint64_t scratch_slot_bytes = 64ull << 20;
 };
 
-class CudaDevice final : public device::Device {
+class CudaDevice final : public device::Accelerator {
  public:
   // Opens GPU `ordinal`: creates its streams and the completion thread. Errors: NotFound for
   // an ordinal that is not there, Unsupported without a driver, as CudaErrorStatus says.

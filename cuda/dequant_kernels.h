@@ -18,7 +18,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
-#include "runtime/device/device.h"
+#include "runtime/device/accelerator.h"
 
 namespace loadstone::cuda {
 

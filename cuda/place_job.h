@@ -3,7 +3,7 @@
 #define LOADSTONE_CUDA_PLACE_JOB_H_
 
 #include "loadstone/status.h"
-#include "runtime/device/device.h"
+#include "runtime/device/accelerator.h"
 
 namespace loadstone::cuda {
 

@@ -519,10 +519,4 @@ const TensorInfo* Checkpoint::Find(std::string_view name) const {
   return it == impl_->by_name.end() ? nullptr : &impl_->tensors[it->second];
 }
 
-const TensorInfo* Checkpoint::Float8Scales(const TensorInfo& weight) const {
-  if (weight.dtype != DType::kF8E4M3 && weight.dtype != DType::kF8E5M2) return nullptr;
-  const TensorInfo* scales = Find(weight.name + "_scale_inv");
-  return scales ? scales : Find(weight.name + "_scale");
-}
-
 }  // namespace loadstone

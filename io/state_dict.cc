@@ -32,8 +32,10 @@ KeyMatch MatchStateDict(const Checkpoint& checkpoint, const std::vector<ModelKey
     belonging.insert(t.name);
     const bool dequantized = key.floating && t.packed.has_value();
     if (key.floating) {
-      if (t.packed) belonging.insert(t.packed->companions().begin(), t.packed->companions().end());
-      if (const TensorInfo* scales = checkpoint.Float8Scales(t)) belonging.insert(scales->name);
+      auto companions = checkpoint.Companions(t);  // a missing one is simply not unexpected
+      if (companions.ok()) {
+        for (const TensorInfo* c : *companions) belonging.insert(c->name);
+      }
     }
     const std::vector<uint64_t>& shape = dequantized ? t.packed->element_shape : t.shape;
     if (shape != key.shape) {

@@ -63,7 +63,7 @@ Result<CastRule> CastTargets(const Checkpoint& checkpoint, const std::unordered_
     // Integer and bool tensors never cast; float8 weights neither (diffusers skips e4m3fn). A
     // packed quantized weight (GGUF blocks, bitsandbytes, ...) or a float8 one with scales is
     // dequantized into the target.
-    const bool packed = t.packed.has_value() || checkpoint.Float8Scales(t) != nullptr;
+    const bool packed = checkpoint.Dequantizes(t);
     if (!packed && (!IsFloatingPoint(t.dtype) || DTypeBits(t.dtype) < 16)) continue;
     std::optional<DType> target;
     if (target_all) {

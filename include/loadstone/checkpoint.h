@@ -266,6 +266,17 @@ class Checkpoint {
   // "W_scale" (docs/conversions.md, "FP8 weights"). nullptr for a tensor that is not float8 or has
   // neither. Whether the scales fit the weight is the planner's to say (PlanOptions::fp8_block).
   const TensorInfo* Float8Scales(const TensorInfo& weight) const;
+  // The one rule for which tensors belong to a quantized weight, that every consumer asks (the
+  // plan, convert, the LibTorch and Python faces, state-dict matching): the tensors a load
+  // reads with `weight` to dequantize it — a packed weight's quant state
+  // (PackedLayout::companions(): absmax, SCB, weight_scale, ..., in that order), or a float8
+  // weight's scales (Float8Scales). Empty for a tensor with none (a plain tensor; a GGUF
+  // block-quantized one, whose scales are inside its blocks). Errors: InvalidArgument naming a
+  // quant-state tensor the checkpoint lacks (a WithTensors view that left it out).
+  Result<std::vector<const TensorInfo*>> Companions(const TensorInfo& weight) const;
+  // True when a floating-point target dequantizes `weight`: it is packed (quantized blocks or a
+  // quant state) or float8 with scales.
+  bool Dequantizes(const TensorInfo& weight) const;
   // The files' "__metadata__" entries (a key given by several shards keeps the first value).
   const std::map<std::string, std::string>& metadata() const;
   // The index file used, or empty.

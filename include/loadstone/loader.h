@@ -134,6 +134,8 @@ struct ReadStats {
 
 enum class ReadBackend { kAuto, kUring, kPread };
 
+struct LoadHooks;  // testing only: runtime/pipeline/load_hooks.h
+
 struct LoaderOptions {
   // The machine to load on: its GPUs are the devices "cuda:N" tensors go to. Unset:
   // Platform::Default(), this machine. A simulated platform places them on simulated devices.
@@ -143,6 +145,8 @@ struct LoaderOptions {
   int worker_threads = 0;               // conversion workers; 0 = hardware threads
   uint64_t staging_bytes = 256ULL << 20;  // staging pool per load (bounds host memory in use)
   bool direct_io = true;                // O_DIRECT where the file system and alignment allow
+  // Fault injection for loadstone's own tests (runtime/pipeline/load_hooks.h); null otherwise.
+  std::shared_ptr<const LoadHooks> hooks;
 };
 
 struct LoadOptions {

@@ -33,7 +33,7 @@ class ModuleTree {
   // The state-dict names (parameters incl. tied names, persistent buffers), in state-dict order.
   std::vector<std::string> StateDictNames() const;
 
-  struct Impl;  // runtime/planner/module_tree.h
+  struct Impl;  // runtime/device_map/module_tree.h
 
  private:
   friend struct ModuleTreeAccess;  // how the planner makes and reads trees (module_tree.h)

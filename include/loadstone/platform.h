@@ -8,10 +8,10 @@
 //   opt.device_map = "auto";
 //   opt.platform = capacity;                              // plan for it
 //
-// A simulated platform is for planning: the production library has no device behind its GPUs,
-// so a Loader on it loads CPU tensors and refuses a plan that puts tensors on them. Tests and
-// tools that run such plans end to end (`loadstone load --assume-gpus`) take their platform from
-// runtime/sim/ (SimulatedPlatformWithDevices: host memory behind the device interface).
+// A simulated platform is for planning: it has no device behind its GPUs, so a Loader on it
+// loads CPU tensors and refuses a plan that puts tensors on them — unless the machine asks for
+// simulated devices (SimulatedMachine::devices: host memory behind the device interface), as
+// tests and `loadstone load --assume-gpus` do to run such plans end to end without a GPU.
 //
 // Thread safety: a Platform is immutable; share it freely.
 #ifndef LOADSTONE_PLATFORM_H_
@@ -39,6 +39,12 @@ struct PlatformGpu {
 struct SimulatedMachine {
   std::vector<uint64_t> gpu_bytes;
   std::optional<uint64_t> host_bytes;
+  // Open one simulated device per GPU (host memory behind the device interface, with the
+  // device's own copy and conversion work), so that a Loader on this machine places "cuda:N"
+  // tensors there; false: the machine is for planning only.
+  bool devices = false;
+  // This machine with `devices` set.
+  SimulatedMachine WithDevices() const;
 
   // `count` GPUs of `bytes` each.
   static SimulatedMachine Gpus(int count, uint64_t bytes);

@@ -111,7 +111,7 @@ def load_into(model, path, *, strict=True, assign=False, variant=None, subfolder
         stored = info["dtype"]
         wants = _dtype_name(target.dtype)
         cast = target.is_floating_point() and wants in ("float32", "float16", "bfloat16") and (
-            wants != stored or info["packed"] is not None or ckpt.float8_scales(info["name"]))
+            wants != stored or ckpt.dequantizes(info["name"]))
         if cast:
             special[info["name"]] = wants
         loads_as = wants if cast else stored

@@ -46,11 +46,6 @@ nb::dict Info(const TensorInfo& t) {
   d["packed"] = t.packed ? nb::object(nb::str(t.packed->scheme.c_str())) : nb::none();
   d["element_shape"] = Dims(t.packed ? t.packed->element_shape : t.shape);
   d["state_dict_name"] = t.decoded_name();
-  nb::list companions;
-  if (t.packed) {
-    for (const std::string& c : t.packed->companions()) companions.append(c);
-  }
-  d["companions"] = companions;
   return d;
 }
 
@@ -183,10 +178,15 @@ void RegisterCheckpoint(nb::module_& m) {
         for (const TensorInfo& t : c.tensors()) out.append(Info(t));
         return out;
       })
-      .def("float8_scales", [](const Checkpoint& c, const std::string& n) -> nb::object {
-        const TensorInfo* s = c.Float8Scales(Find(c, n));
-        return s ? nb::object(nb::str(s->name.c_str())) : nb::none();
-      })
+      .def("dequantizes", [](const Checkpoint& c, const std::string& n) {
+        return c.Dequantizes(Find(c, n));
+      }, "True when a floating-point target dequantizes this tensor (packed, or float8 with scales).")
+      .def("companions", [](const Checkpoint& c, const std::string& n) {
+        nb::list out;
+        for (const TensorInfo* t : ValueOrThrow(c.Companions(Find(c, n)))) out.append(t->name);
+        return out;
+      }, "The tensors read with this quantized weight to dequantize it (its quant state or "
+         "float8 scales), in order; [] for none.")
       .def("view", &View, nb::arg("tensors"),
            "A catalog over the same files listing these byte ranges instead: dicts {name, "
            "dtype, shape, file, offset, nbytes}.");

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "runtime/device/platform_impl.h"
+#include "runtime/sim/sim_device.h"
 
 namespace loadstone {
 namespace {
@@ -42,8 +43,14 @@ std::string Bytes(uint64_t bytes) {
 
 }  // namespace
 
+SimulatedMachine SimulatedMachine::WithDevices() const {
+  SimulatedMachine machine = *this;
+  machine.devices = true;
+  return machine;
+}
+
 SimulatedMachine SimulatedMachine::Gpus(int count, uint64_t bytes) {
-  return {std::vector<uint64_t>(static_cast<size_t>(std::max(count, 0)), bytes), std::nullopt};
+  return {std::vector<uint64_t>(static_cast<size_t>(std::max(count, 0)), bytes), std::nullopt, false};
 }
 
 Platform::Platform(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -93,13 +100,25 @@ std::shared_ptr<const Platform> Platform::Simulated(const SimulatedMachine& mach
   if (machine.host_bytes) {
     impl.host_bytes = [bytes = *machine.host_bytes]() -> Result<uint64_t> { return bytes; };
   }
-  impl.open_devices = [description = impl.description](std::string* log) {
-    if (log) {
-      *log = description + ": planning only (simulated devices come from runtime/sim/, for tests "
-                           "and tools)";
-    }
-    return device::DeviceSet{};
-  };
+  if (machine.devices) {
+    impl.open_devices = [gpus, description = impl.description](std::string* log) {
+      device::DeviceSet devices;
+      for (const PlatformGpu& gpu : gpus) {
+        devices.push_back(std::make_shared<device::SimDevice>(
+            device::SimDeviceOptions{.name = gpu.name, .memory_bytes = gpu.memory_bytes}));
+      }
+      if (log) *log = description + " (host memory behind the device interface)";
+      return devices;
+    };
+  } else {
+    impl.open_devices = [description = impl.description](std::string* log) {
+      if (log) {
+        *log = description + ": planning only (SimulatedMachine::devices opens simulated "
+                             "devices behind its GPUs)";
+      }
+      return device::DeviceSet{};
+    };
+  }
   return PlatformAccess::Make(std::move(impl));
 }
 

@@ -154,6 +154,33 @@ Result<Destinations::Memory> Destinations::Pinned(uint64_t bytes, uint64_t skew)
   return Memory{std::shared_ptr<std::byte>(block, data), data};
 }
 
+Result<Destinations::Memory> Destinations::FromCaller(const TensorInfo& src,
+                                                      const TensorPlan& tp) const {
+  if (!caller_memory_) {
+    return Status::InvalidArgument(fmt::format(
+        "tensor '{}' is planned into the caller's memory (PlanOptions::caller_memory), but the "
+        "load was given no LoadOptions::destination",
+        src.name));
+  }
+  std::span<std::byte> given;
+  try {
+    given = caller_memory_(src, tp);
+  } catch (const std::exception& e) {
+    return Status::CallbackFailed(fmt::format(
+        "LoadOptions::destination threw for tensor '{}': {}", src.name, e.what()));
+  } catch (...) {
+    return Status::CallbackFailed(
+        fmt::format("LoadOptions::destination threw for tensor '{}'", src.name));
+  }
+  if (given.size() != tp.nbytes || (given.data() == nullptr && tp.nbytes > 0)) {
+    return Status::InvalidArgument(fmt::format(
+        "LoadOptions::destination gave {} bytes for tensor '{}', which needs {}", given.size(),
+        src.name, tp.nbytes));
+  }
+  // Not owned: the caller keeps it alive until the load is done.
+  return Memory{std::shared_ptr<std::byte>(std::shared_ptr<void>(), given.data()), given.data()};
+}
+
 Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_only) {
   const TensorPlan& tp = plan_.tensors[t];
   const TensorInfo& src = checkpoint_.tensors()[tp.source];
@@ -166,31 +193,7 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_onl
     if (!memory.ok()) return failed(memory.status());
     return Memory{std::shared_ptr<std::byte>(memory->owner, memory->data), memory->data};
   }
-  if (tp.caller_memory) {
-    if (!caller_memory_) {
-      return Status::InvalidArgument(fmt::format(
-          "tensor '{}' is planned into the caller's memory (PlanOptions::caller_memory), but the "
-          "load was given no LoadOptions::destination",
-          src.name));
-    }
-    std::span<std::byte> given;
-    try {
-      given = caller_memory_(src, tp);
-    } catch (const std::exception& e) {
-      return Status::CallbackFailed(fmt::format(
-          "LoadOptions::destination threw for tensor '{}': {}", src.name, e.what()));
-    } catch (...) {
-      return Status::CallbackFailed(
-          fmt::format("LoadOptions::destination threw for tensor '{}'", src.name));
-    }
-    if (given.size() != tp.nbytes || (given.data() == nullptr && tp.nbytes > 0)) {
-      return Status::InvalidArgument(fmt::format(
-          "LoadOptions::destination gave {} bytes for tensor '{}', which needs {}", given.size(),
-          src.name, tp.nbytes));
-    }
-    // Not owned: the caller keeps it alive until the load is done.
-    return Memory{std::shared_ptr<std::byte>(std::shared_ptr<void>(), given.data()), given.data()};
-  }
+  if (tp.caller_memory) return FromCaller(src, tp);
   if (tp.pinned) {
     auto pinned = Pinned(tp.nbytes, InPhaseSkew(src.offset) * (tp.conversion == Conversion::kNone &&
                                                                !plan_.routes.align_tensors));

@@ -17,7 +17,7 @@
 #include "io/file.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/plan.h"
-#include "runtime/device/device.h"
+#include "runtime/device/accelerator.h"
 #include "runtime/pipeline/fresh_pages.h"
 #include "runtime/pipeline/host_buffer.h"
 
@@ -58,7 +58,7 @@ class Destinations {
   // The index into `devices` of tensor `t`'s device, -1 for the CPU.
   int DeviceOf(uint32_t t) const { return target_device_[plan_.tensors[t].device]; }
   // The device whose pinned staging the load uses (its first GPU), or null.
-  const std::shared_ptr<device::Device>& staging_device() const { return staging_device_; }
+  const std::shared_ptr<device::Accelerator>& staging_device() const { return staging_device_; }
   // Tensor `t` is written into fresh pages, by the workers only.
   bool Fresh(uint32_t t) const { return fresh_ != nullptr && plan_.tensors[t].fresh_pages; }
   bool has_fresh_pages() const { return fresh_ != nullptr; }
@@ -72,6 +72,10 @@ class Destinations {
   Result<Memory> ForSharedRead(const ReadChunk& read);
 
  private:
+  // Tensor `src`'s memory from LoadOptions::destination (TensorPlan::caller_memory), checked:
+  // InvalidArgument without a destination or for a span of another size, CallbackFailed when
+  // it throws.
+  Result<Memory> FromCaller(const TensorInfo& src, const TensorPlan& tp) const;
   // `bytes` (+ `skew` before them) of pin_device_'s pinned host memory. Errors: OutOfMemory
   // (budget; the driver would not pin).
   Result<Memory> Pinned(uint64_t bytes, uint64_t skew);
@@ -88,10 +92,10 @@ class Destinations {
   std::shared_ptr<HostMemoryBudget> budget_;
   SmallTensorArena small_tensors_;
   std::vector<int> target_device_;  // per plan.targets entry: index into devices_, -1 for cpu
-  std::shared_ptr<device::Device> staging_device_;
+  std::shared_ptr<device::Accelerator> staging_device_;
   // Whose pinned host memory TensorPlan::pinned tensors get: the staging device, else the
   // Loader's first GPU; null when none are planned.
-  std::shared_ptr<device::Device> pin_device_;
+  std::shared_ptr<device::Accelerator> pin_device_;
   std::unique_ptr<FreshPages> fresh_;
   std::vector<std::shared_ptr<void>> mappings_;  // one per file in mmap mode
   std::vector<io::File> mapped_files_;           // what each mapping maps, until the load ends

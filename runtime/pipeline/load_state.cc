@@ -28,8 +28,7 @@ std::vector<std::string> DeviceNames(size_t count) {
 
 LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_in,
                          Checkpoint checkpoint_in, LoadPlan plan_in, LoadOptions options_in,
-                         const LoaderOptions& loader_options_in,
-                         LoadHooks hooks, device::DeviceSet devices_in,
+                         const LoaderOptions& loader_options_in, device::DeviceSet devices_in,
                          std::string device_log_in)
     : loop(loop_in),
       workers(workers_in),
@@ -44,7 +43,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       done(done_promise.get_future().share()),
       trace(options.trace),
       callbacks(plan.tensors.size()),
-      hooks_(std::move(hooks)),
+      hooks_(loader_options.hooks ? *loader_options.hooks : LoadHooks{}),
       workers_count_(loader_options.worker_threads > 0
                          ? static_cast<size_t>(loader_options.worker_threads)
                          : std::max(1u, std::thread::hardware_concurrency())),
@@ -241,7 +240,7 @@ void LoadHandle::State::CancelIfAskedAt(LoadStage stage) {
 }
 
 void LoadHandle::State::MaybeFinish() {
-  if (finished || window_.in_flight() != 0 || conversions_in_flight_ != 0 ||
+  if (finished || window_.in_flight() != 0 || !in_flight_.idle() ||
       staging_.preparing() != 0) {
     return;
   }

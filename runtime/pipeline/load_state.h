@@ -24,7 +24,7 @@
 
 #include "io/reader.h"
 #include "loadstone/loader.h"
-#include "runtime/device/device.h"
+#include "runtime/device/accelerator.h"
 #include "runtime/pipeline/callbacks.h"
 #include "runtime/pipeline/destinations.h"
 #include "runtime/pipeline/host_buffer.h"
@@ -33,6 +33,7 @@
 #include "runtime/pipeline/staging_pool.h"
 #include "runtime/pipeline/tensor_access.h"
 #include "runtime/device/platform_impl.h"
+#include "runtime/pipeline/load_hooks.h"
 #include "runtime/pipeline/trace.h"
 
 namespace loadstone {
@@ -51,8 +52,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   using TensorCallback = std::function<void(const loadstone::Tensor&)>;
 
   State(asio::io_context& loop, asio::thread_pool& workers, Checkpoint checkpoint, LoadPlan plan,
-        LoadOptions options, const LoaderOptions& loader_options,
-        LoadHooks hooks, device::DeviceSet devices,
+        LoadOptions options, const LoaderOptions& loader_options, device::DeviceSet devices,
         std::string device_log);
 
 
@@ -113,6 +113,10 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
 
  private:
   void Pump();
+  // The route chunk `id` takes now that its turn has come (routes.h, RouteAtTurn): the one place
+  // where the executor asks where its bytes are. `*cached`: their page-cache view, when asked
+  // and they are there.
+  ReadRoute RouteNow(uint64_t id, const std::byte** cached) const;
   // Takes a free staging slot (allocating it on first use) for chunk `id` and points `request`
   // at the whole pages around the chunk, in it. Needs a free slot.
   Status TakeStagingSlot(uint64_t id, io::ReadRequest* request);
@@ -151,8 +155,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void RouteChunks();
   // The index into `devices` of tensor `t`'s device, -1 for the CPU.
   int DeviceOf(uint32_t t) const { return destinations_.DeviceOf(t); }
-  // Tensor `t` is written into fresh pages by the workers.
-  bool Fresh(uint32_t t) const { return destinations_.Fresh(t); }
   // The memory of tensor `t`'s scales (float8 scales, a bitsandbytes absmax) when it is
   // dequantized with them, else null.
   const std::byte* ScalesOf(uint32_t t) const {
@@ -160,7 +162,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     return UsesScales(tp.conversion) ? tensors[tp.scale].data : nullptr;
   }
   // Quantized weight `t`'s quant state on its device, for a device that decodes
-  // (Device::DecodesQuantized): its scales (in host memory by now) and the catalog's tables,
+  // (Accelerator::DecodesQuantized): its scales (in host memory by now) and the catalog's tables,
   // copied into one device allocation by one job, the first time a piece of `t` goes there.
   Result<std::shared_ptr<const device::QuantDecode>> DeviceQuant(uint32_t t);
   // Where an unstaged read lands: its (first) tensor's memory at the read's offset in it — the
@@ -201,7 +203,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::string TraceArgs(uint64_t chunk) const;
 
   std::vector<uint32_t> plan_index_;  // per checkpoint tensor: its plan.tensors index, or ~0
-  const LoadHooks hooks_;           // Platform::Impl::hooks (testing)
+  const LoadHooks hooks_;           // LoaderOptions::hooks (testing)
   bool first_read_back_ = false;    // LoadStage::kMidStream asked
   const size_t workers_count_;  // threads in `workers`
   pipeline::Destinations destinations_;
@@ -227,8 +229,17 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
   // Per tensor, once made: its quant state on its device (DeviceQuant).
   std::vector<std::shared_ptr<const device::QuantDecode>> device_quant_;
-  size_t conversions_in_flight_ = 0;  // staged pieces, cached copies, quant-state uploads
-  size_t cached_copies_ = 0;
+  // Work under way outside the read window, by kind; MaybeFinish waits for all of it.
+  struct WorkInFlight {
+    size_t cpu_pieces = 0;     // a staged chunk's CPU part on a worker (ConvertStaged)
+    size_t device_pieces = 0;  // a tensor's piece of a staged chunk, to OnDevicePieceDone
+    size_t cached_copies = 0;  // page-cache copies on a worker (CopyCached)
+    size_t quant_uploads = 0;  // quantized weights' quant state copied to their device
+    bool idle() const {
+      return cpu_pieces == 0 && device_pieces == 0 && cached_copies == 0 && quant_uploads == 0;
+    }
+  };
+  WorkInFlight in_flight_;
   bool stopping_ = false;
   Status error_;
   // planning::CheckPlanFor's verdict (a plan is used only with the checkpoint it was made for,

@@ -104,7 +104,7 @@ LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
                         const LoadOptions& options) {
   auto state = std::make_shared<LoadHandle::State>(impl_->loop, impl_->workers, checkpoint, plan,
                                                    options, impl_->options,
-                                                   impl_->platform.hooks, impl_->devices,
+                                                   impl_->devices,
                                                    impl_->device_log);
   {
     std::lock_guard lock(impl_->mu);

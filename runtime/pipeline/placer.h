@@ -14,7 +14,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/plan.h"
 #include "runtime/convert/fp8_block.h"
-#include "runtime/device/device.h"
+#include "runtime/device/accelerator.h"
 #include "runtime/pipeline/destinations.h"
 
 namespace loadstone::pipeline {
@@ -45,7 +45,7 @@ class Placer {
   // Relayout made of a strided or big-endian one (lo: where the piece's file bytes start, hi:
   // lo plus the bytes Relayout made).
   // The job that has a device decode quantized tensor `t`'s piece of staged read `read` (its
-  // bytes at `staged`) into memory `data`, with `quant` (Device::DecodesQuantized).
+  // bytes at `staged`) into memory `data`, with `quant` (Accelerator::DecodesQuantized).
   Result<device::PlaceJob> QuantJob(const ReadChunk& read, uint32_t t, std::byte* data,
                                     const std::byte* staged,
                                     std::shared_ptr<const device::QuantDecode> quant) const;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "io/reader.h"
-#include "runtime/device/platform_impl.h"
+#include "runtime/pipeline/load_hooks.h"
 
 namespace loadstone::pipeline {
 

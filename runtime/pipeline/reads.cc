@@ -14,6 +14,22 @@
 
 namespace loadstone {
 
+ReadRoute LoadHandle::State::RouteNow(uint64_t id, const std::byte** cached) const {
+  const ReadChunk& chunk = plan.reads[id];
+  pipeline::TurnFacts facts;
+  const ReadRoute settled = chunks_[id].route;
+  if (settled == ReadRoute::kStagedWhenCold) {
+    facts.cold = window_.reader().ReadsDirect(chunk.file, chunk.offset, chunk.length);
+  }
+  if (settled == ReadRoute::kFreshPages ||
+      (chunks_[id].copy_when_cached && !facts.cold &&
+       (settled == ReadRoute::kInPlace || settled == ReadRoute::kStagedWhenCold))) {
+    *cached = window_.reader().CachedView(chunk.file, chunk.offset, chunk.length);
+    facts.cached = *cached != nullptr;
+  }
+  return pipeline::RouteAtTurn(settled, facts);
+}
+
 void LoadHandle::State::Pump() {
   auto fail = [&](Status status) {
     window_.Flush();
@@ -28,30 +44,17 @@ void LoadHandle::State::Pump() {
     for (uint32_t t : chunk.tensors) {
       if (Status s = EnsureDestination(t); !s.ok()) return fail(s);
     }
-    // The route it takes, now that where its bytes are can be asked (routes.h).
-    pipeline::TurnFacts facts;
-    const ReadRoute settled = chunks_[id].route;
-    if (settled == ReadRoute::kStagedWhenCold) {
-      facts.cold = window_.reader().ReadsDirect(chunk.file, chunk.offset, chunk.length);
-    }
     const std::byte* cached = nullptr;
-    if (settled == ReadRoute::kFreshPages ||
-        (chunks_[id].copy_when_cached && !facts.cold &&
-         (settled == ReadRoute::kInPlace || settled == ReadRoute::kStagedWhenCold))) {
-      cached = window_.reader().CachedView(chunk.file, chunk.offset, chunk.length);
-      facts.cached = cached != nullptr;
-    }
-    const ReadRoute route = pipeline::RouteAtTurn(chunks_[id].route, facts);
+    const ReadRoute route = RouteNow(id, &cached);
     // Settled once, even when it waits below for a staging slot; a page-cache copy that waits
     // for a worker asks for its view again.
     if (route != ReadRoute::kPageCacheCopy) chunks_[id].route = route;
     io::ReadRequest request{chunk.file, chunk.offset, chunk.length, nullptr, id};
     if (route == ReadRoute::kPageCacheCopy) {
       // Two per worker at most, so that a cancel is not stuck behind a long queue of copies.
-      if (cached_copies_ >= 2 * workers_count_) break;
+      if (in_flight_.cached_copies >= 2 * workers_count_) break;
       chunks_[id].route = route;  // before the worker's trace reads it
-      ++cached_copies_;
-      ++conversions_in_flight_;
+      ++in_flight_.cached_copies;
       asio::post(workers,
                  [self = shared_from_this(), id, cached] { self->CopyCached(id, cached); });
     } else if (route == ReadRoute::kStaged) {

@@ -30,7 +30,7 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
       continue;
     }
     ++chunks_[id].parts_left;
-    ++conversions_in_flight_;
+    ++in_flight_.device_pieces;
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
     if (Unpacks(plan.tensors[t].conversion) && devices[device]->DecodesQuantized()) {
       auto quant = DeviceQuant(t);
@@ -60,10 +60,58 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
   }
   if (cpu_pieces) {
     ++chunks_[id].parts_left;
-    ++conversions_in_flight_;
+    ++in_flight_.cpu_pieces;
     asio::post(workers, [self = shared_from_this(), id, slot] { self->ConvertStaged(id, slot); });
   }
 }
+
+namespace {
+
+// A quantized weight's tables (its scales, a GPTQ weight's zeros and g_idx, a nested bitsandbytes
+// weight's code and absmax), each at an 8-byte-aligned offset of one host block that its device
+// copies whole; kNone for a table the weight lacks.
+struct QuantTables {
+  static constexpr uint64_t kNone = UINT64_MAX;
+  std::shared_ptr<std::vector<std::byte>> host = std::make_shared<std::vector<std::byte>>();
+  uint64_t scales = kNone, zeros = kNone, g_idx = kNone, nested_code = kNone,
+           nested_absmax = kNone;
+
+  uint64_t Add(const void* data, uint64_t bytes) {
+    const uint64_t at = (host->size() + 7) / 8 * 8;
+    host->resize(at + bytes);
+    if (bytes) std::memcpy(host->data() + at, data, bytes);
+    return at;
+  }
+  // Points `quant`'s tables into `base`, the block's copy on the device.
+  void PointInto(std::byte* base, device::QuantDecode* quant) const {
+    auto at = [base](uint64_t offset) { return offset == kNone ? nullptr : base + offset; };
+    quant->scales = at(scales);
+    quant->zeros = reinterpret_cast<const int16_t*>(at(zeros));
+    quant->g_idx = reinterpret_cast<const int32_t*>(at(g_idx));
+    quant->nested_code = reinterpret_cast<const float*>(at(nested_code));
+    quant->nested_absmax = reinterpret_cast<const float*>(at(nested_absmax));
+  }
+};
+
+// The tables of weight `src`, whose scales (when its conversion uses them) are `scale_bytes`
+// at `scales` in host memory.
+QuantTables PackQuantTables(const TensorInfo& src, const TensorPlan& tp, const std::byte* scales,
+                            uint64_t scale_bytes) {
+  QuantTables tables;
+  if (UsesScales(tp.conversion)) tables.scales = tables.Add(scales, scale_bytes);
+  if (const auto& s = src.packed->packed_int) {
+    if (!s->zeros.empty()) tables.zeros = tables.Add(s->zeros.data(), s->zeros.size() * sizeof(int16_t));
+    if (!s->g_idx.empty()) tables.g_idx = tables.Add(s->g_idx.data(), s->g_idx.size() * sizeof(int32_t));
+  }
+  if (const auto& s = src.packed->bnb4; s && s->nested) {
+    tables.nested_code = tables.Add(s->nested_code.data(), sizeof(s->nested_code));
+    tables.nested_absmax =
+        tables.Add(s->nested_absmax.data(), s->nested_absmax.size() * sizeof(float));
+  }
+  return tables;
+}
+
+}  // namespace
 
 Result<std::shared_ptr<const device::QuantDecode>> LoadHandle::State::DeviceQuant(uint32_t t) {
   if (device_quant_.empty()) device_quant_.resize(tensors.size());
@@ -74,48 +122,25 @@ Result<std::shared_ptr<const device::QuantDecode>> LoadHandle::State::DeviceQuan
   quant->conversion = tp.conversion;
   quant->layout = *src.packed;
   if (tp.conversion == Conversion::kDequantBnb8) quant->int8_cols = src.shape.at(1);
-  // Every table at an 8-byte-aligned offset of one host block; the device copies it whole.
-  auto host = std::make_shared<std::vector<std::byte>>();
-  auto add = [&](const void* data, uint64_t bytes) {
-    const uint64_t at = (host->size() + 7) / 8 * 8;
-    host->resize(at + bytes);
-    if (bytes) std::memcpy(host->data() + at, data, bytes);
-    return at;
-  };
-  constexpr uint64_t kNone = UINT64_MAX;
-  uint64_t scales = kNone, zeros = kNone, g_idx = kNone, nested_code = kNone, nested_absmax = kNone;
-  if (UsesScales(tp.conversion)) scales = add(ScalesOf(t), plan.tensors[tp.scale].nbytes);
-  if (const auto& s = src.packed->packed_int) {
-    if (!s->zeros.empty()) zeros = add(s->zeros.data(), s->zeros.size() * sizeof(int16_t));
-    if (!s->g_idx.empty()) g_idx = add(s->g_idx.data(), s->g_idx.size() * sizeof(int32_t));
-  }
-  if (const auto& s = src.packed->bnb4; s && s->nested) {
-    nested_code = add(s->nested_code.data(), sizeof(s->nested_code));
-    nested_absmax = add(s->nested_absmax.data(), s->nested_absmax.size() * sizeof(float));
-  }
+  const QuantTables tables = PackQuantTables(
+      src, tp, ScalesOf(t), UsesScales(tp.conversion) ? plan.tensors[tp.scale].nbytes : 0);
+  const std::shared_ptr<std::vector<std::byte>>& host = tables.host;
   if (!host->empty()) {
-    const int device = DeviceOf(t);
-    auto memory = devices[device]->Allocate(host->size());
+    auto memory = devices[DeviceOf(t)]->Allocate(host->size());
     if (!memory.ok()) {
       return memory.status().WithContext(
           fmt::format("the quant state of tensor '{}' ({} bytes)", src.name, host->size()));
     }
-    std::byte* base = memory->data;
-    auto at = [base](uint64_t offset) { return offset == kNone ? nullptr : base + offset; };
-    quant->scales = at(scales);
-    quant->zeros = reinterpret_cast<const int16_t*>(at(zeros));
-    quant->g_idx = reinterpret_cast<const int32_t*>(at(g_idx));
-    quant->nested_code = reinterpret_cast<const float*>(at(nested_code));
-    quant->nested_absmax = reinterpret_cast<const float*>(at(nested_absmax));
+    tables.PointInto(memory->data, quant.get());
     quant->owner = memory->owner;
     device::PlaceJob upload;  // before every piece of `t` on this device, whose jobs run in order
     upload.src = host->data();
     upload.bytes = upload.count = host->size();
-    upload.dst = base;
-    ++conversions_in_flight_;
+    upload.dst = memory->data;
+    ++in_flight_.quant_uploads;
     upload.done = [self = shared_from_this(), t, host](Status status) {
       asio::post(self->loop, [self, t, status = std::move(status)]() mutable {
-        --self->conversions_in_flight_;
+        --self->in_flight_.quant_uploads;
         if (!status.ok()) {
           const TensorPlan& p = self->plan.tensors[t];
           self->Fail(status.WithContext(
@@ -126,7 +151,7 @@ Result<std::shared_ptr<const device::QuantDecode>> LoadHandle::State::DeviceQuan
         self->MaybeFinish();
       });
     };
-    devices[device]->Submit(std::move(upload));
+    devices[DeviceOf(t)]->Submit(std::move(upload));
   }
   device_quant_[t] = quant;
   return device_quant_[t];
@@ -185,7 +210,7 @@ void LoadHandle::State::SubmitDevicePiece(uint64_t id, size_t slot, uint32_t t,
 
 void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t tensor,
                                           uint64_t bytes, Status status) {
-  --conversions_in_flight_;
+  --in_flight_.device_pieces;
   if (!status.ok()) {
     Fail(status.WithContext(fmt::format("placing tensor '{}' on {}",
                                         checkpoint.tensors()[plan.tensors[tensor].source].name,
@@ -280,8 +305,8 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
   const ReadChunk& chunk = plan.reads[id];
   std::byte* to = ReadDestination(id);
   // In pieces, each let go of as soon as it is copied: the cached pages a copy maps count in this
-  // process's RSS, and a whole 16 MiB read per worker was most of a small-tensor load's peak
-  // above its tensors (measured on the 100k-tensor checkpoint, bench/README.md).
+  // process's RSS, and a whole 16 MiB read per worker would be most of a small-tensor load's
+  // peak above its tensors (bench/README.md, the 100k-tensor checkpoint).
   constexpr uint64_t kPiece = 4ULL << 20;
   Status status;
   for (uint64_t at = 0; at < chunk.length && status.ok(); at += kPiece) {
@@ -310,8 +335,7 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
 }
 
 void LoadHandle::State::OnCachedDone(uint64_t id, Status status) {
-  --conversions_in_flight_;
-  --cached_copies_;
+  --in_flight_.cached_copies;
   const ReadChunk& chunk = plan.reads[id];
   if (!status.ok()) {
     Fail(ChunkError(id, status));
@@ -324,7 +348,7 @@ void LoadHandle::State::OnCachedDone(uint64_t id, Status status) {
 }
 
 void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
-  --conversions_in_flight_;
+  --in_flight_.cpu_pieces;
   if (!status.ok()) {
     Fail(std::move(status));
   } else if (!stopping_) {

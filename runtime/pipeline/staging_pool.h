@@ -14,14 +14,14 @@
 #include <vector>
 
 #include "loadstone/status.h"
-#include "runtime/device/device.h"
+#include "runtime/device/accelerator.h"
 
 namespace loadstone::pipeline {
 
 class StagingPool {
  public:
   // `slots` slots of `slot_bytes`, pinned by `device`'s staging, or host huge pages when null.
-  void Reset(uint64_t slot_bytes, size_t slots, std::shared_ptr<device::Device> device);
+  void Reset(uint64_t slot_bytes, size_t slots, std::shared_ptr<device::Accelerator> device);
 
   uint64_t slot_bytes() const { return slot_bytes_; }
   bool has_free() const { return !free_.empty(); }
@@ -46,7 +46,7 @@ class StagingPool {
 
  private:
   uint64_t slot_bytes_ = 0;
-  std::shared_ptr<device::Device> device_;
+  std::shared_ptr<device::Accelerator> device_;
   std::vector<std::shared_ptr<std::byte>> slots_;
   std::vector<size_t> free_;        // allocated (host: and touched) slots not in use
   std::vector<size_t> unprepared_;  // host slots not allocated yet

@@ -93,20 +93,11 @@ Status PairQuantStates(const Checkpoint& checkpoint, std::map<size_t, ScalePair>
                        std::vector<bool>* keep_stored) {
   const auto& infos = checkpoint.tensors();
   for (size_t w = 0; w < infos.size(); ++w) {
-    const std::optional<PackedLayout>& packed = infos[w].packed;
-    if (!packed || packed->companions().empty()) continue;
-    for (const std::string& c : packed->companions()) {
-      const TensorInfo* companion = checkpoint.Find(c);
-      if (companion == nullptr) {
-        return Status::InvalidArgument(fmt::format(
-            "tensor '{}' is {}-packed, but its quant-state tensor '{}' is not in the checkpoint; "
-            "list it beside the weight",
-            infos[w].name, packed->scheme, c));
-      }
-      (*keep_stored)[static_cast<size_t>(companion - infos.data())] = true;
-    }
-    const TensorInfo* scales = checkpoint.Find(packed->companions().front());
-    (*pairs)[w] = {static_cast<size_t>(scales - infos.data()), 0, 0};
+    if (!infos[w].packed) continue;  // float8 weights pair by PairFp8Scales, with their blocks
+    LOADSTONE_ASSIGN_OR_RETURN(const auto companions, checkpoint.Companions(infos[w]));
+    if (companions.empty()) continue;
+    for (const TensorInfo* c : companions) (*keep_stored)[static_cast<size_t>(c - infos.data())] = true;
+    (*pairs)[w] = {static_cast<size_t>(companions.front() - infos.data()), 0, 0};
   }
   return Status::OK();
 }

@@ -18,8 +18,8 @@
 #include "runtime/plan/schedule.h"
 #include "runtime/plan/targets.h"
 #include "runtime/device/platform_impl.h"
-#include "runtime/planner/budgets.h"
-#include "runtime/planner/planner.h"
+#include "runtime/device_map/budgets.h"
+#include "runtime/device_map/infer.h"
 
 namespace loadstone {
 
@@ -129,11 +129,11 @@ void WarnUnused(const Checkpoint& checkpoint, const PlanOptions& options, const 
   }
   if (options.explicit_map && options.max_memory) {
     // An explicit map is used as given (as accelerate and transformers do): its budgets are not.
-    auto budgets = planner::GetMaxMemory(options.max_memory, device::OrDefault(options.platform),
+    auto budgets = device_map::GetMaxMemory(options.max_memory, device::OrDefault(options.platform),
                                          nullptr);
     std::string over;
     for (const DeviceUsage& u : plan.devices.usage) {
-      const planner::Budget* b = budgets.ok() ? planner::FindBudget(*budgets, u.device) : nullptr;
+      const device_map::Budget* b = budgets.ok() ? device_map::FindBudget(*budgets, u.device) : nullptr;
       if (b != nullptr && static_cast<double>(u.bytes) > b->bytes.AsDouble()) {
         over += fmt::format("; it sends {} bytes to {}, over its budget of {:.0f}", u.bytes,
                             u.device.ToString(), b->bytes.AsDouble());
@@ -156,10 +156,10 @@ Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& o
     // Keys that name no module are reported (check_device_map); every tensor planned must have
     // a key (TensorPlanner::Add), those an `include` leaves out need none.
     if (options.model) {
-      plan.warnings = planner::UnknownMapKeys(*options.model, plan.device_map);
+      plan.warnings = device_map::UnknownMapKeys(*options.model, plan.device_map);
     } else {
       LOADSTONE_ASSIGN_OR_RETURN(ModuleTree tree, ModuleTree::FromCheckpoint(checkpoint));
-      plan.warnings = planner::UnknownMapKeys(tree, plan.device_map);
+      plan.warnings = device_map::UnknownMapKeys(tree, plan.device_map);
     }
     return plan;
   }
@@ -167,18 +167,18 @@ Result<DevicePlan> MapDevices(const Checkpoint& checkpoint, const PlanOptions& o
     LOADSTONE_RETURN_IF_ERROR(plan.device_map.Add("", Device::Cpu()));
     return plan;
   }
-  planner::PlacedTensors placed;
+  device_map::PlacedTensors placed;
   if (options.dtype || !options.special_dtypes.empty()) {
     placed.reserve(targets.size());
     for (size_t i = 0; i < targets.size(); ++i) {
       const TensorInfo& t = checkpoint.tensors()[i];
-      placed.emplace(t.name, planner::PlacedTensor{targets[i].dtype,
+      placed.emplace(t.name, device_map::PlacedTensor{targets[i].dtype,
                                                    PlacedElements(t, targets[i].conversion)});
     }
   }
-  if (options.model) return planner::InferDeviceMapPlaced(*options.model, options, placed);
+  if (options.model) return device_map::InferDeviceMapPlaced(*options.model, options, placed);
   LOADSTONE_ASSIGN_OR_RETURN(ModuleTree tree, ModuleTree::FromCheckpoint(checkpoint));
-  return planner::InferDeviceMapPlaced(tree, options, placed);
+  return device_map::InferDeviceMapPlaced(tree, options, placed);
 }
 
 // Bytes per device as the plan places them (`device_of[i]` holds tensor i); budgets and devices

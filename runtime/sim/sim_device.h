@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-#include "runtime/device/device.h"
+#include "runtime/device/accelerator.h"
 
 namespace loadstone::device {
 
@@ -27,7 +27,7 @@ struct SimDeviceOptions {
   bool decodes_quantized = true;
 };
 
-class SimDevice final : public Device {
+class SimDevice final : public Accelerator {
  public:
   explicit SimDevice(SimDeviceOptions options);
   ~SimDevice() override;  // drains

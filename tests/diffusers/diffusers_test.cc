@@ -15,7 +15,7 @@
 
 #include "loadstone/torch.h"
 #include "loadstone/writer.h"
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 #include "tests/diffusers/models.h"
 #include "tests/testing/temp_dir.h"
 
@@ -90,7 +90,7 @@ std::shared_ptr<const Platform> SimGpus(int count) {
     WARN("skipped: needs " << count << " GPUs, this machine has " << here->Gpus().size());
     return nullptr;
   }
-  return SimulatedPlatformWithDevices(SimulatedMachine{std::vector<uint64_t>(count, 1ULL << 30), 16ULL << 30});
+  return Platform::Simulated(SimulatedMachine{std::vector<uint64_t>(count, 1ULL << 30), 16ULL << 30}.WithDevices());
 }
 
 std::set<std::string> MapValues(const DeviceMap& map) {

@@ -4,8 +4,8 @@
 #include "fuzz_input.h"
 #include "loadstone/device_map.h"
 #include "loadstone/devices.h"
-#include "runtime/planner/budgets.h"
-#include "runtime/planner/modes.h"
+#include "runtime/device_map/budgets.h"
+#include "runtime/device_map/modes.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace loadstone;
@@ -14,8 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   switch (data[0] % 5) {
     case 0: fuzz::CheckRefusal(ParseSizeString(text).status()); break;
     case 1: fuzz::CheckRefusal(ParseDevice(text).status()); break;
-    case 2: fuzz::CheckRefusal(planner::ParseDeviceMapString(text).status()); break;
-    case 3: fuzz::CheckRefusal(planner::ParseBudgetKey(std::string(text)).status()); break;
+    case 2: fuzz::CheckRefusal(device_map::ParseDeviceMapString(text).status()); break;
+    case 3: fuzz::CheckRefusal(device_map::ParseBudgetKey(std::string(text)).status()); break;
     default: fuzz::CheckRefusal(ParseModelDescription(text).status());
   }
   return 0;

@@ -163,9 +163,10 @@ class Feeder {
   // decoded size is what one unit holds.
   void AddDecoded(size_t tensor, const TensorInfo& src, uint64_t out_bytes) {
     const PackedLayout& packed = *src.packed;
-    if (!packed.companions().empty()) {
+    const auto companions = ckpt_.Companions(src);  // Plan() found them all
+    if (companions.ok() && !companions->empty()) {
       Unit unit{tensor, 0, out_bytes, src, {}};
-      for (const std::string& c : packed.companions()) unit.with.push_back(*ckpt_.Find(c));
+      for (const TensorInfo* c : *companions) unit.with.push_back(*c);
       units_.push_back(std::move(unit));
       return;
     }
@@ -287,13 +288,17 @@ int RunConvert(const ConvertArgs& args) {
     const TensorInfo& t = ckpt->tensors()[tp.source];
     out_dtype[tp.source] = tp.dtype;
     decoded[tp.source] = Unpacks(tp.conversion);
-    // A quantized tensor is written dequantized (its quant state then belongs to nothing), or as
-    // stored with its quant state — unless its bytes alone would lose what they are (GGUF).
-    if (decoded[tp.source]) {
-      for (const std::string& c : t.packed->companions()) {
-        dropped[static_cast<size_t>(ckpt->Find(c) - ckpt->tensors().data())] = true;
+    // A quantized tensor is written dequantized (its companions, quant state or float8 scales,
+    // then belong to nothing), or as stored with them — unless its bytes alone would lose what
+    // they are (GGUF).
+    const auto companions = ckpt->Companions(t);
+    if (!companions.ok()) return ReportError(companions.status());
+    if (decoded[tp.source] || tp.conversion == Conversion::kDequantFp8Block) {
+      for (const TensorInfo* c : *companions) {
+        dropped[static_cast<size_t>(c - ckpt->tensors().data())] = true;
       }
-    } else if (t.packed && t.packed->companions().empty()) {
+    }
+    if (!decoded[tp.source] && t.packed && companions->empty()) {
       return ReportError(Status::Unsupported(fmt::format(
           "tensor '{}' is {}-packed, which {}: safetensors has no dtype for GGUF blocks, so "
           "written as bytes it would lose its type; {}",
@@ -302,12 +307,10 @@ int RunConvert(const ConvertArgs& args) {
           options.dtype ? "convert a checkpoint of types it decodes"
                         : "give --dtype f32, f16 or bf16")));
     }
-    // A scaled float8 weight is written dequantized, whole, loaded with its scales (which
-    // then belong to nothing).
+    // A scaled float8 weight is written dequantized, whole, loaded with the scales its plan
+    // pairs it with.
     if (tp.conversion == Conversion::kDequantFp8Block) {
-      const uint32_t scale = whole->tensors[tp.scale].source;
-      scales_of[tp.source] = &ckpt->tensors()[scale];
-      dropped[scale] = true;
+      scales_of[tp.source] = &ckpt->tensors()[whole->tensors[tp.scale].source];
     }
   }
 

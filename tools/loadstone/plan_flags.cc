@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 #include "tools/loadstone/parse.h"
 
 namespace loadstone::cli {
@@ -190,7 +190,7 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   o.routes.mmap = mmap;
   if (!assume_gpus.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus, &in.warnings));
-    o.platform = SimulatedPlatformWithDevices(machine);  // `load` runs the plan on them
+    o.platform = Platform::Simulated(machine.WithDevices());  // `load` runs the plan on them
   }
   return in;
 }

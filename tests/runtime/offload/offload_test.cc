@@ -17,7 +17,7 @@
 
 #include "loadstone/offload.h"
 #include "loadstone/writer.h"
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 #include "tests/testing/temp_dir.h"
 
 namespace loadstone {
@@ -63,7 +63,7 @@ struct Offloaded {
     ckpt = *opened;
     plan = PlanWithDisk(*ckpt, dir.Path("off"));
     LoaderOptions lo;
-    lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
+    lo.platform = Platform::Simulated(SimulatedMachine::Gpus(1, 1ULL << 30).WithDevices());
     loader = std::make_shared<Loader>(lo);
     REQUIRE(WriteOffload(*loader, *ckpt, plan).ok());
     auto opened_store = OffloadStore::Open(loader, *ckpt, plan);

@@ -21,7 +21,7 @@
 #include "loadstone/writer.h"
 #include "runtime/pipeline/test_model.h"
 #include "runtime/pipeline/test_platform.h"
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 #include "testing/file_bytes.h"
 #include "testing/quantized_fixtures.h"
 #include "testing/rewritten_checkpoint.h"
@@ -320,7 +320,7 @@ TEST_CASE(
   opt.dtype = dtype;
   opt.max_chunk = 4096;  // several pieces, each decoded and copied on its own
   opt.platform =
-      SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30, 1ULL << 30}, 8ULL << 30});
+      Platform::Simulated(SimulatedMachine{{1ULL << 30, 1ULL << 30}, 8ULL << 30}.WithDevices());
   opt.device_map = "cuda:1";
   auto plan = Plan(ckpt, opt);
   INFO(plan.status().ToString());

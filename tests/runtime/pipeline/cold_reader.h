@@ -44,7 +44,7 @@ inline LoaderOptions ColdReads(std::atomic<int>* asked, io::FaultOptions faults 
                                                           !faults_on || *faults_on ? faults : none));
         return std::unique_ptr<io::Reader>(std::make_unique<ColdReader>(std::move(faulty), asked));
       };
-  options.platform = TestPlatform({}, std::move(hooks));
+  options.hooks = std::make_shared<const LoadHooks>(std::move(hooks));
   return options;
 }
 

@@ -51,7 +51,7 @@ std::string ColumnName(Column c) {
 }
 
 // cuda:0: a simulated device that refuses allocations, or pinning, while told to.
-class RefusingDevice final : public device::Device {
+class RefusingDevice final : public device::Accelerator {
  public:
   RefusingDevice() : sim_(MakeSim()) {}
 
@@ -152,7 +152,8 @@ struct Cell {
     };
     hooks.refuse_userfaultfd = [f = faults] { return f->on.load() && f->refuse_userfaultfd; };
     options.backend = column.backend;
-    options.platform = testing::TestPlatform({gpu}, std::move(hooks));
+    options.platform = testing::TestPlatform({gpu});
+    options.hooks = std::make_shared<const LoadHooks>(std::move(hooks));
     loader = std::make_unique<Loader>(options);
   }
 

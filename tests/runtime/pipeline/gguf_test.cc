@@ -19,7 +19,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 #include "testing/file_bytes.h"
 #include "testing/temp_dir.h"
 
@@ -177,7 +177,7 @@ TEST_CASE("gguf: quantized blocks dequantize on load into the target dtype, or s
   opt.max_chunk = 4096;
   opt.coalesce_below = 1;
   if (map == "sim") {
-    opt.platform = SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30}, 8ULL << 30});
+    opt.platform = Platform::Simulated(SimulatedMachine{{1ULL << 30}, 8ULL << 30}.WithDevices());
     opt.device_map = "auto";
   }
   auto plan = Plan(*ckpt, opt);

@@ -12,7 +12,7 @@
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
 #include "runtime/pipeline/test_model.h"
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 #include "testing/file_bytes.h"
 #include "testing/quantized_fixtures.h"
 #include "testing/rewritten_checkpoint.h"
@@ -86,7 +86,7 @@ TEST_CASE("gptq/awq: every case dequantizes as its producer does, bit for bit", 
     opt.dtype = dtype;
     opt.max_chunk = max_chunk;
     if (gpu) {
-      opt.platform = SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30}, 8ULL << 30});
+      opt.platform = Platform::Simulated(SimulatedMachine{{1ULL << 30}, 8ULL << 30}.WithDevices());
       opt.device_map = "cuda:0";
     }
     auto plan = Plan(ckpt, opt);

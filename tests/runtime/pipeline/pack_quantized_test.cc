@@ -14,7 +14,7 @@
 #include "loadstone/plan.h"
 #include "loadstone/writer.h"
 #include "runtime/pipeline/test_model.h"
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 #include "testing/file_bytes.h"
 #include "testing/quantized_fixtures.h"
 #include "testing/rewritten_checkpoint.h"
@@ -62,7 +62,7 @@ TEST_CASE("pack-quantized: every case dequantizes as compressed-tensors does, bi
   opt.dtype = dtype;
   opt.max_chunk = max_chunk;
   if (gpu) {
-    opt.platform = SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30}, 8ULL << 30});
+    opt.platform = Platform::Simulated(SimulatedMachine{{1ULL << 30}, 8ULL << 30}.WithDevices());
     opt.device_map = "cuda:0";
   }
   auto plan = Plan(ckpt, opt);
@@ -112,7 +112,7 @@ TEST_CASE("float-quantized: every strategy dequantizes as compressed-tensors doe
   PlanOptions opt;
   opt.dtype = dtype;
   if (gpu) {
-    opt.platform = SimulatedPlatformWithDevices(SimulatedMachine{{1ULL << 30}, 8ULL << 30});
+    opt.platform = Platform::Simulated(SimulatedMachine{{1ULL << 30}, 8ULL << 30}.WithDevices());
     opt.device_map = "cuda:0";
   }
   auto plan = Plan(ckpt, opt);

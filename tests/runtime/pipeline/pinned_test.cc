@@ -18,7 +18,7 @@ using testing::TempDir;
 
 // A GPU whose staging "pins" (or refuses to): a simulated device for everything else, and a
 // record of the staging blocks it has handed out and not yet got back.
-class PinningDevice final : public device::Device {
+class PinningDevice final : public device::Accelerator {
  public:
   explicit PinningDevice(bool pins) : pins_(pins), sim_(device::SimDeviceOptions{}) {}
 

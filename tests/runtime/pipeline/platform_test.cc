@@ -6,7 +6,7 @@
 
 #include "loadstone/loader.h"
 #include "loadstone/platform.h"
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 #include "test_model.h"
 
 namespace loadstone {
@@ -72,11 +72,11 @@ TEST_CASE("platform: auto with no max_memory uses both GPUs of a simulated machi
   const Status refused = Loader(planning_only).Load(ckpt, *plan).Done().get();
   REQUIRE(refused.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(refused.message()), Catch::Contains("planning only"));
-  CHECK_THAT(std::string(refused.message()), Catch::Contains("runtime/sim/"));
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("SimulatedMachine::devices"));
 
   // The same machine with simulated devices behind it (runtime/sim/, test and tool support).
   LoaderOptions lo;
-  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(2, 2 * ckpt.total_bytes()));
+  lo.platform = Platform::Simulated(SimulatedMachine::Gpus(2, 2 * ckpt.total_bytes()).WithDevices());
   Loader loader(lo);
   LoadHandle load = loader.Load(ckpt, *plan);
   REQUIRE(load.Done().get().ok());
@@ -106,7 +106,7 @@ TEST_CASE("platform: a plan for more GPUs than the Loader's machine has is refus
   auto plan = Plan(ckpt, po);
   REQUIRE(plan.ok());
   LoaderOptions lo;
-  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
+  lo.platform = Platform::Simulated(SimulatedMachine::Gpus(1, 1ULL << 30).WithDevices());
   Loader loader(lo);
   const Status s = loader.Load(ckpt, *plan).Done().get();
   REQUIRE(s.code() == StatusCode::kInvalidArgument);

@@ -1,6 +1,6 @@
-// Platforms for pipeline tests: a machine whose GPUs are the test's simulated devices, and one
-// whose loads open their files through the test's reader (fault injection), switchable off so
-// that a test can check the Loader afterwards.
+// Platforms for pipeline tests: a machine whose GPUs are the test's simulated devices; and Loader
+// options whose loads open their files through the test's reader (fault injection, LoadHooks),
+// switchable off so that a test can check the Loader afterwards.
 #ifndef LOADSTONE_TESTS_RUNTIME_PIPELINE_TEST_PLATFORM_H_
 #define LOADSTONE_TESTS_RUNTIME_PIPELINE_TEST_PLATFORM_H_
 
@@ -13,13 +13,12 @@
 #include "io/fault_reader.h"
 #include "loadstone/loader.h"
 #include "runtime/device/platform_impl.h"
+#include "runtime/pipeline/load_hooks.h"
 
 namespace loadstone::testing {
 
-// This machine's description with `devices` as its GPUs ("cuda:N" = devices[N]) and `hooks`
-// changing its loads (a reader opening every load's files, cancels, refusals).
-inline std::shared_ptr<const Platform> TestPlatform(device::DeviceSet devices,
-                                                    LoadHooks hooks = {}) {
+// This machine's description with `devices` as its GPUs ("cuda:N" = devices[N]).
+inline std::shared_ptr<const Platform> TestPlatform(device::DeviceSet devices) {
   Platform::Impl impl;
   impl.description = "test platform";
   std::vector<PlatformGpu> gpus;
@@ -31,7 +30,6 @@ inline std::shared_ptr<const Platform> TestPlatform(device::DeviceSet devices,
     if (log) *log = "devices set by a test";
     return devices;
   };
-  impl.hooks = std::move(hooks);
   return PlatformAccess::Make(std::move(impl));
 }
 
@@ -53,7 +51,7 @@ class ReaderSwitch {
                                                        std::string* log) {
       return on->load() ? factory(paths, o, log) : io::OpenReader(paths, o, log);
     };
-    options.platform = TestPlatform({}, std::move(hooks));
+    options.hooks = std::make_shared<const LoadHooks>(std::move(hooks));
     return options;
   }
   void Off() { on_->store(false); }

@@ -18,7 +18,7 @@
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
 #include "loadstone/platform.h"
-#include "runtime/sim/simulated_platform.h"
+#include "loadstone/platform.h"
 
 namespace loadstone {
 namespace {
@@ -288,7 +288,7 @@ TEST_CASE("torch .bin: strided and big-endian tensors reach a GPU contiguous, ca
   // Simulated GPUs (host memory behind the device interface): the relayout runs on a worker,
   // then the device job copies (and casts) its output.
   LoaderOptions lo;
-  lo.platform = SimulatedPlatformWithDevices(SimulatedMachine::Gpus(1, 1ULL << 30));
+  lo.platform = Platform::Simulated(SimulatedMachine::Gpus(1, 1ULL << 30).WithDevices());
   Loader loader(lo);
   const auto manifest = Manifest();
   for (const auto& expected : manifest["valid"]) {
