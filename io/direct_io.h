@@ -30,8 +30,7 @@ DirectTwin OpenDirectTwin(const File& buffered);
 
 // Turns off kernel readahead on `file`'s descriptor (POSIX_FADV_RANDOM). The readers ask for
 // large explicit ranges, several at once; on one shared descriptor the readahead heuristics
-// then fight each other (measured: cold pread pool 0.4 GB/s at 2.3 CPU-s/GB with them,
-// 1.2-1.7 GB/s at 0.36 CPU-s/GB without).
+// then fight each other, costing both rate and CPU (bench/README.md, reader_bench).
 void DisableReadahead(const File& file);
 
 // A range this much in the page cache is copied from there instead of read from the device

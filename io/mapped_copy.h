@@ -9,7 +9,7 @@
 // Why copy from user space at all: the destination is then written with streaming
 // (non-temporal) stores, which skip reading each destination line before writing it: into memory
 // that already exists (a hot swap of parameters) that is well above what pread's kernel copy
-// reaches on the same cores (bench/README.md, "Issue 16, again").
+// reaches on the same cores (bench/README.md, "the hot swap by streaming copy").
 //
 // The handler stays installed for the life of the process: libloadstone.so is linked with
 // -z nodelete, so that a dlclose never leaves the handler pointing at unmapped code. Its

@@ -127,7 +127,7 @@ class Reader {
 
 // Drops the pages of [view, view + length) of a CachedView from this process's page tables
 // (the page cache keeps them), so that a load that copies a whole model out of the cache does
-// not also hold all of it mapped (measured: peak RSS 7.6 GB instead of 3.9 for a 3.6 GiB model).
+// not also hold all of it mapped: its peak RSS then stays near the model's size, not twice it.
 // Pages only partly inside the range stay mapped. Thread-safe.
 void ReleaseCachedView(const std::byte* view, uint64_t length);
 
@@ -135,9 +135,8 @@ enum class ReaderBackend { kAuto, kUring, kPread };
 
 struct ReaderOptions {
   ReaderBackend backend = ReaderBackend::kAuto;
-  // Defaults from bench/reader_bench on a 1.3-1.7 GB/s virtio disk: depths 4..64 and chunks
-  // 1..16 MiB all reached the same cold rate; 32 x 4 MiB matches the raw ceiling's setting,
-  // keeps 128 MiB in flight (enough for far faster disks) and Cancel() quick.
+  // Defaults chosen with bench/reader_bench (bench/README.md): 32 x 4 MiB matches the raw
+  // ceiling's setting, keeps 128 MiB in flight (enough for far faster disks) and Cancel() quick.
   int queue_depth = 32;             // reads in flight (1..4096)
   uint64_t max_chunk = 4ULL << 20;  // a request longer than this is split (4 KiB..1 GiB)
   bool direct = true;               // try O_DIRECT where the file system and alignment allow

@@ -285,8 +285,8 @@ void UringReader::Impl::Prep(io_uring_sqe* sqe, ReadPiece& piece) {
     io_uring_prep_read(sqe, fd, call.to, len, call.at);
   }
   // Buffered reads go to io-wq workers, except small ones from the cache (copied inline): for
-  // cold data the inline path retries page by page as the cache fills (measured 3x slower at
-  // 4x the CPU), and big copies from the cache run in parallel there.
+  // cold data the inline path retries page by page as the cache fills (slower, and costlier in
+  // CPU), and big copies from the cache run in parallel there.
   unsigned flags = setup.files_registered ? IOSQE_FIXED_FILE : 0;
   if (!direct && (!piece.cached || call.length >= kInlineCopyMax)) flags |= IOSQE_ASYNC;
   io_uring_sqe_set_flags(sqe, flags);

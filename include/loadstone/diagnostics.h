@@ -27,8 +27,8 @@ Result<RawReadResult> MeasureRawRead(const std::vector<std::string>& paths,
                                      const RawReadOptions& options = {});
 
 // A share of a file's pages this much in the page cache counts as cached: its bytes are copied
-// (or mapped) from there rather than read from the device (measured break-even on a 1.5 GB/s
-// disk: ~70%). The Loader's own rule for a read's bytes (docs/pipeline.md), and the Python
+// (or mapped) from there rather than read from the device (set just above the break-even share
+// measured in docs/pipeline.md). The Loader's own rule for a read's bytes (docs/pipeline.md), and the Python
 // patches' rule for mapping a file from_pretrained reads (docs/python.md).
 inline constexpr double kMostlyCached = 0.75;
 

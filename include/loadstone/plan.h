@@ -165,22 +165,21 @@ using RouteCounts = std::array<RouteCount, kReadRouteCount>;
 //   come in on first touch). Converted tensors are still read.
 // stage_cold_reads: a CPU tensor whose bytes must come from the device (not in the page cache,
 //   O_DIRECT possible) is read into reused huge-page staging and copied into place by the
-//   workers; a cached one is read in place. Measured on a virtio disk: DMA into fresh 4 KiB
-//   pages makes 0.5-1.2 MiB device requests and faults every page on the reader's thread; into
-//   staging, 1.7 MiB requests and 1.3x the throughput (docs/pipeline.md).
+//   workers; a cached one is read in place. Staging is physically contiguous, so the device
+//   gets larger requests and no page faults on the reader's thread (docs/pipeline.md).
 // fill_fresh_pages: CPU tensors of 64 KiB and more are written into pages the kernel does not
 //   zero first: the workers fill their never-touched pages with userfaultfd's UFFDIO_COPY
 //   (allocation and copy in one step, where a plain write faults, zeroes, then copies), either
 //   straight out of the page cache (a cached read needs no read at all) or out of staging.
-//   Measured on the 3.6 GiB bench model, interleaved: warm 3.5-4.3 GB/s vs 2.0-2.4 without;
-//   cold the same (the disk's rate). Where userfaultfd is unavailable, the load's backend line
+//   The gain is on warm loads (bench/README.md, "Fresh pages"). Where userfaultfd is
+//   unavailable, the load's backend line
 //   says so and these reads take the route they would have had without it.
 // align_tensors: false (default): a tensor read in place starts at its file offset's phase
 //   within a page, so that O_DIRECT lands straight in it, and small unconverted CPU tensors
 //   that neighbour each other in the file share one buffer (ReadChunk::shared_buffer); their
 //   data is then aligned as it is in the file (safetensors: to 8 bytes relative to the header's
 //   end). true: every CPU tensor's data is 64-byte aligned: small ones are copied one by one
-//   out of staging, and O_DIRECT needs a bounce copy (measured: about 3x slower cold here).
+//   out of staging, and O_DIRECT needs a bounce copy (slower cold: docs/pipeline.md).
 struct ReadRouteOptions {
   bool mmap = false;
   bool stage_cold_reads = true;

@@ -60,6 +60,7 @@ Status Machine::SetItems(Id dict, const std::vector<Id>& kv) {
   return Status::OK();
 }
 
+// Longer than 60 lines: the opcode switch, one case per pickle opcode, read as one table.
 Status Machine::Step(uint8_t op) {
   switch (op) {
     case 0x80: {  // PROTO

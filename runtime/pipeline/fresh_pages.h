@@ -4,9 +4,8 @@
 // the usual way, each 4 KiB page faults, the kernel zeroes it, and the copy then overwrites it:
 // the zeroing was most of a warm load's time here (`perf`: clear_page_erms 53%). Registered with a
 // userfaultfd, a never-touched page can instead be allocated and filled in one step
-// (UFFDIO_COPY, pages batched per call). Measured on this VM, 3.6 GiB from the page cache into
-// fresh memory on two threads: 1.2-1.4 s by UFFDIO_COPY vs 1.7-2.3 s by pread and 2.1-2.9 s by
-// memcpy out of an mmap (bench/README.md, "Fresh pages").
+// (UFFDIO_COPY, pages batched per call), faster than pread or memcpy out of an mmap into the
+// same fresh memory (bench/README.md, "Fresh pages").
 //
 // Contract of a buffer from Allocate, until the FreshPages that made it is destroyed: its pages
 // are filled only through Write/WriteConverted, and nothing else touches a page before it is

@@ -25,8 +25,8 @@ Result<RawReadResult> MeasureRawRead(const std::vector<std::string>& paths,
   }
   const size_t slots = static_cast<size_t>(options.queue_depth);
   // Huge pages, like the Loader's staging: physically contiguous memory lets the block layer
-  // send large requests (with 4 KiB pages this ceiling measured ~1.0 GB/s here, with huge pages
-  // ~1.8 on the same disk; docs/pipeline.md).
+  // send large requests, and the ceiling is the disk's rather than the page size's
+  // (docs/pipeline.md).
   LOADSTONE_ASSIGN_OR_RETURN(auto scratch, pipeline::AllocateHost(slots * options.chunk, nullptr,
                                                                   pipeline::HostPages::kHuge));
 

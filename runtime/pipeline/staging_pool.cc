@@ -4,7 +4,7 @@
 
 namespace loadstone::pipeline {
 
-void StagingPool::Reset(uint64_t slot_bytes, size_t slots, std::shared_ptr<device::Device> device) {
+void StagingPool::Reset(uint64_t slot_bytes, size_t slots, std::shared_ptr<device::Accelerator> device) {
   slot_bytes_ = slot_bytes;
   device_ = std::move(device);
   slots_.assign(slots, nullptr);
@@ -31,8 +31,8 @@ Result<size_t> StagingPool::Take(std::string* note) {
 
 void StagingPool::Release(size_t slot) { free_.push_back(slot); }
 
-// Host staging slots are huge pages whose first touch is slow on some VMs (measured: ~0.7 s for
-// 252 MiB when the host had taken the memory back). Touched by the O_DIRECT submission, that
+// Host staging slots are huge pages whose first touch is slow on some VMs (a host that had taken
+// the memory back; bench/README.md). Touched by the O_DIRECT submission, that
 // time was spent on the ring thread before the first reads went out; two workers touch them
 // in parallel instead, and each slot joins the pool as soon as it is ready. Slots wanted by a
 // small read (a few coalesced small tensors) are not touched ahead: such reads fill a small

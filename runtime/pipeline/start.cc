@@ -129,8 +129,7 @@ Status LoadHandle::State::OpenReader() {
   // Every read this executor issues lands in phase with its file offset (staging slots and
   // whole pages; in-place buffers allocated at the offset's phase, EnsureDestination) unless
   // tensors must be 64-byte aligned: only then do O_DIRECT reads need bounce buffers. Without
-  // them the reader keeps no pool (measured: 0 bounced bytes cold and warm, and 32 MiB of pinned
-  // memory less); a read that is not in phase after all goes through the page cache, and
+  // them the reader keeps no pool (no bounced bytes, and its pinned memory saved); a read that is not in phase after all goes through the page cache, and
   // ReadStats says so (buffered_bytes).
   if (!plan.routes.align_tensors) ro.bounce_bytes = 0;
   LOADSTONE_RETURN_IF_ERROR(window_.Open(loop, paths, ro, hooks_.open_reader));
