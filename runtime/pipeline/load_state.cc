@@ -226,13 +226,18 @@ void LoadHandle::State::Fail(Status status) {
   if (error_.ok()) error_ = std::move(status);
   stopping_ = true;
   window_.Cancel();
-  MaybeFinish();
 }
 
 void LoadHandle::State::RequestCancel() {
-  asio::post(loop, [self = shared_from_this()] {
-    if (!self->finished) self->Fail(Status::Cancelled("the load was cancelled"));
+  OnLoop([](State& self) {
+    if (!self.finished) self.Fail(Status::Cancelled("the load was cancelled"));
   });
+}
+
+void LoadHandle::State::Schedule() {
+  if (finished) return;
+  if (!stopping_) Pump();
+  MaybeFinish();
 }
 
 void LoadHandle::State::CancelIfAskedAt(LoadStage stage) {

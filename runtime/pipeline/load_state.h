@@ -1,14 +1,18 @@
 // The state machine of one load: the futures, callbacks and progress, one Chunk record per read,
-// and the one finish rule (MaybeFinish), over the load's stages — the read window
-// (read_window.h), the staging pool (staging_pool.h), the destinations (destinations.h) and the
-// placer (placer.h) — which it drives: Pump issues reads on their routes (reads.cc, routes.h),
-// staged.cc hands staged bytes to the workers and devices. Everything except the atomics, the
-// futures and the callback list runs on the Loader's event-loop thread (the io_context), so it
-// needs no lock.
+// over the load's stages — the read window (read_window.h: the only code that submits reads),
+// the staging pool (staging_pool.h: each slot held by one chunk, TakeStagingSlot ..
+// ReleaseSlot), the destinations (destinations.h: every tensor's memory) and the placer
+// (placer.h: CPU conversions and device jobs). Every event enters through OnLoop (or, for the
+// reader's completions and Start, ends the same way) and ends in Schedule, the one scheduler:
+// it issues what reads there is room for (Pump, reads.cc) and applies the one finish rule
+// (MaybeFinish). staged.cc hands staged bytes to the workers and devices; the work they have in
+// flight is counted per kind (WorkInFlight). Everything except the atomics, the futures and the
+// callback list runs on the Loader's event-loop thread (the io_context), so it needs no lock.
 #ifndef LOADSTONE_RUNTIME_PIPELINE_LOAD_STATE_H_
 #define LOADSTONE_RUNTIME_PIPELINE_LOAD_STATE_H_
 
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
 #include <asio/thread_pool.hpp>
 
 #include <array>
@@ -112,6 +116,21 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   pipeline::Callbacks callbacks;    // the load's callbacks, on its own callback thread
 
  private:
+  // Runs `event(*this)` on the loop thread, then Schedule(). Every event of a load — a read's
+  // completion, a worker's or a device's result, a staging slot prepared, a cancel, a
+  // callback's failure — enters through here (or, for the reader's completions and Start, calls
+  // Schedule at its end the same way), so that the stages only record what happened and one
+  // scheduler decides what runs next.
+  template <typename Event>
+  void OnLoop(Event&& event) {
+    asio::post(loop, [self = shared_from_this(), event = std::forward<Event>(event)]() mutable {
+      event(*self);
+      self->Schedule();
+    });
+  }
+  // The scheduler, at the end of every event: issues the reads there is room for (Pump), then
+  // finishes the load when nothing is left in flight (MaybeFinish). The only caller of both.
+  void Schedule();
   void Pump();
   // The route chunk `id` takes now that its turn has come (routes.h, RouteAtTurn): the one place
   // where the executor asks where its bytes are. `*cached`: their page-cache view, when asked
@@ -128,7 +147,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // Submits tensor `t`'s device piece of staged chunk `chunk` (`file_bytes` of its file), counted
   // as one part of the chunk by the caller; `keep` holds the bytes the job copies from when they
   // are not the staging slot's (a relayout's output).
-  void SubmitDevicePiece(uint64_t chunk, size_t slot, uint32_t t, device::PlaceJob job,
+  void SubmitDevicePiece(uint64_t chunk, uint32_t t, device::PlaceJob job,
                          uint64_t file_bytes, std::shared_ptr<std::vector<std::byte>> keep);
   // A device piece the CPU prepares first, on a worker, then SubmitDevicePiece: a strided or
   // big-endian tensor's relayout, a quantized weight's decode for a device that cannot decode.
@@ -137,10 +156,12 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // ConvertStaged's pieces of an unshared chunk, staged at `staged`: each CPU tensor's, converted
   // as planned (Placer::PlaceOnCpu). Runs on a worker thread.
   Status PlaceCpuPieces(uint64_t chunk, const std::byte* staged);
-  void OnStagedDone(uint64_t chunk, size_t slot, Status status);
-  void OnDevicePieceDone(uint64_t chunk, size_t slot, uint32_t tensor, uint64_t bytes,
-                         Status status);
-  void ChunkPartDone(uint64_t chunk, size_t slot);  // frees the slot after the last part
+  void OnStagedDone(uint64_t chunk, Status status);
+  void OnDevicePieceDone(uint64_t chunk, uint32_t tensor, uint64_t bytes, Status status);
+  void ChunkPartDone(uint64_t chunk);  // frees the chunk's slot after its last part
+  // Gives chunk `id`'s staging slot back to the pool: the one place a slot is released, once
+  // (the chunk holds the slot's index until then).
+  void ReleaseSlot(uint64_t id);
   // Host staging: workers allocate the slots staging_ hands out, and first-touch them when
   // `touch` (a read that fills most of a slot would otherwise fault it in on the ring thread,
   // with O_DIRECT).
@@ -216,7 +237,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     // The planned route, then this load's (RouteAtStart, at Begin), then the one it took
     // (RouteAtTurn, when issued).
     ReadRoute route = ReadRoute::kInPlace;
-    int slot = -1;       // its staging slot while staged
+    int slot = -1;       // its staging slot while staged (TakeStagingSlot .. ReleaseSlot)
     int parts_left = 0;  // CPU/device parts of a staged chunk not yet done
     // Into memory that exists (TensorPlan::memory_given: the caller's, pinned), and copies from a
     // mapping are guarded: when its bytes are cached, a worker copies them (routes.h).

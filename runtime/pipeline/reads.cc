@@ -113,14 +113,13 @@ void LoadHandle::State::ArmCompletions() {
   window_.Arm([self = shared_from_this()](const asio::error_code& ec) {
     if (ec == asio::error::operation_aborted || self->finished) return;
     self->OnCompletions();
+    self->Schedule();
+    if (!self->finished) self->ArmCompletions();
   });
 }
 
 void LoadHandle::State::OnCompletions() {
   for (io::ReadCompletion& c : window_.Reap()) OnReadDone(c.tag, std::move(c.status));
-  Pump();
-  MaybeFinish();
-  if (!finished) ArmCompletions();
 }
 
 Status LoadHandle::State::ChunkError(uint64_t id, const Status& status) const {
@@ -144,13 +143,13 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
   }
   const bool staged = chunks_[id].route == ReadRoute::kStaged;
   if (!status.ok()) {
-    if (staged) staging_.Release(static_cast<size_t>(chunks_[id].slot));
+    if (staged) ReleaseSlot(id);
     return Fail(ChunkError(id, status));
   }
   bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
   if (!std::exchange(first_read_back_, true)) CancelIfAskedAt(LoadStage::kMidStream);
   if (stopping_) {
-    if (staged) staging_.Release(static_cast<size_t>(chunks_[id].slot));
+    if (staged) ReleaseSlot(id);
     return;
   }
   if (!staged) return AdvanceChunk(id);

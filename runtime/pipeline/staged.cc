@@ -38,13 +38,12 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
                             : Result<device::PlaceJob>(quant.status());
       const auto [lo, hi] = PieceOf(chunk, src);
       if (!job.ok()) {  // after this loop: the chunk's other tensors still read its slot
-        asio::post(loop, [self = shared_from_this(), id, slot, t, bytes = hi - lo,
-                          status = job.status()]() mutable {
-          self->OnDevicePieceDone(id, slot, t, bytes, std::move(status));
+        OnLoop([id, t, bytes = hi - lo, status = job.status()](State& self) mutable {
+          self.OnDevicePieceDone(id, t, bytes, std::move(status));
         });
         continue;
       }
-      SubmitDevicePiece(id, slot, t, std::move(*job), hi - lo, nullptr);
+      SubmitDevicePiece(id, t, std::move(*job), hi - lo, nullptr);
       continue;
     }
     if (!src.plain_layout() || Unpacks(plan.tensors[t].conversion)) {
@@ -54,7 +53,7 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
       continue;
     }
     const auto [lo, hi] = PieceOf(chunk, src);
-    SubmitDevicePiece(id, slot, t,
+    SubmitDevicePiece(id, t,
                       placer_.DeviceJob(chunk, t, tensors[t].data, ScalesOf(t), staged), hi - lo,
                       nullptr);
   }
@@ -139,16 +138,15 @@ Result<std::shared_ptr<const device::QuantDecode>> LoadHandle::State::DeviceQuan
     upload.dst = memory->data;
     ++in_flight_.quant_uploads;
     upload.done = [self = shared_from_this(), t, host](Status status) {
-      asio::post(self->loop, [self, t, status = std::move(status)]() mutable {
-        --self->in_flight_.quant_uploads;
+      self->OnLoop([t, status = std::move(status)](State& state) {
+        --state.in_flight_.quant_uploads;
         if (!status.ok()) {
-          const TensorPlan& p = self->plan.tensors[t];
-          self->Fail(status.WithContext(
+          const TensorPlan& p = state.plan.tensors[t];
+          state.Fail(status.WithContext(
               fmt::format("copying the quant state of tensor '{}' to {}",
-                          self->checkpoint.tensors()[p.source].name,
-                          self->plan.device_of(t).ToString())));
+                          state.checkpoint.tensors()[p.source].name,
+                          state.plan.device_of(t).ToString())));
         }
-        self->MaybeFinish();
       });
     };
     devices[DeviceOf(t)]->Submit(std::move(upload));
@@ -165,21 +163,21 @@ void LoadHandle::State::PrepareForDevice(uint64_t id, size_t slot, uint32_t t) {
   const std::byte* from = StagedBytes(id, slot) + (lo - chunk.offset);
   Status status = decode ? placer_.Dequantize(t, ScalesOf(t), from, lo, hi, plain.get())
                          : placer_.Relayout(t, from, lo, hi, plain.get());
-  asio::post(loop, [self = shared_from_this(), id, slot, t, lo = lo, hi = hi, decode,
-                    plain = std::move(plain), status = std::move(status)]() mutable {
-    if (!status.ok() || self->stopping_) {
-      self->OnDevicePieceDone(id, slot, t, hi - lo, std::move(status));
+  OnLoop([id, t, lo = lo, hi = hi, decode, plain = std::move(plain),
+          status = std::move(status)](State& self) mutable {
+    if (!status.ok() || self.stopping_) {
+      self.OnDevicePieceDone(id, t, hi - lo, std::move(status));
       return;
     }
     device::PlaceJob job =
-        decode ? self->placer_.DequantizedJob(t, self->tensors[t].data, *plain, lo)
-               : self->placer_.DeviceJobFrom(t, self->tensors[t].data, self->ScalesOf(t),
-                                             plain->data(), lo, lo + plain->size());
-    self->SubmitDevicePiece(id, slot, t, std::move(job), hi - lo, std::move(plain));
+        decode ? self.placer_.DequantizedJob(t, self.tensors[t].data, *plain, lo)
+               : self.placer_.DeviceJobFrom(t, self.tensors[t].data, self.ScalesOf(t),
+                                            plain->data(), lo, lo + plain->size());
+    self.SubmitDevicePiece(id, t, std::move(job), hi - lo, std::move(plain));
   });
 }
 
-void LoadHandle::State::SubmitDevicePiece(uint64_t id, size_t slot, uint32_t t,
+void LoadHandle::State::SubmitDevicePiece(uint64_t id, uint32_t t,
                                           device::PlaceJob job, uint64_t file_bytes,
                                           std::shared_ptr<std::vector<std::byte>> keep) {
   if (trace.enabled()) {  // the device's own copy and kernel times, one track per stream
@@ -198,18 +196,18 @@ void LoadHandle::State::SubmitDevicePiece(uint64_t id, size_t slot, uint32_t t,
       }
     };
   }
-  job.done = [self = shared_from_this(), id, slot, t, bytes = file_bytes,
+  job.done = [self = shared_from_this(), id, t, bytes = file_bytes,
               keep = std::move(keep)](Status s) {
-    asio::post(self->loop, [self, id, slot, t, bytes, keep, s = std::move(s)]() mutable {
-      self->OnDevicePieceDone(id, slot, t, bytes, std::move(s));
+    self->OnLoop([id, t, bytes, keep, s = std::move(s)](State& state) mutable {
+      state.OnDevicePieceDone(id, t, bytes, std::move(s));
     });
   };
   CancelIfAskedAt(LoadStage::kDeviceCopy);
   devices[DeviceOf(t)]->Submit(std::move(job));
 }
 
-void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t tensor,
-                                          uint64_t bytes, Status status) {
+void LoadHandle::State::OnDevicePieceDone(uint64_t id, uint32_t tensor, uint64_t bytes,
+                                          Status status) {
   --in_flight_.device_pieces;
   if (!status.ok()) {
     Fail(status.WithContext(fmt::format("placing tensor '{}' on {}",
@@ -218,21 +216,27 @@ void LoadHandle::State::OnDevicePieceDone(uint64_t id, size_t slot, uint32_t ten
   } else if (!stopping_) {
     Advance(tensor, bytes);
   }
-  ChunkPartDone(id, slot);
+  ChunkPartDone(id);
 }
 
-void LoadHandle::State::ChunkPartDone(uint64_t id, size_t slot) {
-  if (--chunks_[id].parts_left == 0) staging_.Release(slot);
-  if (!stopping_) Pump();
-  MaybeFinish();
+void LoadHandle::State::ChunkPartDone(uint64_t id) {
+  if (--chunks_[id].parts_left == 0) ReleaseSlot(id);
+}
+
+void LoadHandle::State::ReleaseSlot(uint64_t id) {
+  const int slot = std::exchange(chunks_[id].slot, -1);
+  if (slot < 0 || !staging_.Release(static_cast<size_t>(slot))) {  // a bug, never quiet
+    Fail(Status::Corruption(fmt::format(
+        "internal error: staging slot {} of read {} released twice; please report it", slot, id)));
+  }
 }
 
 void LoadHandle::State::PrepareSlots(bool touch) {
   for (size_t s : staging_.StartPreparing()) {
     asio::post(workers, [self = shared_from_this(), s, touch] {
       auto buffer = pipeline::StagingPool::AllocateHostSlot(self->staging_.slot_bytes(), touch);
-      asio::post(self->loop, [self, s, buffer = std::move(buffer)]() mutable {
-        self->OnSlotPrepared(s, std::move(buffer));
+      self->OnLoop([s, buffer = std::move(buffer)](State& state) mutable {
+        state.OnSlotPrepared(s, std::move(buffer));
       });
     });
   }
@@ -246,9 +250,7 @@ void LoadHandle::State::OnSlotPrepared(size_t s, Result<std::shared_ptr<std::byt
     staging_.Dropped();
   } else {
     staging_.Prepared(s, std::move(*buffer));
-    Pump();
   }
-  MaybeFinish();
 }
 
 Status LoadHandle::State::PlaceCpuPieces(uint64_t id, const std::byte* staged) {
@@ -290,8 +292,8 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
                            TraceLabel(id)),
                did == Conversion::kNone ? "copy" : "convert", begin, TraceArgs(id));
   }
-  asio::post(loop, [self = shared_from_this(), id, slot, status = std::move(status)]() mutable {
-    self->OnStagedDone(id, slot, std::move(status));
+  OnLoop([id, status = std::move(status)](State& self) mutable {
+    self.OnStagedDone(id, std::move(status));
   });
 }
 
@@ -329,8 +331,8 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
     trace.Span(fmt::format("copy {} (page cache)", TraceLabel(id)), "copy", begin,
                TraceArgs(id));
   }
-  asio::post(loop, [self = shared_from_this(), id, status = std::move(status)]() mutable {
-    self->OnCachedDone(id, std::move(status));
+  OnLoop([id, status = std::move(status)](State& self) mutable {
+    self.OnCachedDone(id, std::move(status));
   });
 }
 
@@ -343,18 +345,16 @@ void LoadHandle::State::OnCachedDone(uint64_t id, Status status) {
     bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
     AdvanceChunk(id);
   }
-  Pump();
-  MaybeFinish();
 }
 
-void LoadHandle::State::OnStagedDone(uint64_t id, size_t slot, Status status) {
+void LoadHandle::State::OnStagedDone(uint64_t id, Status status) {
   --in_flight_.cpu_pieces;
   if (!status.ok()) {
     Fail(std::move(status));
   } else if (!stopping_) {
     AdvanceChunk(id);
   }
-  ChunkPartDone(id, slot);
+  ChunkPartDone(id);
 }
 
 }  // namespace loadstone

@@ -8,6 +8,7 @@ void StagingPool::Reset(uint64_t slot_bytes, size_t slots, std::shared_ptr<devic
   slot_bytes_ = slot_bytes;
   device_ = std::move(device);
   slots_.assign(slots, nullptr);
+  taken_.assign(slots, false);
   free_.clear();
   unprepared_.clear();
   // Device staging is allocated on first use; host staging is prepared by the workers.
@@ -26,10 +27,16 @@ Result<size_t> StagingPool::Take(std::string* note) {
     slots_[s] = std::move(staging.data);
   }
   free_.pop_back();
+  taken_[s] = true;
   return s;
 }
 
-void StagingPool::Release(size_t slot) { free_.push_back(slot); }
+bool StagingPool::Release(size_t slot) {
+  if (slot >= taken_.size() || !taken_[slot]) return false;
+  taken_[slot] = false;
+  free_.push_back(slot);
+  return true;
+}
 
 // Host staging slots are huge pages whose first touch is slow on some VMs (a host that had taken
 // the memory back; bench/README.md). Touched by the O_DIRECT submission, that
@@ -66,6 +73,7 @@ void StagingPool::Dropped() { --preparing_; }
 
 void StagingPool::Clear() {
   slots_.clear();
+  taken_.clear();
   free_.clear();
   unprepared_.clear();
 }

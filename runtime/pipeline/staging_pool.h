@@ -32,7 +32,8 @@ class StagingPool {
   // A free slot, its device staging allocated on first use; `*note` gets, once, why that
   // staging is pageable when it is. REQUIRES: has_free(). Errors: the device's.
   Result<size_t> Take(std::string* note);
-  void Release(size_t slot);
+  // Gives a taken slot back; false (and nothing done) for a slot that is not taken.
+  bool Release(size_t slot);
 
   // Host slots to prepare now (at most two in preparation at once): the caller allocates each
   // with AllocateHostSlot on a worker, then reports with Prepared or Dropped.
@@ -49,6 +50,7 @@ class StagingPool {
   std::shared_ptr<device::Accelerator> device_;
   std::vector<std::shared_ptr<std::byte>> slots_;
   std::vector<size_t> free_;        // allocated (host: and touched) slots not in use
+  std::vector<bool> taken_;         // per slot: holding a chunk (Take .. Release)
   std::vector<size_t> unprepared_;  // host slots not allocated yet
   size_t preparing_ = 0;            // host slots being allocated and touched by workers
   bool noted_pageable_ = false;

@@ -30,6 +30,7 @@ io::ReaderBackend ToIo(ReadBackend backend) {
 
 void LoadHandle::State::Start() {
   Begin();
+  Schedule();
   started_promise.set_value();  // backend() has its final text (or the load failed)
 }
 
@@ -43,8 +44,8 @@ void LoadHandle::State::Begin() {
   // A callback that throws fails the load (the Loader is alive: it waits for Done()).
   callbacks.OnFailure([weak = weak_from_this()](Status status) {
     if (auto self = weak.lock()) {
-      asio::post(self->loop, [self, status = std::move(status)] {
-        if (!self->finished) self->Fail(status);
+      self->OnLoop([status = std::move(status)](State& state) {
+        if (!state.finished) state.Fail(status);
       });
     }
   });
@@ -65,8 +66,6 @@ void LoadHandle::State::Begin() {
   if (hooks_.cancel_at && hooks_.cancel_at(LoadStage::kBeforeFirstRead)) {
     return Fail(Status::Cancelled("the load was cancelled"));
   }
-  Pump();
-  MaybeFinish();
 }
 
 void LoadHandle::State::RouteChunks() {
