@@ -88,6 +88,27 @@ constexpr bool DecodesWithState(Conversion conversion) {
          conversion == Conversion::kDequantPackedInt;
 }
 
+// Where a planned tensor's bytes live once loaded (TensorPlan::memory), as the plan decided from
+// its device, the flags below and its reads' routes. The Loader makes exactly this memory, with
+// one departure, made where the route rules are (runtime/pipeline/routes.h, MemoryAtStart):
+// fresh pages on a system that refuses userfaultfd are a host buffer instead.
+enum class TensorMemory : uint8_t {
+  kHost,        // a host buffer of its own, its first byte at its file offset's phase within a
+                // page (O_DIRECT reads land straight in it), unless align_tensors or a conversion
+  kDevice,      // memory of its "cuda:N" device
+  kCaller,      // the caller's (caller_memory: LoadOptions::destination)
+  kPinned,      // pinned host memory of the load's GPU (pinned)
+  kMapped,      // a private mapping of its file (ReadRouteOptions::mmap, no conversion)
+  kFreshPages,  // fresh pages the workers fill (fresh_pages)
+  kArena,       // a 64-byte-aligned block shared with other small tensors (under
+                // kArenaTensorMax bytes, every read of it staged), filled out of staging
+  kShared,      // the one buffer of its read (ReadChunk::shared_buffer), as the file has it
+};
+inline constexpr size_t kTensorMemoryCount = 8;
+// Tensors under this many bytes whose every read is staged share arena blocks (kArena).
+inline constexpr uint64_t kArenaTensorMax = 64ULL << 10;
+std::string_view TensorMemoryName(TensorMemory memory);  // "host", "device", ..., "shared"
+
 struct TensorPlan {
   size_t source = 0;             // index into Checkpoint::tensors()
   uint32_t device = 0;           // index into LoadPlan::targets
@@ -116,6 +137,8 @@ struct TensorPlan {
   // Memory that comes from elsewhere (the caller's, or pinned): the routes that choose their own
   // memory (fresh pages, shared buffers, mappings) are not for it.
   bool memory_given() const { return caller_memory || pinned; }
+  // Its memory (above), chosen by Plan() once its reads are scheduled.
+  TensorMemory memory = TensorMemory::kHost;
 };
 
 // A tensor the device map sends to "disk" (LoadPlan::offloaded). Loader::Load does not load it:

@@ -1,6 +1,8 @@
 // Where each tensor's memory comes from (destinations.h).
 #include "runtime/pipeline/destinations.h"
 
+#include "runtime/pipeline/routes.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -181,43 +183,55 @@ Result<Destinations::Memory> Destinations::FromCaller(const TensorInfo& src,
   return Memory{std::shared_ptr<std::byte>(std::shared_ptr<void>(), given.data()), given.data()};
 }
 
-Result<Destinations::Memory> Destinations::ForTensor(uint32_t t, bool staged_only) {
+Result<Destinations::Memory> Destinations::ForTensor(uint32_t t) {
   const TensorPlan& tp = plan_.tensors[t];
   const TensorInfo& src = checkpoint_.tensors()[tp.source];
   auto failed = [&](const Status& status) {
     return status.WithContext(fmt::format("tensor '{}' ({} bytes) for {}", src.name, tp.nbytes,
                                           plan_.device_of(t).ToString()));
   };
-  if (const int device = DeviceOf(t); device >= 0) {
-    auto memory = devices_[device]->Allocate(tp.nbytes);
-    if (!memory.ok()) return failed(memory.status());
-    return Memory{std::shared_ptr<std::byte>(memory->owner, memory->data), memory->data};
-  }
-  if (tp.caller_memory) return FromCaller(src, tp);
-  if (tp.pinned) {
-    auto pinned = Pinned(tp.nbytes, InPhaseSkew(src.offset) * (tp.conversion == Conversion::kNone &&
-                                                               !plan_.routes.align_tensors));
-    if (!pinned.ok()) return failed(pinned.status());
-    return *std::move(pinned);
-  }
-  if (plan_.routes.mmap && tp.conversion == Conversion::kNone && !mappings_.empty()) {
-    auto* data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
-    return Memory{std::shared_ptr<std::byte>(mappings_[src.file], nullptr), data};  // keeps the map
-  }
+  const StartFacts facts{fresh_ != nullptr, direct_io_};
   uint64_t skew = 0;
-  auto buffer = [&]() -> Result<std::shared_ptr<std::byte>> {
-    // Page-aligned; the workers fill it from staging or the cache.
-    if (Fresh(t)) return fresh_->Allocate(tp.nbytes, budget_);
-    // Shared 64-byte-aligned blocks.
-    if (tp.nbytes < SmallTensorArena::kLargest && staged_only) {
-      return small_tensors_.Allocate(tp.nbytes);
+  Result<std::shared_ptr<std::byte>> buffer = std::shared_ptr<std::byte>();
+  switch (MemoryAtStart(tp.memory, facts)) {
+    case TensorMemory::kDevice: {
+      auto memory = devices_[DeviceOf(t)]->Allocate(tp.nbytes);
+      if (!memory.ok()) return failed(memory.status());
+      return Memory{std::shared_ptr<std::byte>(memory->owner, memory->data), memory->data};
     }
-    // In place: the first byte sits at the file offset's phase within a page, so that O_DIRECT
-    // reads fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
-    const bool in_phase = !plan_.routes.align_tensors && tp.conversion == Conversion::kNone;
-    skew = in_phase ? InPhaseSkew(src.offset) : 0;
-    return AllocateHost(tp.nbytes + skew, budget_);
-  }();
+    case TensorMemory::kCaller:
+      return FromCaller(src, tp);
+    case TensorMemory::kPinned: {
+      auto pinned = Pinned(tp.nbytes, InPhaseSkew(src.offset) * (tp.conversion == Conversion::kNone &&
+                                                                 !plan_.routes.align_tensors));
+      if (!pinned.ok()) return failed(pinned.status());
+      return *std::move(pinned);
+    }
+    case TensorMemory::kMapped: {
+      if (src.file >= mappings_.size()) {
+        return failed(Status::Corruption("internal error: a mapped tensor's file is not mapped"));
+      }
+      auto* data = static_cast<std::byte*>(mappings_[src.file].get()) + src.offset;
+      return Memory{std::shared_ptr<std::byte>(mappings_[src.file], nullptr), data};  // keeps the map
+    }
+    case TensorMemory::kShared:  // the read's buffer (ForSharedRead), made before its tensors'
+      return failed(Status::Corruption(
+          "internal error: a shared-buffer tensor asked for memory of its own; please report it"));
+    case TensorMemory::kFreshPages:  // page-aligned; the workers fill it from staging or the cache
+      buffer = fresh_->Allocate(tp.nbytes, budget_);
+      break;
+    case TensorMemory::kArena:  // shared 64-byte-aligned blocks
+      buffer = small_tensors_.Allocate(tp.nbytes);
+      break;
+    case TensorMemory::kHost: {
+      // The first byte sits at the file offset's phase within a page, so that O_DIRECT reads
+      // fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
+      const bool in_phase = !plan_.routes.align_tensors && tp.conversion == Conversion::kNone;
+      skew = in_phase ? InPhaseSkew(src.offset) : 0;
+      buffer = AllocateHost(tp.nbytes + skew, budget_);
+      break;
+    }
+  }
   if (!buffer.ok()) return failed(buffer.status());
   std::byte* data = buffer->get() + skew;
   return Memory{*std::move(buffer), data};

@@ -64,9 +64,10 @@ class Destinations {
   bool has_fresh_pages() const { return fresh_ != nullptr; }
   const FreshPages& fresh_pages() const { return *fresh_; }  // REQUIRES: some Fresh(t)
 
-  // Memory for tensor `t`; `staged_only`: every read of it is staged (a small one may then share
-  // an arena block). Errors: OutOfMemory (budget, device), IOError.
-  Result<Memory> ForTensor(uint32_t t, bool staged_only);
+  // Memory for tensor `t`, of the kind its plan chose (TensorPlan::memory; MemoryAtStart's one
+  // departure, routes.h). Errors: OutOfMemory (budget, device), IOError, the caller's
+  // destination's (FromCaller).
+  Result<Memory> ForTensor(uint32_t t);
   // The one buffer of a shared-buffer read: its bytes as the file has them, in phase with the
   // file for O_DIRECT unless fresh pages. Errors: as ForTensor.
   Result<Memory> ForSharedRead(const ReadChunk& read);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "loadstone/plan.h"
 #include "loadstone/status.h"
 
 namespace loadstone::pipeline {
@@ -53,7 +54,7 @@ class SmallTensorArena {
   static constexpr uint64_t kBlock = 4ULL << 20;
   static constexpr uint64_t kAlignment = 64;
   // Tensors below this share blocks; larger ones get their own allocation.
-  static constexpr uint64_t kLargest = 64ULL << 10;
+  static constexpr uint64_t kLargest = kArenaTensorMax;
 
   explicit SmallTensorArena(std::shared_ptr<HostMemoryBudget> budget) : budget_(std::move(budget)) {}
 

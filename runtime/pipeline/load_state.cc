@@ -149,7 +149,7 @@ Status LoadHandle::State::CheckMappedFile(uint32_t file) const {
 Status LoadHandle::State::EnsureDestination(uint32_t t) {
   TensorSlot& slot = tensors[t];
   if (slot.data || slot.buffer) return Status::OK();
-  LOADSTONE_ASSIGN_OR_RETURN(auto memory, destinations_.ForTensor(t, staged_only_[t]));
+  LOADSTONE_ASSIGN_OR_RETURN(auto memory, destinations_.ForTensor(t));
   slot.buffer = std::move(memory.owner);
   slot.data = memory.data;
   return Status::OK();

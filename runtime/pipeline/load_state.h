@@ -172,7 +172,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // fresh pages), with their notes for the backend line.
   Status OpenReader();
   Status OpenDestinations();
-  // Each chunk's route for this load (RouteAtStart), and which tensors only staging fills.
+  // Each chunk's route for this load (RouteAtStart).
   void RouteChunks();
   // The index into `devices` of tensor `t`'s device, -1 for the CPU.
   int DeviceOf(uint32_t t) const { return destinations_.DeviceOf(t); }
@@ -229,7 +229,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   const size_t workers_count_;  // threads in `workers`
   pipeline::Destinations destinations_;
   const pipeline::Placer placer_;
-  std::vector<bool> staged_only_;  // per tensor: every read of it is staged, whatever its turn
   pipeline::ReadWindow window_;
   pipeline::StagingPool staging_;
   // One per plan.reads entry.

@@ -14,6 +14,11 @@ ReadRoute RouteAtStart(ReadRoute planned, const ReadRouteOptions& options,
   return route;
 }
 
+TensorMemory MemoryAtStart(TensorMemory planned, const StartFacts& facts) {
+  if (planned == TensorMemory::kFreshPages && !facts.fresh_pages) return TensorMemory::kHost;
+  return planned;
+}
+
 ReadRoute RouteAtTurn(ReadRoute route, const TurnFacts& facts) {
   switch (route) {
     case ReadRoute::kFreshPages:

@@ -37,6 +37,10 @@ struct TurnFacts {
 // it is.
 ReadRoute RouteAtTurn(ReadRoute route, const TurnFacts& facts);
 
+// The memory a tensor planned into `planned` gets in this load: fresh pages without fresh pages
+// (userfaultfd refused) are a host buffer of its own; every other kind as planned.
+TensorMemory MemoryAtStart(TensorMemory planned, const StartFacts& facts);
+
 }  // namespace loadstone::pipeline
 
 #endif  // LOADSTONE_RUNTIME_PIPELINE_ROUTES_H_

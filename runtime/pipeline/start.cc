@@ -71,7 +71,6 @@ void LoadHandle::State::Begin() {
 void LoadHandle::State::RouteChunks() {
   const pipeline::StartFacts facts{destinations_.has_fresh_pages(), loader_options.direct_io};
   chunks_.resize(plan.reads.size());
-  staged_only_.assign(tensors.size(), true);
   // Memory that exists before the load (the caller's; pinned, which pinning populated) is
   // filled from the page cache by the workers' streaming copy when the copy is guarded.
   const bool given = std::any_of(plan.tensors.begin(), plan.tensors.end(),
@@ -90,9 +89,6 @@ void LoadHandle::State::RouteChunks() {
     chunks_[i].route = pipeline::RouteAtStart(read.route, plan.routes, facts);
     chunks_[i].copy_when_cached = guarded && !read.shared_buffer && read.tensors.size() == 1 &&
                                   plan.tensors[read.tensors[0]].memory_given();
-    if (chunks_[i].route != ReadRoute::kStaged) {
-      for (uint32_t t : read.tensors) staged_only_[t] = false;
-    }
   }
 }
 

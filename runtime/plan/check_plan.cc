@@ -288,7 +288,8 @@ Status CheckPlanFor(const Checkpoint& checkpoint, const LoadPlan& plan) {
         checkpoint.files().empty() ? std::string("no files") : checkpoint.files()[0].path));
   }
   LOADSTONE_RETURN_IF_ERROR(CheckTensors(checkpoint, plan));
-  return CheckCoverage(checkpoint, plan);
+  LOADSTONE_RETURN_IF_ERROR(CheckCoverage(checkpoint, plan));
+  return CheckMemory(checkpoint, plan);
 }
 
 }  // namespace loadstone::planning

@@ -25,6 +25,11 @@ namespace loadstone::planning {
 //   mapped or in a shared buffer, or both at once.
 Status CheckPlanFor(const Checkpoint& checkpoint, const LoadPlan& plan);
 
+// OK when every tensor's TensorPlan::memory is the kind its device, flags and reads make it
+// (memory.cc, the rule ChooseMemory applies); else InvalidArgument naming the first that is not.
+// Part of CheckPlanFor.
+Status CheckMemory(const Checkpoint& checkpoint, const LoadPlan& plan);
+
 }  // namespace loadstone::planning
 
 #endif  // LOADSTONE_RUNTIME_PLAN_CHECK_PLAN_H_

@@ -36,6 +36,20 @@ std::string_view ReadRouteName(ReadRoute route) {
   return "?";
 }
 
+std::string_view TensorMemoryName(TensorMemory memory) {
+  switch (memory) {
+    case TensorMemory::kHost: return "host";
+    case TensorMemory::kDevice: return "device";
+    case TensorMemory::kCaller: return "caller";
+    case TensorMemory::kPinned: return "pinned";
+    case TensorMemory::kMapped: return "mapped";
+    case TensorMemory::kFreshPages: return "fresh pages";
+    case TensorMemory::kArena: return "arena";
+    case TensorMemory::kShared: return "shared";
+  }
+  return "?";
+}
+
 RouteCounts LoadPlan::RouteTotals() const {
   RouteCounts out{};
   for (const ReadChunk& r : reads) {

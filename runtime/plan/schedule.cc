@@ -199,6 +199,32 @@ void ChooseFreshPages(LoadPlan* plan) {
   }
 }
 
+namespace {
+
+// The bytes of each read of a tensor read alone: max_chunk, but a strided tensor is gathered
+// from its whole span at once (Plan() bounds that span) and a dequantized packed one is read in
+// whole blocks.
+uint64_t PieceBytes(const TensorInfo& src, const TensorPlan& tp, bool on_device,
+                    const PlanOptions& options) {
+  uint64_t piece = src.strides.empty() ? options.max_chunk : src.nbytes;
+  if (tp.conversion == Conversion::kDequantBlocks || (Unpacks(tp.conversion) && on_device)) {
+    // Whole blocks (GGUF; a word for compressed-tensors, a byte for bitsandbytes), and, where
+    // a worker decodes into host memory for a device to copy (Placer::Dequantize), few enough
+    // that the decoded piece fits max_chunk too: up to 16x the bytes read.
+    uint64_t in_block = src.packed->block_bytes, elems = src.packed->block_elems;
+    if (tp.conversion == Conversion::kDequantBnb4) in_block = 1, elems = 2;
+    if (tp.conversion == Conversion::kDequantBnb8) in_block = 1, elems = 1;
+    const uint64_t out_block = elems * (DTypeBits(tp.dtype) / 8);
+    piece = std::max<uint64_t>(1, options.max_chunk / std::max(out_block, in_block)) * in_block;
+  }
+  if (tp.conversion == Conversion::kDequantPackedInt && src.packed->packed_int->transposed()) {
+    piece = src.nbytes;  // GPTQ, AWQ: an output row's codes span the tensor (Plan() bounds it)
+  }
+  return piece;
+}
+
+}  // namespace
+
 Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
                      const PlanOptions& options, LoadPlan* out) {
   LoadPlan& plan = *out;
@@ -227,23 +253,7 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
       small.push_back(i);
       continue;
     }
-    // A strided tensor is gathered from its whole span at once (Plan() bounds that span); a
-    // dequantized packed one is read in whole blocks.
-    uint64_t piece = src.strides.empty() ? options.max_chunk : src.nbytes;
-    if (tp.conversion == Conversion::kDequantBlocks ||
-        (Unpacks(tp.conversion) && plan.device_of(i) != Device::Cpu())) {
-      // Whole blocks (GGUF; a word for compressed-tensors, a byte for bitsandbytes), and, where
-      // a worker decodes into host memory for a device to copy (Placer::Dequantize), few enough
-      // that the decoded piece fits max_chunk too: up to 16x the bytes read.
-      uint64_t in_block = src.packed->block_bytes, elems = src.packed->block_elems;
-      if (tp.conversion == Conversion::kDequantBnb4) in_block = 1, elems = 2;
-      if (tp.conversion == Conversion::kDequantBnb8) in_block = 1, elems = 1;
-      const uint64_t out_block = elems * (DTypeBits(tp.dtype) / 8);
-      piece = std::max<uint64_t>(1, options.max_chunk / std::max(out_block, in_block)) * in_block;
-    }
-    if (tp.conversion == Conversion::kDequantPackedInt && src.packed->packed_int->transposed()) {
-      piece = src.nbytes;  // GPTQ, AWQ: an output row's codes span the tensor (Plan() bounds it)
-    }
+    const uint64_t piece = PieceBytes(src, tp, plan.device_of(i) != Device::Cpu(), options);
     for (uint64_t done = 0; done < src.nbytes; done += piece) {
       keyed.push_back({i, {src.file, src.offset + done, std::min(piece, src.nbytes - done), {i},
                            route}});
@@ -259,6 +269,7 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   plan.reads.reserve(keyed.size());
   for (auto& [key, read] : keyed) plan.reads.push_back(std::move(read));
+  ChooseMemory(&plan);
   return Status::OK();
 }
 

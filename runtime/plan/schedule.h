@@ -53,9 +53,14 @@ void ChooseFreshPages(LoadPlan* plan);
 // once: their union in pieces of max_chunk, through staging, each piece listing every tensor it
 // holds a part of. A strided tensor (TensorInfo::strides) is read in one piece, whatever
 // max_chunk, with the tensors that overlap it: Unsupported when that is more than
-// kMaxRelayoutSpan bytes.
+// kMaxRelayoutSpan bytes. Then each tensor's memory (ChooseMemory).
 Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<bool>& is_scale,
                      const PlanOptions& options, LoadPlan* plan);
+
+// TensorPlan::memory of every tensor, from its device, its flags and its reads' routes (after
+// ScheduleReads): device, caller, pinned, mapped, shared (a shared-buffer read's), fresh pages,
+// arena (under kArenaTensorMax, every read staged), else host.
+void ChooseMemory(LoadPlan* plan);
 
 }  // namespace loadstone::planning
 

@@ -116,13 +116,20 @@ TEST_CASE("callbacks: blocked OnDone callbacks delay no other load's OnDone") {
   LoadHandle free_one;
   std::promise<Status> called;
   const testing::OpenOnExit opener(gate);
+  // Holds each load open until its OnDone is registered: on a load already finished, OnDone
+  // runs the callback at once on this thread, which the gate would then block.
+  auto registered = std::make_shared<Gate>();
+  const testing::OpenOnExit open_registered(registered);
+  LoadOptions held;
+  held.on_tensor = [registered](const Tensor&) { registered->Wait(); };
   for (int i = 0; i < 8; ++i) {
-    stuck.push_back(loader.Load(model.ckpt, model.plan));
+    stuck.push_back(loader.Load(model.ckpt, model.plan, held));
     REQUIRE(stuck.back().OnDone([gate, &inside](Status) {
                          ++inside;
                          gate->Wait();
                        }).ok());
   }
+  registered->Open();
   REQUIRE(testing::Eventually([&] { return inside.load() == 8; }));
   free_one = loader.Load(model.ckpt, model.plan);
   REQUIRE(free_one.OnDone([&](Status s) { called.set_value(std::move(s)); }).ok());

@@ -264,6 +264,8 @@ TEST_CASE("contract: a plan edited by hand into something unloadable is refused,
       {"ordinary memory", [&](LoadPlan& p) {
          for (uint32_t t : p.reads[large].tensors) p.tensors[t].fresh_pages = false;
        }},
+      {"is planned into arena memory, but its device, flags and reads make it fresh pages",
+       [&](LoadPlan& p) { p.tensors[p.reads[large].tensors[0]].memory = TensorMemory::kArena; }},
   };
   Loader loader;
   for (const auto& [says, forge] : forgeries) {

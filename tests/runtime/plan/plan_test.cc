@@ -103,6 +103,79 @@ TEST_CASE("plan: small unconverted CPU neighbours share one buffer, converted on
   for (const ReadChunk& r : aligned->reads) CHECK_FALSE(r.shared_buffer);
 }
 
+TEST_CASE("plan: each tensor's memory kind follows from its device, flags and reads") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir, 1'000'000'000);
+  auto kinds = [&](const LoadPlan& plan) {
+    std::map<TensorMemory, size_t> out;
+    for (const TensorPlan& tp : plan.tensors) ++out[tp.memory];
+    return out;
+  };
+  PlanOptions options;
+  options.dtype = DType::kF32;  // small casts are staged: arena
+  auto plan = Plan(ckpt, options);
+  REQUIRE(plan.ok());
+  std::vector<bool> shared(plan->tensors.size()), staged_only(plan->tensors.size(), true);
+  for (const ReadChunk& r : plan->reads) {
+    for (uint32_t t : r.tensors) {
+      shared[t] = shared[t] || r.shared_buffer;
+      staged_only[t] = staged_only[t] && r.route == ReadRoute::kStaged;
+    }
+  }
+  for (uint32_t t = 0; t < plan->tensors.size(); ++t) {
+    const TensorPlan& tp = plan->tensors[t];
+    INFO(ckpt.tensors()[tp.source].name << ": " << TensorMemoryName(tp.memory));
+    if (shared[t]) {
+      CHECK(tp.memory == TensorMemory::kShared);
+    } else if (tp.fresh_pages) {
+      CHECK(tp.memory == TensorMemory::kFreshPages);
+    } else if (tp.nbytes < kArenaTensorMax && staged_only[t]) {
+      CHECK(tp.memory == TensorMemory::kArena);
+    } else {
+      CHECK(tp.memory == TensorMemory::kHost);
+    }
+  }
+  const auto cpu = kinds(*plan);
+  CHECK(cpu.count(TensorMemory::kShared) == 1);
+  CHECK(cpu.count(TensorMemory::kFreshPages) == 1);
+  CHECK(cpu.count(TensorMemory::kArena) == 1);
+
+  PlanOptions without_fresh = options;  // and no fresh pages: host buffers of their own
+  without_fresh.routes.fill_fresh_pages = false;
+  auto host = Plan(ckpt, without_fresh);
+  REQUIRE(host.ok());
+  CHECK(kinds(*host).count(TensorMemory::kFreshPages) == 0);
+  CHECK(kinds(*host).count(TensorMemory::kHost) == 1);
+
+  PlanOptions mapped;  // unconverted tensors point into the file
+  mapped.routes.mmap = true;
+  auto map = Plan(ckpt, mapped);
+  REQUIRE(map.ok());
+  for (const TensorPlan& tp : map->tensors) {
+    CHECK(tp.memory == (tp.conversion == Conversion::kNone ? TensorMemory::kMapped
+                                                           : tp.nbytes < kArenaTensorMax
+                                                                 ? TensorMemory::kArena
+                                                                 : TensorMemory::kHost));
+  }
+
+  PlanOptions gpu;
+  gpu.device_map = "cuda:0";
+  auto on_gpu = Plan(ckpt, gpu);
+  REQUIRE(on_gpu.ok());
+  CHECK(kinds(*on_gpu) == std::map<TensorMemory, size_t>{{TensorMemory::kDevice,
+                                                          on_gpu->tensors.size()}});
+
+  PlanOptions given = options;  // the caller's memory, then pinned
+  given.caller_memory = [](const TensorInfo& t) { return t.name == "lm_head.weight"; };
+  given.pin_cpu_tensors = true;
+  auto mixed = Plan(ckpt, given);
+  REQUIRE(mixed.ok());
+  for (const TensorPlan& tp : mixed->tensors) {
+    CHECK(tp.memory == (ckpt.tensors()[tp.source].name == "lm_head.weight" ? TensorMemory::kCaller
+                                                                           : TensorMemory::kPinned));
+  }
+}
+
 TEST_CASE("plan: --dtype casts floats, never integers or bool, keep_in_fp32 is anchored") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
