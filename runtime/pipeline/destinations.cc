@@ -191,6 +191,9 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t) {
                                           plan_.device_of(t).ToString()));
   };
   const StartFacts facts{fresh_ != nullptr, direct_io_};
+  // Pinned and host buffers start at the file offset's phase within a page, so that O_DIRECT
+  // reads fill them with no bounce copy (unless 64-byte-aligned tensors were asked for).
+  const bool in_phase = !plan_.routes.align_tensors && tp.conversion == Conversion::kNone;
   uint64_t skew = 0;
   Result<std::shared_ptr<std::byte>> buffer = std::shared_ptr<std::byte>();
   switch (MemoryAtStart(tp.memory, facts)) {
@@ -202,8 +205,7 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t) {
     case TensorMemory::kCaller:
       return FromCaller(src, tp);
     case TensorMemory::kPinned: {
-      auto pinned = Pinned(tp.nbytes, InPhaseSkew(src.offset) * (tp.conversion == Conversion::kNone &&
-                                                                 !plan_.routes.align_tensors));
+      auto pinned = Pinned(tp.nbytes, in_phase ? InPhaseSkew(src.offset) : 0);
       if (!pinned.ok()) return failed(pinned.status());
       return *std::move(pinned);
     }
@@ -223,14 +225,10 @@ Result<Destinations::Memory> Destinations::ForTensor(uint32_t t) {
     case TensorMemory::kArena:  // shared 64-byte-aligned blocks
       buffer = small_tensors_.Allocate(tp.nbytes);
       break;
-    case TensorMemory::kHost: {
-      // The first byte sits at the file offset's phase within a page, so that O_DIRECT reads
-      // fill the buffer with no bounce copy (unless 64-byte-aligned tensors were asked for).
-      const bool in_phase = !plan_.routes.align_tensors && tp.conversion == Conversion::kNone;
+    case TensorMemory::kHost:
       skew = in_phase ? InPhaseSkew(src.offset) : 0;
       buffer = AllocateHost(tp.nbytes + skew, budget_);
       break;
-    }
   }
   if (!buffer.ok()) return failed(buffer.status());
   std::byte* data = buffer->get() + skew;
