@@ -130,6 +130,10 @@ struct ReadStats {
   // bytes come in on first touch.
   RouteCounts routes{};
   RouteCount taken(ReadRoute route) const { return routes[static_cast<size_t>(route)]; }
+  // Quantized weights planned to be decoded by their device (ConversionSite::kDevice) whose
+  // device lacks the kernels: the workers decoded them and the device copied the values (the
+  // backend line names the device).
+  uint64_t conversions_moved = 0;
 };
 
 enum class ReadBackend { kAuto, kUring, kPread };

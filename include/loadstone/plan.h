@@ -38,9 +38,9 @@ enum class Conversion {
   kRelayout,
   // A packed block-quantized tensor (TensorInfo::packed: GGUF Q4_0 ... Q6_K) decoded into `dtype`
   // (docs/conversions.md, "GGUF blocks"; runtime/convert/gguf_blocks.h), by a CPU worker as its read
-  // completes; for a GPU target by the device, from the packed bytes (Device::DecodesQuantized;
-  // a device that cannot has the worker decode and copies the result). Its reads hold whole
-  // blocks; its shape once loaded is PackedLayout::element_shape.
+  // completes; for a GPU target by the device, from the packed bytes (ConversionSite::kDevice;
+  // kCpuThenDevice for a device that cannot: a worker decodes, the device copies the result).
+  // Its reads hold whole blocks; its shape once loaded is PackedLayout::element_shape.
   kDequantBlocks,
   // A bitsandbytes 4-bit weight (TensorInfo::packed with PackedLayout::bnb4: "bnb-nf4",
   // "bnb-fp4") decoded into `dtype` with its per-block absmax (TensorPlan::scale: planned and read
@@ -109,6 +109,21 @@ inline constexpr size_t kTensorMemoryCount = 8;
 inline constexpr uint64_t kArenaTensorMax = 64ULL << 10;
 std::string_view TensorMemoryName(TensorMemory memory);  // "host", "device", ..., "shared"
 
+// Where a planned tensor's conversion runs (TensorPlan::conversion_site), as the plan decided
+// from its conversion, its layout and its device. The Loader runs it exactly there, with one
+// departure, made where the route rules are (runtime/pipeline/routes.h, SiteAtStart) and counted
+// (ReadStats::conversions_moved): a quantized weight planned to be decoded by a device that turns
+// out to lack the kernels (Accelerator::DecodesQuantized) is decoded by the workers instead.
+enum class ConversionSite : uint8_t {
+  kNone,           // no conversion: the bytes are read, copied or mapped as they are
+  kCpu,            // a CPU tensor: a worker converts its staged bytes into its memory
+  kDevice,         // a GPU tensor: its device converts the copied bytes (a cast, a dequant kernel)
+  kCpuThenDevice,  // a GPU tensor: a worker relayouts or decodes it first, the device copies
+                   // the result (and casts it, if its conversion says so)
+};
+inline constexpr size_t kConversionSiteCount = 4;
+std::string_view ConversionSiteName(ConversionSite site);  // "none", "cpu", "device", "cpu+device"
+
 struct TensorPlan {
   size_t source = 0;             // index into Checkpoint::tensors()
   uint32_t device = 0;           // index into LoadPlan::targets
@@ -139,6 +154,10 @@ struct TensorPlan {
   bool memory_given() const { return caller_memory || pinned; }
   // Its memory (above), chosen by Plan() once its reads are scheduled.
   TensorMemory memory = TensorMemory::kHost;
+  // Where its conversion runs (above), chosen by Plan() from `conversion`, its layout and its
+  // device: for a quantized weight on a GPU, kDevice when the planning platform's GPU decodes
+  // (PlatformGpu::decodes_quantized), else kCpuThenDevice.
+  ConversionSite conversion_site = ConversionSite::kNone;
 };
 
 // A tensor the device map sends to "disk" (LoadPlan::offloaded). Loader::Load does not load it:

@@ -32,6 +32,9 @@ struct PlatformGpu {
   std::string description;    // "NVIDIA H200 ..." or "simulated"
   uint64_t memory_bytes = 0;  // total
   uint64_t free_bytes = 0;    // free when asked (Platform::Gpus)
+  // It decodes quantized weights itself (the CUDA backend's kernels): Plan() sends them to it
+  // packed (ConversionSite::kDevice); false: the workers decode them, the GPU copies the values.
+  bool decodes_quantized = true;
 };
 
 // What Platform::Simulated builds: one GPU per entry of `gpu_bytes` (its memory, all free), and
@@ -43,6 +46,9 @@ struct SimulatedMachine {
   // device's own copy and conversion work), so that a Loader on this machine places "cuda:N"
   // tensors there; false: the machine is for planning only.
   bool devices = false;
+  // Its GPUs decode quantized weights themselves (PlatformGpu::decodes_quantized), as the CUDA
+  // backend's do; false: as GPUs without those kernels.
+  bool decodes_quantized = true;
   // This machine with `devices` set.
   SimulatedMachine WithDevices() const;
 

@@ -214,6 +214,7 @@ nb::dict ReadStatsDict(const ReadStats& s) {
   d["buffered_bytes"] = s.buffered_bytes;
   d["bounced_bytes"] = s.bounced_bytes;
   d["resubmits"] = s.resubmits;
+  d["conversions_moved"] = s.conversions_moved;
   nb::dict routes;
   for (size_t i = 0; i < kReadRouteCount; ++i) {
     const RouteCount& r = s.routes[i];

@@ -50,7 +50,9 @@ SimulatedMachine SimulatedMachine::WithDevices() const {
 }
 
 SimulatedMachine SimulatedMachine::Gpus(int count, uint64_t bytes) {
-  return {std::vector<uint64_t>(static_cast<size_t>(std::max(count, 0)), bytes), std::nullopt, false};
+  SimulatedMachine machine;
+  machine.gpu_bytes.assign(static_cast<size_t>(std::max(count, 0)), bytes);
+  return machine;
 }
 
 Platform::Platform(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -90,7 +92,8 @@ std::shared_ptr<const Platform> Platform::Simulated(const SimulatedMachine& mach
   impl.page_size = PageSize();
   std::vector<PlatformGpu> gpus;
   for (size_t i = 0; i < machine.gpu_bytes.size(); ++i) {
-    gpus.push_back({fmt::format("cuda:{}", i), "simulated", machine.gpu_bytes[i], machine.gpu_bytes[i]});
+    gpus.push_back({fmt::format("cuda:{}", i), "simulated", machine.gpu_bytes[i],
+                    machine.gpu_bytes[i], machine.decodes_quantized});
   }
   impl.description = gpus.empty() ? "simulated: no GPU" : fmt::format("simulated: {} GPU(s)", gpus.size());
   for (size_t i = 0; i < gpus.size(); ++i) {
@@ -105,7 +108,9 @@ std::shared_ptr<const Platform> Platform::Simulated(const SimulatedMachine& mach
       device::DeviceSet devices;
       for (const PlatformGpu& gpu : gpus) {
         devices.push_back(std::make_shared<device::SimDevice>(
-            device::SimDeviceOptions{.name = gpu.name, .memory_bytes = gpu.memory_bytes}));
+            device::SimDeviceOptions{.name = gpu.name,
+                                     .memory_bytes = gpu.memory_bytes,
+                                     .decodes_quantized = gpu.decodes_quantized}));
       }
       if (log) *log = description + " (host memory behind the device interface)";
       return devices;

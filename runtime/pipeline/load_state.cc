@@ -256,7 +256,7 @@ void LoadHandle::State::MaybeFinish() {
     const io::ReaderStats stats = window_.Close();
     std::lock_guard lock(callbacks_mu);
     read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits,
-                  route_counts_};
+                  route_counts_, conversions_moved_};
   }
   destinations_.CloseFreshPages();  // every placed tensor is whole: unregisters their pages
   destinations_.CloseMappedFiles();

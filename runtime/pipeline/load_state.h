@@ -174,6 +174,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   Status OpenDestinations();
   // Each chunk's route for this load (RouteAtStart).
   void RouteChunks();
+  // Each tensor's conversion site for this load (SiteAtStart), with its departures counted and
+  // named on the backend line.
+  void SiteConversions();
   // The index into `devices` of tensor `t`'s device, -1 for the CPU.
   int DeviceOf(uint32_t t) const { return destinations_.DeviceOf(t); }
   // The memory of tensor `t`'s scales (float8 scales, a bitsandbytes absmax) when it is
@@ -245,6 +248,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   };
   std::vector<Chunk> chunks_;
   RouteCounts route_counts_{};
+  // Per tensor: where its conversion runs in this load (SiteConversions).
+  std::vector<ConversionSite> sites_;
+  uint64_t conversions_moved_ = 0;  // ReadStats::conversions_moved
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
   // Per tensor, once made: its quant state on its device (DeviceQuant).

@@ -14,6 +14,13 @@ ReadRoute RouteAtStart(ReadRoute planned, const ReadRouteOptions& options,
   return route;
 }
 
+ConversionSite SiteAtStart(ConversionSite planned, Conversion conversion, bool device_decodes) {
+  if (planned == ConversionSite::kDevice && Unpacks(conversion) && !device_decodes) {
+    return ConversionSite::kCpuThenDevice;
+  }
+  return planned;
+}
+
 TensorMemory MemoryAtStart(TensorMemory planned, const StartFacts& facts) {
   if (planned == TensorMemory::kFreshPages && !facts.fresh_pages) return TensorMemory::kHost;
   return planned;

@@ -1,7 +1,8 @@
-// The route rules: where a fact the plan cannot know changes the route it gave a read. There are
-// two moments, and these are the only places the executor departs from LoadPlan::reads[i].route:
-// when the load starts (what this Loader can do) and when the read's turn comes (where its bytes
-// are). Everything else carries the route out as it is.
+// The route rules: where a fact the plan cannot know changes the route it gave a read, the memory
+// it gave a tensor or the site of its conversion. There are two moments, and these are the only
+// places the executor departs from the plan: when the load starts (what this Loader and its
+// devices can do) and when a read's turn comes (where its bytes are). Everything else carries
+// the plan out as it is.
 #ifndef LOADSTONE_RUNTIME_PIPELINE_ROUTES_H_
 #define LOADSTONE_RUNTIME_PIPELINE_ROUTES_H_
 
@@ -36,6 +37,12 @@ struct TurnFacts {
 // kStaged when cold, else as kInPlace; kInPlace → kPageCacheCopy when cached; any other route as
 // it is.
 ReadRoute RouteAtTurn(ReadRoute route, const TurnFacts& facts);
+
+// Where a tensor's conversion runs in this load: a quantized weight planned for its device's
+// decode (ConversionSite::kDevice) on a device that lacks the kernels (`device_decodes` false,
+// Accelerator::DecodesQuantized) is decoded by the workers first (kCpuThenDevice); every other
+// site as planned.
+ConversionSite SiteAtStart(ConversionSite planned, Conversion conversion, bool device_decodes);
 
 // The memory a tensor planned into `planned` gets in this load: fresh pages without fresh pages
 // (userfaultfd refused) are a host buffer of its own; every other kind as planned.

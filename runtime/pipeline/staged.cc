@@ -32,7 +32,13 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     ++chunks_[id].parts_left;
     ++in_flight_.device_pieces;
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-    if (Unpacks(plan.tensors[t].conversion) && devices[device]->DecodesQuantized()) {
+    if (sites_[t] == ConversionSite::kCpuThenDevice) {
+      asio::post(workers, [self = shared_from_this(), id, slot, t] {
+        self->PrepareForDevice(id, slot, t);
+      });
+      continue;
+    }
+    if (Unpacks(plan.tensors[t].conversion)) {
       auto quant = DeviceQuant(t);
       auto job = quant.ok() ? placer_.QuantJob(chunk, t, tensors[t].data, staged, *quant)
                             : Result<device::PlaceJob>(quant.status());
@@ -44,12 +50,6 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
         continue;
       }
       SubmitDevicePiece(id, t, std::move(*job), hi - lo, nullptr);
-      continue;
-    }
-    if (!src.plain_layout() || Unpacks(plan.tensors[t].conversion)) {
-      asio::post(workers, [self = shared_from_this(), id, slot, t] {
-        self->PrepareForDevice(id, slot, t);
-      });
       continue;
     }
     const auto [lo, hi] = PieceOf(chunk, src);

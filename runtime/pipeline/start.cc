@@ -53,6 +53,7 @@ void LoadHandle::State::Begin() {
 
   if (Status s = OpenDestinations(); !s.ok()) return Fail(s);
   RouteChunks();
+  SiteConversions();
   SizeStaging();
 
   for (uint32_t i = 0; i < tensors.size(); ++i) {
@@ -89,6 +90,26 @@ void LoadHandle::State::RouteChunks() {
     chunks_[i].route = pipeline::RouteAtStart(read.route, plan.routes, facts);
     chunks_[i].copy_when_cached = guarded && !read.shared_buffer && read.tensors.size() == 1 &&
                                   plan.tensors[read.tensors[0]].memory_given();
+  }
+}
+
+void LoadHandle::State::SiteConversions() {
+  sites_.resize(plan.tensors.size());
+  std::vector<uint64_t> moved(devices.size());
+  for (uint32_t t = 0; t < plan.tensors.size(); ++t) {
+    const TensorPlan& tp = plan.tensors[t];
+    const int device = DeviceOf(t);
+    const bool decodes = device >= 0 && devices[device]->DecodesQuantized();
+    sites_[t] = pipeline::SiteAtStart(tp.conversion_site, tp.conversion, decodes);
+    if (device >= 0 && sites_[t] != tp.conversion_site) ++moved[device];
+  }
+  for (size_t d = 0; d < moved.size(); ++d) {
+    if (moved[d] == 0) continue;
+    conversions_moved_ += moved[d];
+    std::lock_guard lock(callbacks_mu);
+    backend_description += fmt::format(
+        "; cuda:{} has no kernels for quantized weights: {} planned for it decoded by the workers",
+        d, moved[d]);
   }
 }
 

@@ -289,7 +289,8 @@ Status CheckPlanFor(const Checkpoint& checkpoint, const LoadPlan& plan) {
   }
   LOADSTONE_RETURN_IF_ERROR(CheckTensors(checkpoint, plan));
   LOADSTONE_RETURN_IF_ERROR(CheckCoverage(checkpoint, plan));
-  return CheckMemory(checkpoint, plan);
+  LOADSTONE_RETURN_IF_ERROR(CheckMemory(checkpoint, plan));
+  return CheckConversionSites(checkpoint, plan);
 }
 
 }  // namespace loadstone::planning

@@ -22,13 +22,20 @@ namespace loadstone::planning {
 //   its tensors' bytes back to back;
 // - a dequantized packed tensor read in pieces that cut its blocks;
 // - memory given from elsewhere (TensorPlan::caller_memory, pinned) off the CPU, in fresh pages,
-//   mapped or in a shared buffer, or both at once.
+//   mapped or in a shared buffer, or both at once;
+// - a tensor's memory or conversion site is not what its device, flags and reads make it.
 Status CheckPlanFor(const Checkpoint& checkpoint, const LoadPlan& plan);
 
 // OK when every tensor's TensorPlan::memory is the kind its device, flags and reads make it
 // (memory.cc, the rule ChooseMemory applies); else InvalidArgument naming the first that is not.
 // Part of CheckPlanFor.
 Status CheckMemory(const Checkpoint& checkpoint, const LoadPlan& plan);
+
+// OK when every tensor's TensorPlan::conversion_site is the one its conversion, layout and device
+// make it (site.cc, the rule ChooseConversionSites applies; for a quantized weight on a GPU either
+// the device or the CPU then the device); else InvalidArgument naming the first that is not.
+// Part of CheckPlanFor.
+Status CheckConversionSites(const Checkpoint& checkpoint, const LoadPlan& plan);
 
 }  // namespace loadstone::planning
 

@@ -50,6 +50,16 @@ std::string_view TensorMemoryName(TensorMemory memory) {
   return "?";
 }
 
+std::string_view ConversionSiteName(ConversionSite site) {
+  switch (site) {
+    case ConversionSite::kNone: return "none";
+    case ConversionSite::kCpu: return "cpu";
+    case ConversionSite::kDevice: return "device";
+    case ConversionSite::kCpuThenDevice: return "cpu+device";
+  }
+  return "?";
+}
+
 RouteCounts LoadPlan::RouteTotals() const {
   RouteCounts out{};
   for (const ReadChunk& r : reads) {

@@ -62,6 +62,11 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
 // arena (under kArenaTensorMax, every read staged), else host.
 void ChooseMemory(LoadPlan* plan);
 
+// TensorPlan::conversion_site of every tensor (site.cc), from its conversion, its layout and its
+// device: none, the CPU, the device, or the CPU then the device (a relayout; a quantized weight
+// on a GPU that `platform` says does not decode it, PlatformGpu::decodes_quantized).
+void ChooseConversionSites(const Checkpoint& checkpoint, const Platform& platform, LoadPlan* plan);
+
 }  // namespace loadstone::planning
 
 #endif  // LOADSTONE_RUNTIME_PLAN_SCHEDULE_H_

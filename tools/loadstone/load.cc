@@ -145,7 +145,8 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
                  {"bounced_bytes", rs.bounced_bytes},
                  {"resubmits", rs.resubmits},
                  {"cache_copied_bytes", rs.taken(ReadRoute::kPageCacheCopy).bytes},
-                 {"mapped_bytes", rs.taken(ReadRoute::kMapped).bytes}};
+                 {"mapped_bytes", rs.taken(ReadRoute::kMapped).bytes},
+                 {"conversions_moved", rs.conversions_moved}};
   // The route each read took (the plan's, settled as each read's turn came: routes.h).
   doc["routes"] = RoutesJson(rs.routes);
   std::map<std::string, uint64_t> per_device;

@@ -266,6 +266,11 @@ TEST_CASE("contract: a plan edited by hand into something unloadable is refused,
        }},
       {"is planned into arena memory, but its device, flags and reads make it fresh pages",
        [&](LoadPlan& p) { p.tensors[p.reads[large].tensors[0]].memory = TensorMemory::kArena; }},
+      {"is planned to be converted on site 'device', but its conversion, layout and device make "
+       "it 'none'",
+       [&](LoadPlan& p) {
+         p.tensors[p.reads[large].tensors[0]].conversion_site = ConversionSite::kDevice;
+       }},
   };
   Loader loader;
   for (const auto& [says, forge] : forgeries) {

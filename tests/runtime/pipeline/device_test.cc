@@ -232,6 +232,23 @@ TEST_CASE("sim: the trace shows each device's copy and compute streams, job by j
   CHECK(spans.size() == 3);
 }
 
+// The spans named `kernel...` on cuda:0's compute track of trace `text`.
+size_t KernelSpans(const std::string& text, const std::string& kernel) {
+  const auto doc = nlohmann::json::parse(text);
+  std::map<uint64_t, std::string> tracks;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "M") tracks[e["tid"].get<uint64_t>()] = e["args"]["name"].get<std::string>();
+  }
+  size_t kernels = 0;
+  for (const auto& e : doc["traceEvents"]) {
+    if (e["ph"] == "X" && tracks[e["tid"].get<uint64_t>()] == "cuda:0 compute" &&
+        e["name"].get<std::string>().starts_with(kernel)) {
+      ++kernels;
+    }
+  }
+  return kernels;
+}
+
 // Quantized weights go to the device packed and the device decodes them (Device::
 // DecodesQuantized; the simulated one with the CPU references and the quant state it was sent),
 // bit for bit the producers' values: bitsandbytes 4-bit (nested absmax tables) and LLM.int8,
@@ -262,21 +279,56 @@ TEST_CASE("sim: quantized weights are decoded on the device from their packed by
     CHECK(decoded > 0);
     // A kernel span per decoded piece on the device's compute track; none when the workers
     // decode (the device then copies the decoded values).
-    const auto doc = nlohmann::json::parse(testing::TraceText(load, dir));
-    std::map<uint64_t, std::string> tracks;
-    for (const auto& e : doc["traceEvents"]) {
-      if (e["ph"] == "M") tracks[e["tid"].get<uint64_t>()] = e["args"]["name"].get<std::string>();
-    }
-    size_t kernels = 0;
-    for (const auto& e : doc["traceEvents"]) {
-      if (e["ph"] == "X" && tracks[e["tid"].get<uint64_t>()] == "cuda:0 compute" &&
-          e["name"].get<std::string>().starts_with(fixture.kernel)) {
-        ++kernels;
-      }
-    }
+    const size_t kernels = KernelSpans(testing::TraceText(load, dir), fixture.kernel);
     if (on_device) CHECK(kernels >= decoded);
     if (!on_device) CHECK(kernels == 0);
+    // The plan sent them to the device's decode (a GPU it knew nothing of decodes); a device
+    // without the kernels is the one departure, counted and named.
+    size_t quantized = 0;
+    for (const TensorPlan& tp : plan->tensors) {
+      if (!Unpacks(tp.conversion)) continue;
+      ++quantized;
+      CHECK(tp.conversion_site == ConversionSite::kDevice);
+    }
+    CHECK(load.read_stats().conversions_moved == (on_device ? 0 : quantized));
+    CHECK((load.backend().find("cuda:0 has no kernels for quantized weights") ==
+           std::string::npos) == on_device);
   }
+}
+
+// A plan made for GPUs without the kernels (PlatformGpu::decodes_quantized false) has the
+// workers decode, even on a device that could: the executor runs each conversion where the plan
+// says, nothing moved.
+TEST_CASE("sim: a quantized weight's conversion runs where the plan says") {
+  const testing::QuantFixture& fixture = testing::QuantFixtures().front();
+  auto ckpt = Checkpoint::Open(testing::FixturePath(fixture.path));
+  REQUIRE(ckpt.ok());
+  SimulatedMachine machine = SimulatedMachine::Gpus(1, 1ULL << 30);
+  machine.decodes_quantized = false;
+  PlanOptions po;
+  po.device_map = "cuda:0";
+  po.dtype = DType::kF32;
+  po.platform = Platform::Simulated(machine);
+  auto plan = Plan(*ckpt, po);
+  REQUIRE(plan.ok());
+  size_t quantized = 0;
+  for (const TensorPlan& tp : plan->tensors) {
+    if (!Unpacks(tp.conversion)) continue;
+    ++quantized;
+    CHECK(tp.conversion_site == ConversionSite::kCpuThenDevice);
+  }
+  REQUIRE(quantized > 0);
+  auto sims = MakeSims(1, {.decodes_quantized = true});
+  Loader loader(testing::OnDevices(AsSet(sims)));
+  LoadOptions options;
+  options.trace = true;
+  LoadHandle load = loader.Load(*ckpt, *plan, options);
+  REQUIRE(load.Done().get().ok());
+  CHECK(testing::CheckDecoded(fixture, *ckpt, *plan, load, "f32") == quantized);
+  CHECK(load.read_stats().conversions_moved == 0);
+  TempDir dir;
+  CHECK(KernelSpans(testing::TraceText(load, dir), fixture.kernel) == 0);
+  CHECK(sims[0]->jobs_done() > 0);  // the device copied the decoded values
 }
 
 TEST_CASE("sim: staging stays bounded and slots are recycled under backpressure") {

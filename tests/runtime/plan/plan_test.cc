@@ -176,6 +176,29 @@ TEST_CASE("plan: each tensor's memory kind follows from its device, flags and re
   }
 }
 
+TEST_CASE("plan: each conversion runs where its device puts it") {
+  TempDir dir;
+  Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
+  for (const char* map : {"cpu", "cuda:0"}) {
+    INFO(map);
+    PlanOptions options;
+    options.device_map = map;
+    options.dtype = DType::kF32;
+    auto plan = Plan(ckpt, options);
+    REQUIRE(plan.ok());
+    std::set<ConversionSite> sites;
+    for (const TensorPlan& tp : plan->tensors) {
+      INFO(ckpt.tensors()[tp.source].name << ": " << ConversionSiteName(tp.conversion_site));
+      sites.insert(tp.conversion_site);
+      const ConversionSite converts =
+          std::string(map) == "cpu" ? ConversionSite::kCpu : ConversionSite::kDevice;
+      CHECK(tp.conversion_site ==
+            (tp.conversion == Conversion::kNone ? ConversionSite::kNone : converts));
+    }
+    CHECK(sites.size() == 2);  // some tensors are cast, some are f32 already
+  }
+}
+
 TEST_CASE("plan: --dtype casts floats, never integers or bool, keep_in_fp32 is anchored") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir);
