@@ -7,7 +7,6 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "io/posix_error.h"
 #include "runtime/plan/check_plan.h"
@@ -51,6 +50,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
                     options.destination),
       placer_(checkpoint, plan, destinations_),
       window_(plan.reads.size(), static_cast<size_t>(std::max(loader_options.queue_depth, 1)) * 2),
+      chunks_(checkpoint, plan),
       plan_error_(planning::CheckPlanFor(checkpoint, plan)) {
   if (plan_error_.ok()) plan_index_.assign(checkpoint.tensors().size(), ~uint32_t{0});
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
@@ -90,28 +90,6 @@ Progress LoadHandle::State::Snapshot() const {
     p.eta_seconds = p.seconds * (p.bytes_total - p.bytes_read) / p.bytes_read;
   }
   return p;
-}
-
-std::string LoadHandle::State::TraceLabel(uint64_t id) const {
-  const ReadChunk& chunk = plan.reads[id];
-  const std::string& first = checkpoint.tensors()[plan.tensors[chunk.tensors.front()].source].name;
-  return chunk.tensors.size() == 1 ? first
-                                   : fmt::format("{} and {} more", first, chunk.tensors.size() - 1);
-}
-
-std::string LoadHandle::State::TraceArgs(uint64_t id) const {
-  const ReadChunk& chunk = plan.reads[id];
-  nlohmann::json args = {{"file", checkpoint.files()[chunk.file].path},
-                         {"offset", chunk.offset},
-                         {"bytes", chunk.length},
-                         {"planned", ReadRouteName(chunk.route)},
-                         {"route", ReadRouteName(chunks_[id].route)}};
-  auto& names = args["tensors"] = nlohmann::json::array();
-  for (size_t k = 0; k < chunk.tensors.size() && k < 8; ++k) {
-    names.push_back(checkpoint.tensors()[plan.tensors[chunk.tensors[k]].source].name);
-  }
-  if (chunk.tensors.size() > 8) args["more_tensors"] = chunk.tensors.size() - 8;
-  return args.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Status LoadHandle::State::CheckFileSize(uint32_t file, uint64_t needed) const {
@@ -159,7 +137,7 @@ Status LoadHandle::State::EnsureSharedBuffer(uint64_t id) {
   const ReadChunk& chunk = plan.reads[id];
   if (tensors[chunk.tensors.front()].buffer) return Status::OK();
   auto block = destinations_.ForSharedRead(chunk);
-  if (!block.ok()) return ChunkError(id, block.status());
+  if (!block.ok()) return chunks_.Error(id, block.status());
   for (uint32_t t : chunk.tensors) {
     TensorSlot& slot = tensors[t];
     slot.data = block->data + (checkpoint.tensors()[plan.tensors[t].source].offset - chunk.offset);
@@ -216,12 +194,6 @@ void LoadHandle::State::AdvanceChunk(uint64_t id) {
   }
 }
 
-void LoadHandle::State::CountRoute(uint64_t id) {
-  RouteCount& count = route_counts_[static_cast<size_t>(chunks_[id].route)];
-  ++count.reads;
-  count.bytes += plan.reads[id].length;
-}
-
 void LoadHandle::State::Fail(Status status) {
   if (error_.ok()) error_ = std::move(status);
   stopping_ = true;
@@ -256,7 +228,7 @@ void LoadHandle::State::MaybeFinish() {
     const io::ReaderStats stats = window_.Close();
     std::lock_guard lock(callbacks_mu);
     read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits,
-                  route_counts_, conversions_moved_};
+                  chunks_.counts(), conversions_moved_};
   }
   destinations_.CloseFreshPages();  // every placed tensor is whole: unregisters their pages
   destinations_.CloseMappedFiles();

@@ -1,5 +1,5 @@
-// The state machine of one load: the futures, callbacks and progress, one Chunk record per read,
-// over the load's stages — the read window (read_window.h: the only code that submits reads),
+// The state machine of one load: the futures, callbacks and progress, over the load's stages — the reads' records (chunk_table.h: each read's route, slot and parts),
+// the read window (read_window.h: the only code that submits reads),
 // the staging pool (staging_pool.h: each slot held by one chunk, TakeStagingSlot ..
 // ReleaseSlot), the destinations (destinations.h: every tensor's memory) and the placer
 // (placer.h: CPU conversions and device jobs). Every event enters through OnLoop (or, for the
@@ -30,6 +30,7 @@
 #include "loadstone/loader.h"
 #include "runtime/device/accelerator.h"
 #include "runtime/pipeline/callbacks.h"
+#include "runtime/pipeline/chunk_table.h"
 #include "runtime/pipeline/destinations.h"
 #include "runtime/pipeline/host_buffer.h"
 #include "runtime/pipeline/placer.h"
@@ -132,10 +133,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // finishes the load when nothing is left in flight (MaybeFinish). The only caller of both.
   void Schedule();
   void Pump();
-  // The route chunk `id` takes now that its turn has come (routes.h, RouteAtTurn): the one place
-  // where the executor asks where its bytes are. `*cached`: their page-cache view, when asked
-  // and they are there.
-  ReadRoute RouteNow(uint64_t id, const std::byte** cached) const;
   // Takes a free staging slot (allocating it on first use) for chunk `id` and points `request`
   // at the whole pages around the chunk, in it. Needs a free slot.
   Status TakeStagingSlot(uint64_t id, io::ReadRequest* request);
@@ -200,8 +197,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   const std::byte* StagedBytes(uint64_t id, size_t slot) const {
     return staging_.data(slot) + plan.reads[id].offset % pipeline::kHostAlignment;
   }
-  // Counts a read (or copy, or mapping) of chunk `id` on the route it took.
-  void CountRoute(uint64_t id);
   void CopyCached(uint64_t id, const std::byte* source);  // runs on a worker thread
   void OnCachedDone(uint64_t id, Status status);
   void Advance(uint32_t tensor, uint64_t source_bytes);
@@ -220,11 +215,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   Status CheckMappedFile(uint32_t file) const;
   void Fail(Status status);
   void MaybeFinish();
-  Status ChunkError(uint64_t chunk, const Status& status) const;
-  // For the trace: "NAME" or "NAME and 3 more"; the read's file, range, tensors, planned route
-  // and the route it took (ReadRouteName) as JSON.
-  std::string TraceLabel(uint64_t chunk) const;
-  std::string TraceArgs(uint64_t chunk) const;
 
   std::vector<uint32_t> plan_index_;  // per checkpoint tensor: its plan.tensors index, or ~0
   const LoadHooks hooks_;           // LoaderOptions::hooks (testing)
@@ -234,20 +224,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   const pipeline::Placer placer_;
   pipeline::ReadWindow window_;
   pipeline::StagingPool staging_;
-  // One per plan.reads entry.
-  struct Chunk {
-    // The planned route, then this load's (RouteAtStart, at Begin), then the one it took
-    // (RouteAtTurn, when issued).
-    ReadRoute route = ReadRoute::kInPlace;
-    int slot = -1;       // its staging slot while staged (TakeStagingSlot .. ReleaseSlot)
-    int parts_left = 0;  // CPU/device parts of a staged chunk not yet done
-    // Into memory that exists (TensorPlan::memory_given: the caller's, pinned), and copies from a
-    // mapping are guarded: when its bytes are cached, a worker copies them (routes.h).
-    bool copy_when_cached = false;
-    pipeline::TraceRecorder::Clock::time_point submitted{};  // when tracing
-  };
-  std::vector<Chunk> chunks_;
-  RouteCounts route_counts_{};
+  pipeline::ChunkTable chunks_;  // one record per plan.reads entry, and the routes taken
   // Per tensor: where its conversion runs in this load (SiteConversions).
   std::vector<ConversionSite> sites_;
   uint64_t conversions_moved_ = 0;  // ReadStats::conversions_moved

@@ -14,22 +14,6 @@
 
 namespace loadstone {
 
-ReadRoute LoadHandle::State::RouteNow(uint64_t id, const std::byte** cached) const {
-  const ReadChunk& chunk = plan.reads[id];
-  pipeline::TurnFacts facts;
-  const ReadRoute settled = chunks_[id].route;
-  if (settled == ReadRoute::kStagedWhenCold) {
-    facts.cold = window_.reader().ReadsDirect(chunk.file, chunk.offset, chunk.length);
-  }
-  if (settled == ReadRoute::kFreshPages ||
-      (chunks_[id].copy_when_cached && !facts.cold &&
-       (settled == ReadRoute::kInPlace || settled == ReadRoute::kStagedWhenCold))) {
-    *cached = window_.reader().CachedView(chunk.file, chunk.offset, chunk.length);
-    facts.cached = *cached != nullptr;
-  }
-  return pipeline::RouteAtTurn(settled, facts);
-}
-
 void LoadHandle::State::Pump() {
   auto fail = [&](Status status) {
     window_.Flush();
@@ -45,7 +29,7 @@ void LoadHandle::State::Pump() {
       if (Status s = EnsureDestination(t); !s.ok()) return fail(s);
     }
     const std::byte* cached = nullptr;
-    const ReadRoute route = RouteNow(id, &cached);
+    const ReadRoute route = chunks_.RouteNow(id, window_.reader(), &cached);
     // Settled once, even when it waits below for a staging slot; a page-cache copy that waits
     // for a worker asks for its view again.
     if (route != ReadRoute::kPageCacheCopy) chunks_[id].route = route;
@@ -66,7 +50,7 @@ void LoadHandle::State::Pump() {
     } else if (route == ReadRoute::kInPlace) {
       request.dst = ReadDestination(id);
     }
-    CountRoute(id);
+    chunks_.Count(id);
     if (route != ReadRoute::kInPlace && route != ReadRoute::kStaged) {
       window_.Skip();
       if (route == ReadRoute::kMapped) {
@@ -74,7 +58,7 @@ void LoadHandle::State::Pump() {
         // still the one mapped, now (a truncation or rewrite after this is SIGBUS or other
         // bytes on touch, as with any mapping: docs/pipeline.md, "mmap mode").
         if (Status s = CheckMappedFile(chunk.file); !s.ok()) {
-          return fail(ChunkError(id, s));
+          return fail(chunks_.Error(id, s));
         }
         AdvanceChunk(id);
       }
@@ -122,29 +106,17 @@ void LoadHandle::State::OnCompletions() {
   for (io::ReadCompletion& c : window_.Reap()) OnReadDone(c.tag, std::move(c.status));
 }
 
-Status LoadHandle::State::ChunkError(uint64_t id, const Status& status) const {
-  const ReadChunk& chunk = plan.reads[id];
-  std::string names;
-  for (size_t k = 0; k < chunk.tensors.size() && k < 3; ++k) {
-    names += (k ? ", '" : "'") + checkpoint.tensors()[plan.tensors[chunk.tensors[k]].source].name + "'";
-  }
-  if (chunk.tensors.size() > 3) names += fmt::format(" and {} more", chunk.tensors.size() - 3);
-  return status.WithContext(fmt::format("loading tensor {} (bytes {}..{} of '{}')", names,
-                                        chunk.offset, chunk.offset + chunk.length,
-                                        checkpoint.files()[chunk.file].path));
-}
-
 void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
   window_.Completed();
   const ReadChunk& chunk = plan.reads[id];
   if (trace.enabled()) {
-    trace.SpanInLane(fmt::format("read {}", TraceLabel(id)), "read", "reads in flight",
-                     chunks_[id].submitted, trace.Now(), TraceArgs(id));
+    trace.SpanInLane(fmt::format("read {}", chunks_.Label(id)), "read", "reads in flight",
+                     chunks_[id].submitted, trace.Now(), chunks_.Args(id));
   }
   const bool staged = chunks_[id].route == ReadRoute::kStaged;
   if (!status.ok()) {
     if (staged) ReleaseSlot(id);
-    return Fail(ChunkError(id, status));
+    return Fail(chunks_.Error(id, status));
   }
   bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
   if (!std::exchange(first_read_back_, true)) CancelIfAskedAt(LoadStage::kMidStream);

@@ -283,14 +283,14 @@ void LoadHandle::State::ConvertStaged(uint64_t id, size_t slot) {
   Status status;
   if (chunk.shared_buffer) {  // one copy of the whole chunk into its tensors' shared buffer
     status = placer_.PlaceShared(chunk, ReadDestination(id), staged);
-    if (!status.ok()) status = ChunkError(id, status);
+    if (!status.ok()) status = chunks_.Error(id, status);
   } else {
     status = PlaceCpuPieces(id, staged);
   }
   if (trace.enabled()) {  // named by what the workers did
     trace.Span(fmt::format("{} {}", did == Conversion::kNone ? "copy" : ConversionName(did),
-                           TraceLabel(id)),
-               did == Conversion::kNone ? "copy" : "convert", begin, TraceArgs(id));
+                           chunks_.Label(id)),
+               did == Conversion::kNone ? "copy" : "convert", begin, chunks_.Args(id));
   }
   OnLoop([id, status = std::move(status)](State& self) mutable {
     self.OnStagedDone(id, std::move(status));
@@ -328,8 +328,8 @@ void LoadHandle::State::CopyCached(uint64_t id, const std::byte* source) {
         status.message()));
   }
   if (trace.enabled()) {
-    trace.Span(fmt::format("copy {} (page cache)", TraceLabel(id)), "copy", begin,
-               TraceArgs(id));
+    trace.Span(fmt::format("copy {} (page cache)", chunks_.Label(id)), "copy", begin,
+               chunks_.Args(id));
   }
   OnLoop([id, status = std::move(status)](State& self) mutable {
     self.OnCachedDone(id, std::move(status));
@@ -340,7 +340,7 @@ void LoadHandle::State::OnCachedDone(uint64_t id, Status status) {
   --in_flight_.cached_copies;
   const ReadChunk& chunk = plan.reads[id];
   if (!status.ok()) {
-    Fail(ChunkError(id, status));
+    Fail(chunks_.Error(id, status));
   } else if (!stopping_) {
     bytes_read.fetch_add(chunk.length, std::memory_order_relaxed);
     AdvanceChunk(id);

@@ -71,7 +71,6 @@ void LoadHandle::State::Begin() {
 
 void LoadHandle::State::RouteChunks() {
   const pipeline::StartFacts facts{destinations_.has_fresh_pages(), loader_options.direct_io};
-  chunks_.resize(plan.reads.size());
   // Memory that exists before the load (the caller's; pinned, which pinning populated) is
   // filled from the page cache by the workers' streaming copy when the copy is guarded.
   const bool given = std::any_of(plan.tensors.begin(), plan.tensors.end(),
@@ -85,12 +84,7 @@ void LoadHandle::State::RouteChunks() {
       backend_description += fmt::format("; {}", s.message());
     }
   }
-  for (size_t i = 0; i < plan.reads.size(); ++i) {
-    const ReadChunk& read = plan.reads[i];
-    chunks_[i].route = pipeline::RouteAtStart(read.route, plan.routes, facts);
-    chunks_[i].copy_when_cached = guarded && !read.shared_buffer && read.tensors.size() == 1 &&
-                                  plan.tensors[read.tensors[0]].memory_given();
-  }
+  chunks_.SettleAtStart(facts, guarded);
 }
 
 void LoadHandle::State::SiteConversions() {
@@ -116,14 +110,7 @@ void LoadHandle::State::SiteConversions() {
 void LoadHandle::State::SizeStaging() {
   // A staged read lands at its file offset's phase within the slot (see TakeStagingSlot);
   // slots are as large as the largest read that may be staged.
-  uint64_t largest = 0;
-  for (size_t i = 0; i < plan.reads.size(); ++i) {
-    const ReadRoute route = chunks_[i].route;
-    if (route != ReadRoute::kInPlace && route != ReadRoute::kMapped) {
-      largest = std::max(largest, plan.reads[i].length);
-    }
-  }
-  const uint64_t slot_bytes = largest + 2 * pipeline::kHostAlignment;  // whole pages around any phase
+  const uint64_t slot_bytes = chunks_.LargestStaged() + 2 * pipeline::kHostAlignment;  // whole pages around any phase
   uint64_t pool = loader_options.staging_bytes;
   // A CPU load keeps its staging within a tenth of what it places, so that peak memory stays
   // near the model's size (a GPU load's host memory is its staging, whatever the model).
