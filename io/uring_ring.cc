@@ -84,63 +84,89 @@ std::deque<void*> Ring::TakeUnsubmitted() {
   return out;
 }
 
-Result<RingSetup> SetUpRing(Ring& ring, const std::vector<File>& files,
-                            const std::vector<DirectTwin>& twins, const ReaderOptions& options) {
-  const unsigned entries = static_cast<unsigned>(options.queue_depth) + 1;  // + the wake poll
-  const char* kind = "single-issuer ring";
-  if (options.fail_submit_errno != 0) {  // testing
-    ring.RefuseAfter(options.fail_submit_after, options.fail_submit_errno);
-  }
+namespace {
+
+// Creates `ring` with `entries` entries: single-issuer with deferred task running, else (kernels
+// before 6.1) plain, *kind saying which. Returns what Ring::Init returned (< 0: -errno).
+int InitRing(Ring& ring, unsigned entries, const char** kind) {
+  *kind = "single-issuer ring";
   int r = ring.Init(entries, IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
   if (r == -EINVAL) {  // kernels before 6.1
-    kind = "plain ring";
+    *kind = "plain ring";
     r = ring.Init(entries, 0);
   }
-  if (r < 0) return Status::Unsupported(RingError(-r));
+  return r;
+}
 
-  RingSetup setup;
+// Registers each file, then its O_DIRECT twin (or the file again), as fixed files; says how
+// that went, for the description.
+std::string RegisterFiles(Ring& ring, const std::vector<File>& files,
+                          const std::vector<DirectTwin>& twins, RingSetup* setup) {
   std::vector<int> fds;
   for (const File& f : files) fds.push_back(f.fd());
-  size_t direct_files = 0;
-  uint64_t align = 0;
   for (size_t i = 0; i < files.size(); ++i) {
-    const bool direct = twins[i].align > 0;
-    fds.push_back(direct ? twins[i].file.fd() : files[i].fd());
-    direct_files += direct;
-    align = std::max(align, twins[i].align);
+    fds.push_back(twins[i].align > 0 ? twins[i].file.fd() : files[i].fd());
   }
   std::string file_note = "files registered";
   if (!fds.empty()) {
-    r = io_uring_register_files(ring.get(), fds.data(), static_cast<unsigned>(fds.size()));
-    setup.files_registered = r == 0;
+    const int r = io_uring_register_files(ring.get(), fds.data(), static_cast<unsigned>(fds.size()));
+    setup->files_registered = r == 0;
     if (r < 0) file_note = fmt::format("files not registered: {}", std::strerror(-r));
   }
+  return file_note;
+}
 
-  std::string direct_note;
-  if (!options.direct) {
-    direct_note = "page cache only (O_DIRECT off)";
-  } else if (direct_files == 0) {
-    direct_note =
-        fmt::format("page cache only ({})", twins.empty() ? "no files" : twins.front().why_not);
-  } else {
-    direct_note = fmt::format("O_DIRECT ready on {}/{} files", direct_files, files.size());
-    const uint64_t pool_align = std::max<uint64_t>(align, 4096);
-    const uint64_t slot =
-        std::max(pool_align, std::min(options.max_chunk, kBounceSlotMax) / pool_align * pool_align);
-    BouncePool& pool = setup.pool;
-    if (options.bounce_bytes >= slot)
-      pool = BouncePool(options.bounce_bytes / slot, slot, pool_align);
-    if (!pool.empty()) {
-      iovec iov{pool.data(), pool.total_bytes()};
-      r = io_uring_register_buffers(ring.get(), &iov, 1);
-      setup.buffers_registered = r == 0;
-      direct_note += fmt::format(", bounce {} x {} KiB ({})", pool.count(), pool.slot_bytes() >> 10,
-                                 r == 0 ? std::string("registered")
-                                        : fmt::format("not registered: {}", std::strerror(-r)));
-    } else if (options.bounce_bytes > 0) {
-      direct_note += ", no bounce buffers (out of memory)";
-    }
+// With O_DIRECT on and some twin open: the bounce pool (options.bounce_bytes in slots of up to
+// kBounceSlotMax, aligned for every twin), registered as one fixed buffer where the kernel lets
+// us. Says what O_DIRECT has, for the description.
+std::string SetUpDirect(Ring& ring, const std::vector<File>& files,
+                        const std::vector<DirectTwin>& twins, const ReaderOptions& options,
+                        RingSetup* setup) {
+  size_t direct_files = 0;
+  uint64_t align = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    direct_files += twins[i].align > 0;
+    align = std::max(align, twins[i].align);
   }
+  if (!options.direct) return "page cache only (O_DIRECT off)";
+  if (direct_files == 0) {
+    return fmt::format("page cache only ({})", twins.empty() ? "no files" : twins.front().why_not);
+  }
+  std::string direct_note = fmt::format("O_DIRECT ready on {}/{} files", direct_files, files.size());
+  const uint64_t pool_align = std::max<uint64_t>(align, 4096);
+  const uint64_t slot =
+      std::max(pool_align, std::min(options.max_chunk, kBounceSlotMax) / pool_align * pool_align);
+  BouncePool& pool = setup->pool;
+  if (options.bounce_bytes >= slot)
+    pool = BouncePool(options.bounce_bytes / slot, slot, pool_align);
+  if (!pool.empty()) {
+    iovec iov{pool.data(), pool.total_bytes()};
+    const int r = io_uring_register_buffers(ring.get(), &iov, 1);
+    setup->buffers_registered = r == 0;
+    direct_note += fmt::format(", bounce {} x {} KiB ({})", pool.count(), pool.slot_bytes() >> 10,
+                               r == 0 ? std::string("registered")
+                                      : fmt::format("not registered: {}", std::strerror(-r)));
+  } else if (options.bounce_bytes > 0) {
+    direct_note += ", no bounce buffers (out of memory)";
+  }
+  return direct_note;
+}
+
+}  // namespace
+
+Result<RingSetup> SetUpRing(Ring& ring, const std::vector<File>& files,
+                            const std::vector<DirectTwin>& twins, const ReaderOptions& options) {
+  const unsigned entries = static_cast<unsigned>(options.queue_depth) + 1;  // + the wake poll
+  if (options.fail_submit_errno != 0) {  // testing
+    ring.RefuseAfter(options.fail_submit_after, options.fail_submit_errno);
+  }
+  const char* kind = nullptr;
+  if (const int r = InitRing(ring, entries, &kind); r < 0) {
+    return Status::Unsupported(RingError(-r));
+  }
+  RingSetup setup;
+  const std::string file_note = RegisterFiles(ring, files, twins, &setup);
+  const std::string direct_note = SetUpDirect(ring, files, twins, options, &setup);
   setup.description =
       fmt::format("io_uring ({} deep, {} MiB chunks, {}, {}, {})", options.queue_depth,
                   options.max_chunk >> 20, direct_note, file_note, kind);

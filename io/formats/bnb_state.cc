@@ -107,28 +107,7 @@ class Cataloger {
       return Refused(state_tensor,
                      fmt::format("names quant type '{}'; bitsandbytes 4-bit is nf4 or fp4", type));
     }
-    if ((state_tensor.dtype != DType::kU8 && state_tensor.dtype != DType::kI8) ||
-        state_tensor.shape.size() != 1 || !state_tensor.plain_layout()) {
-      return Refused(state_tensor, "is not a 1-D tensor of JSON bytes (uint8)");
-    }
-    if (state_tensor.nbytes > kMaxQuantStateJsonBytes) {
-      return BeyondBound(Where(state_tensor), fmt::format("a quant state of {} bytes",
-                                                          state_tensor.nbytes),
-                         "kMaxQuantStateJsonBytes", kMaxQuantStateJsonBytes);
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> text, reads_.Bytes(state_tensor));
-    const std::string what = Where(state_tensor);
-    LOADSTONE_ASSIGN_OR_RETURN(
-        nlohmann::json doc,
-        ParseJsonStrict(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
-                        what));
-    LOADSTONE_ASSIGN_OR_RETURN(StateDoc s,
-                               InterpretJson(what, [&] { return ParseState(doc, what); }));
-    if (s.quant_type != type) {
-      return Refused(state_tensor,
-                     fmt::format("says quant_type '{}' under a '{}' name", s.quant_type, type));
-    }
-
+    LOADSTONE_ASSIGN_OR_RETURN(const StateDoc s, ReadState(state_tensor, type));
     TensorInfo* weight = find_(weight_name);
     if (weight == nullptr) return Missing(state_tensor, weight_name);
     uint64_t elements = 1;
@@ -147,34 +126,10 @@ class Cataloger {
     auto state = std::make_shared<Bnb4State>();
     state->fp4 = type == "fp4";
     state->dtype = s.dtype;
-    state->absmax = weight_name + ".absmax";
-    LOADSTONE_RETURN_IF_ERROR(
-        Companion(state->absmax, s.nested ? DType::kU8 : DType::kF32, blocks).status());
-    const std::string quant_map = weight_name + ".quant_map";
-    LOADSTONE_ASSIGN_OR_RETURN(const TensorInfo* code, Companion(quant_map, DType::kF32, 16));
-    LOADSTONE_ASSIGN_OR_RETURN(state->code, reads_.Floats<16>(*code));
-    LOADSTONE_RETURN_IF_ERROR(CheckCode(*code, state->fp4, state->code));
-    state->companions = {state->absmax, quant_map};
+    LOADSTONE_RETURN_IF_ERROR(ReadTables(weight_name, s, blocks, state.get()));
     if (s.nested) {
-      state->nested = true;
-      state->nested_blocksize = static_cast<uint32_t>(s.nested_blocksize);
-      state->nested_offset = s.nested_offset;
-      const std::string nested_map = weight_name + ".nested_quant_map";
-      const std::string nested_absmax = weight_name + ".nested_absmax";
-      const uint64_t nested_blocks = (blocks + s.nested_blocksize - 1) / s.nested_blocksize;
-      if (nested_blocks * 4 > kMaxNestedAbsmaxBytes) {
-        return BeyondBound(what, fmt::format("{} nested absmax values", nested_blocks),
-                           "kMaxNestedAbsmaxBytes", kMaxNestedAbsmaxBytes);
-      }
-      LOADSTONE_ASSIGN_OR_RETURN(const TensorInfo* nmap, Companion(nested_map, DType::kF32, 256));
-      LOADSTONE_ASSIGN_OR_RETURN(state->nested_code, reads_.Floats<256>(*nmap));
-      LOADSTONE_ASSIGN_OR_RETURN(const TensorInfo* nabs,
-                                 Companion(nested_absmax, DType::kF32, nested_blocks));
-      LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw, reads_.Bytes(*nabs));
-      state->nested_absmax.resize(nested_blocks);
-      std::memcpy(state->nested_absmax.data(), raw.data(), raw.size());
-      state->companions.push_back(nested_map);
-      state->companions.push_back(nested_absmax);
+      LOADSTONE_RETURN_IF_ERROR(
+          ReadNested(weight_name, s, blocks, Where(state_tensor), state.get()));
     }
     state->companions.push_back(state_tensor.name);
 
@@ -198,6 +153,75 @@ class Cataloger {
         "bitsandbytes 4-bit quant state {} has no tensor '{}' beside it: every shard of the "
         "checkpoint is needed (its index lists where each tensor is)",
         Where(state), name));
+  }
+
+  // The quant state in `state_tensor` (1-D uint8 JSON bytes, at most kMaxQuantStateJsonBytes),
+  // read and checked; its quant_type must be `type`, the one its name gives.
+  Result<StateDoc> ReadState(const TensorInfo& state_tensor, const std::string& type) {
+    if ((state_tensor.dtype != DType::kU8 && state_tensor.dtype != DType::kI8) ||
+        state_tensor.shape.size() != 1 || !state_tensor.plain_layout()) {
+      return Refused(state_tensor, "is not a 1-D tensor of JSON bytes (uint8)");
+    }
+    if (state_tensor.nbytes > kMaxQuantStateJsonBytes) {
+      return BeyondBound(Where(state_tensor), fmt::format("a quant state of {} bytes",
+                                                          state_tensor.nbytes),
+                         "kMaxQuantStateJsonBytes", kMaxQuantStateJsonBytes);
+    }
+    LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> text, reads_.Bytes(state_tensor));
+    const std::string what = Where(state_tensor);
+    LOADSTONE_ASSIGN_OR_RETURN(
+        nlohmann::json doc,
+        ParseJsonStrict(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
+                        what));
+    LOADSTONE_ASSIGN_OR_RETURN(StateDoc s,
+                               InterpretJson(what, [&] { return ParseState(doc, what); }));
+    if (s.quant_type != type) {
+      return Refused(state_tensor,
+                     fmt::format("says quant_type '{}' under a '{}' name", s.quant_type, type));
+    }
+    return s;
+  }
+
+  // WEIGHT.absmax (`blocks` values: u8 when nested, else f32) and WEIGHT.quant_map (16 f32,
+  // bitsandbytes' own table) into `state`, which names them as its companions.
+  Status ReadTables(const std::string& weight_name, const StateDoc& s, uint64_t blocks,
+                    Bnb4State* state) {
+    state->absmax = weight_name + ".absmax";
+    LOADSTONE_RETURN_IF_ERROR(
+        Companion(state->absmax, s.nested ? DType::kU8 : DType::kF32, blocks).status());
+    const std::string quant_map = weight_name + ".quant_map";
+    LOADSTONE_ASSIGN_OR_RETURN(const TensorInfo* code, Companion(quant_map, DType::kF32, 16));
+    LOADSTONE_ASSIGN_OR_RETURN(state->code, reads_.Floats<16>(*code));
+    LOADSTONE_RETURN_IF_ERROR(CheckCode(*code, state->fp4, state->code));
+    state->companions = {state->absmax, quant_map};
+    return Status::OK();
+  }
+
+  // The nested quantization of the absmax values (`blocks` of them): WEIGHT.nested_quant_map
+  // (256 f32) and WEIGHT.nested_absmax (f32, one a nested block, at most kMaxNestedAbsmaxBytes),
+  // read into `state` and added to its companions. `what` names the quant state.
+  Status ReadNested(const std::string& weight_name, const StateDoc& s, uint64_t blocks,
+                    const std::string& what, Bnb4State* state) {
+    state->nested = true;
+    state->nested_blocksize = static_cast<uint32_t>(s.nested_blocksize);
+    state->nested_offset = s.nested_offset;
+    const std::string nested_map = weight_name + ".nested_quant_map";
+    const std::string nested_absmax = weight_name + ".nested_absmax";
+    const uint64_t nested_blocks = (blocks + s.nested_blocksize - 1) / s.nested_blocksize;
+    if (nested_blocks * 4 > kMaxNestedAbsmaxBytes) {
+      return BeyondBound(what, fmt::format("{} nested absmax values", nested_blocks),
+                         "kMaxNestedAbsmaxBytes", kMaxNestedAbsmaxBytes);
+    }
+    LOADSTONE_ASSIGN_OR_RETURN(const TensorInfo* nmap, Companion(nested_map, DType::kF32, 256));
+    LOADSTONE_ASSIGN_OR_RETURN(state->nested_code, reads_.Floats<256>(*nmap));
+    LOADSTONE_ASSIGN_OR_RETURN(const TensorInfo* nabs,
+                               Companion(nested_absmax, DType::kF32, nested_blocks));
+    LOADSTONE_ASSIGN_OR_RETURN(std::vector<std::byte> raw, reads_.Bytes(*nabs));
+    state->nested_absmax.resize(nested_blocks);
+    std::memcpy(state->nested_absmax.data(), raw.data(), raw.size());
+    state->companions.push_back(nested_map);
+    state->companions.push_back(nested_absmax);
+    return Status::OK();
   }
 
   // The companion `name`: present, plain, of `dtype` and `count` elements.

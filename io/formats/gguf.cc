@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "io/formats/gguf_cursor.h"
 #include "io/formats/limits.h"
 #include "io/formats/utf8.h"
 
@@ -46,92 +47,8 @@ constexpr std::array<std::string_view, kValueTypes> kValueTypeNames = {
     "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
 constexpr std::array<uint64_t, kValueTypes> kValueBytes = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
-// Reads the header through a window of the file; every length is checked against what the file
-// still holds before anything is allocated for it.
-class Cursor {
- public:
-  explicit Cursor(const File& file) : file_(file) {}
-
-  uint64_t pos() const { return pos_; }
-  uint64_t left() const { return file_.size() - pos_; }
-
-  Status Fail(std::string_view what) const { return Fail(what, pos_); }
-  // Past one of loadstone's bounds (io/formats/limits.h), at byte `at`.
-  Status Beyond(std::string_view what, std::string_view bound, uint64_t value, uint64_t at) const {
-    return BeyondBound(fmt::format("GGUF '{}' at byte {}", file_.path(), at), what, bound, value);
-  }
-  Status Fail(std::string_view what, uint64_t at) const {
-    return Status::Corruption(
-        fmt::format("GGUF '{}': {} (byte {})", file_.path(), what, at));
-  }
-
-  Status Bytes(void* out, uint64_t n) {
-    if (n > left()) return Fail(fmt::format("the header ends inside a {}-byte field (truncated)", n));
-    auto* dst = static_cast<std::byte*>(out);
-    while (n > 0) {
-      if (pos_ < window_at_ || pos_ >= window_at_ + window_.size()) {
-        window_at_ = pos_;
-        window_.resize(std::min<uint64_t>(kWindow, left()));
-        LOADSTONE_RETURN_IF_ERROR(file_.ReadExact(window_at_, window_));
-      }
-      const uint64_t in = std::min<uint64_t>(n, window_at_ + window_.size() - pos_);
-      std::memcpy(dst, window_.data() + (pos_ - window_at_), in);
-      dst += in;
-      pos_ += in;
-      n -= in;
-    }
-    return Status::OK();
-  }
-  template <typename T>
-  Result<T> Get() {
-    T v{};
-    LOADSTONE_RETURN_IF_ERROR(Bytes(&v, sizeof(T)));
-    return v;  // little-endian host
-  }
-  Status Skip(uint64_t n) {
-    if (n > left()) return Fail("the header ends inside a value (truncated)");
-    pos_ += n;
-    return Status::OK();
-  }
-  // A string of at most `max` bytes (else refused before anything is allocated for it):
-  // kGgufMaxString unless the format says less.
-  Result<std::string> String(std::string_view what, uint64_t max = kGgufMaxString) {
-    LOADSTONE_ASSIGN_OR_RETURN(const uint64_t n, StringLength(what, max));
-    std::string s(n, '\0');
-    LOADSTONE_RETURN_IF_ERROR(Bytes(s.data(), n));
-    return s;
-  }
-  // A string passed over, never held (array elements beyond those shown).
-  Status SkipString(std::string_view what) {
-    LOADSTONE_ASSIGN_OR_RETURN(const uint64_t n, StringLength(what, kGgufMaxString));
-    return Skip(n);
-  }
-
- private:
-  Result<uint64_t> StringLength(std::string_view what, uint64_t max) {
-    const uint64_t at = pos_;
-    LOADSTONE_ASSIGN_OR_RETURN(uint64_t n, Get<uint64_t>());
-    if (n > left()) {
-      return Fail(fmt::format("{} of {} bytes: more than the file holds", what, n), at);
-    }
-    if (n > max && max == kGgufMaxString) {
-      return Beyond(fmt::format("{} of {} bytes", what, n), "kGgufMaxString", kGgufMaxString, at);
-    }
-    if (n > max) {
-      return Fail(fmt::format("{} of {} bytes: more than the {} allowed", what, n, max), at);
-    }
-    return n;
-  }
-
-  static constexpr uint64_t kWindow = 1 << 20;
-  const File& file_;
-  uint64_t pos_ = 0;
-  uint64_t window_at_ = 0;
-  std::vector<std::byte> window_;
-};
-
 template <typename T>
-std::string Number(Cursor& c, Status* status) {
+std::string Number(GgufCursor& c, Status* status) {
   auto v = c.Get<T>();
   if (!v.ok()) {
     *status = v.status();
@@ -145,7 +62,7 @@ std::string Number(Cursor& c, Status* status) {
 }
 
 // One scalar of type `type` as text.
-Result<std::string> Scalar(Cursor& c, ValueType type) {
+Result<std::string> Scalar(GgufCursor& c, ValueType type) {
   Status s;
   std::string out;
   switch (type) {
@@ -173,7 +90,7 @@ Result<std::string> Scalar(Cursor& c, ValueType type) {
   return out;
 }
 
-Result<ValueType> TypeOf(Cursor& c, std::string_view key) {
+Result<ValueType> TypeOf(GgufCursor& c, std::string_view key) {
   const uint64_t at = c.pos();
   LOADSTONE_ASSIGN_OR_RETURN(uint32_t t, c.Get<uint32_t>());
   if (t >= kValueTypes) return c.Fail(fmt::format("key '{}' has value type {} (≥ 13)", key, t), at);
@@ -181,7 +98,7 @@ Result<ValueType> TypeOf(Cursor& c, std::string_view key) {
 }
 
 // An array's elements as text: JSON of the first kGgufArrayShown, or "[N x TYPE]".
-Result<std::string> Array(Cursor& c, std::string_view key, int depth) {
+Result<std::string> Array(GgufCursor& c, std::string_view key, int depth) {
   LOADSTONE_ASSIGN_OR_RETURN(ValueType type, TypeOf(c, key));
   const uint64_t at = c.pos();
   LOADSTONE_ASSIGN_OR_RETURN(uint64_t count, c.Get<uint64_t>());
@@ -234,47 +151,64 @@ Result<std::string> Array(Cursor& c, std::string_view key, int depth) {
 
 __extension__ using u128 = unsigned __int128;
 
-}  // namespace
+struct Counts {
+  int64_t tensors = 0;
+  int64_t kv = 0;
+};
 
-const GgmlType* GgmlTypeById(uint32_t id) {
-  for (const GgmlType& t : kTypes) {
-    if (t.id == id) return &t;
-  }
-  return nullptr;
-}
-
-Result<GgufFile> ReadGgufHeader(const File& file) {
-  Cursor c(file);
-  GgufFile out;
+// The magic, the version (2 or 3, in this byte order) and the two counts, each checked against
+// the bytes the file holds and loadstone's bounds.
+Result<Counts> ReadPreamble(GgufCursor& c, const File& file, uint32_t* version) {
   std::array<char, 4> magic{};
   LOADSTONE_RETURN_IF_ERROR(c.Bytes(magic.data(), magic.size()));
   if (std::string_view(magic.data(), 4) != "GGUF") return c.Fail("bad magic: not \"GGUF\"", 0);
-  LOADSTONE_ASSIGN_OR_RETURN(out.version, c.Get<uint32_t>());
-  if ((out.version & 0xFFFF) == 0) {
+  LOADSTONE_ASSIGN_OR_RETURN(*version, c.Get<uint32_t>());
+  if ((*version & 0xFFFF) == 0) {
     return c.Fail(fmt::format("version 0x{:08x}: a file of the other byte order (big-endian GGUF)",
-                              out.version), 4);
+                              *version), 4);
   }
-  if (out.version < 2 || out.version > 3) {
-    return c.Fail(fmt::format("version {}: loadstone reads GGUF versions 2 and 3", out.version), 4);
+  if (*version < 2 || *version > 3) {
+    return c.Fail(fmt::format("version {}: loadstone reads GGUF versions 2 and 3", *version), 4);
   }
-  LOADSTONE_ASSIGN_OR_RETURN(int64_t n_tensors, c.Get<int64_t>());
-  LOADSTONE_ASSIGN_OR_RETURN(int64_t n_kv, c.Get<int64_t>());
+  Counts n;
+  LOADSTONE_ASSIGN_OR_RETURN(n.tensors, c.Get<int64_t>());
+  LOADSTONE_ASSIGN_OR_RETURN(n.kv, c.Get<int64_t>());
   // A tensor info takes at least 24 bytes (name length, n_dims, type, offset), a key-value 13.
-  if (n_tensors < 0 || static_cast<uint64_t>(n_tensors) > c.left() / 24) {
-    return c.Fail(fmt::format("{} tensors cannot fit a file of {} bytes", n_tensors, file.size()), 8);
+  if (n.tensors < 0 || static_cast<uint64_t>(n.tensors) > c.left() / 24) {
+    return c.Fail(fmt::format("{} tensors cannot fit a file of {} bytes", n.tensors, file.size()), 8);
   }
-  if (n_kv < 0 || static_cast<uint64_t>(n_kv) > c.left() / 13) {
-    return c.Fail(fmt::format("{} key-values cannot fit a file of {} bytes", n_kv, file.size()), 16);
+  if (n.kv < 0 || static_cast<uint64_t>(n.kv) > c.left() / 13) {
+    return c.Fail(fmt::format("{} key-values cannot fit a file of {} bytes", n.kv, file.size()), 16);
   }
-  if (static_cast<uint64_t>(n_tensors) > kMaxTensorsPerFile) {
-    return c.Beyond(fmt::format("{} tensors", n_tensors), "kMaxTensorsPerFile", kMaxTensorsPerFile,
+  if (static_cast<uint64_t>(n.tensors) > kMaxTensorsPerFile) {
+    return c.Beyond(fmt::format("{} tensors", n.tensors), "kMaxTensorsPerFile", kMaxTensorsPerFile,
                     8);
   }
-  if (static_cast<uint64_t>(n_kv) > kGgufMaxKeys) {
-    return c.Beyond(fmt::format("{} key-values", n_kv), "kGgufMaxKeys", kGgufMaxKeys, 16);
+  if (static_cast<uint64_t>(n.kv) > kGgufMaxKeys) {
+    return c.Beyond(fmt::format("{} key-values", n.kv), "kGgufMaxKeys", kGgufMaxKeys, 16);
   }
-  uint64_t metadata_bytes = 0;  // kept: keys and values as text
+  return n;
+}
 
+// The value of general.alignment (key at byte `at`): a u32, a non-zero power of two.
+Result<std::string> ReadAlignment(GgufCursor& c, ValueType type, uint64_t at,
+                                  uint32_t* alignment) {
+  if (type != ValueType::kU32) {
+    return c.Fail(fmt::format("general.alignment is a {}, not a u32",
+                              kValueTypeNames[static_cast<uint32_t>(type)]), at);
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(*alignment, c.Get<uint32_t>());
+  if (*alignment == 0 || !std::has_single_bit(*alignment)) {
+    return c.Fail(fmt::format("general.alignment = {} is not a non-zero power of two",
+                              *alignment), at);
+  }
+  return fmt::format("{}", *alignment);
+}
+
+// The `n_kv` key-values into out->metadata (and general.alignment into out->alignment): keys
+// non-empty and unique, keys and values at most kGgufMaxMetadataBytes as text in all.
+Status ReadMetadata(GgufCursor& c, int64_t n_kv, GgufFile* out) {
+  uint64_t metadata_bytes = 0;  // kept: keys and values as text
   std::unordered_set<std::string> keys;
   for (int64_t k = 0; k < n_kv; ++k) {
     const uint64_t at = c.pos();
@@ -284,16 +218,7 @@ Result<GgufFile> ReadGgufHeader(const File& file) {
     LOADSTONE_ASSIGN_OR_RETURN(ValueType type, TypeOf(c, key));
     std::string value;
     if (key == "general.alignment") {
-      if (type != ValueType::kU32) {
-        return c.Fail(fmt::format("general.alignment is a {}, not a u32",
-                                  kValueTypeNames[static_cast<uint32_t>(type)]), at);
-      }
-      LOADSTONE_ASSIGN_OR_RETURN(out.alignment, c.Get<uint32_t>());
-      if (out.alignment == 0 || !std::has_single_bit(out.alignment)) {
-        return c.Fail(fmt::format("general.alignment = {} is not a non-zero power of two",
-                                  out.alignment), at);
-      }
-      value = fmt::format("{}", out.alignment);
+      LOADSTONE_ASSIGN_OR_RETURN(value, ReadAlignment(c, type, at, &out->alignment));
     } else if (type == ValueType::kArray) {
       LOADSTONE_ASSIGN_OR_RETURN(value, Array(c, key, 0));
     } else {
@@ -304,95 +229,150 @@ Result<GgufFile> ReadGgufHeader(const File& file) {
       return c.Beyond(fmt::format("metadata of {} bytes up to key '{}'", metadata_bytes, key),
                       "kGgufMaxMetadataBytes", kGgufMaxMetadataBytes, at);
     }
-    out.metadata.emplace_back(std::move(key), std::move(value));
+    out->metadata.emplace_back(std::move(key), std::move(value));
   }
+  return Status::OK();
+}
 
-  struct Info {
-    uint64_t at;
-    uint64_t offset;
-    uint64_t bytes;
-  };
-  std::vector<Info> infos;
-  // Reserved up to a bound only: the count is the file's word.
-  infos.reserve(std::min<size_t>(static_cast<size_t>(n_tensors), 1 << 16));
-  std::unordered_set<std::string> names;
-  out.tensors.reserve(std::min<size_t>(static_cast<size_t>(n_tensors), 1 << 16));
-  for (int64_t i = 0; i < n_tensors; ++i) {
-    const uint64_t at = c.pos();
-    // ggml's names are shorter than GGML_MAX_NAME (64): refused before the name is read.
-    LOADSTONE_ASSIGN_OR_RETURN(std::string name, c.String("a tensor name", kGgufMaxName - 1));
-    if (FindInvalidUtf8(name) != std::string::npos) {
-      return c.Fail(fmt::format("tensor name '{}' is not UTF-8", name), at);
-    }
-    if (!names.insert(name).second) return c.Fail(fmt::format("tensor '{}' appears twice", name), at);
-    LOADSTONE_ASSIGN_OR_RETURN(uint32_t n_dims, c.Get<uint32_t>());
-    if (n_dims > kGgufMaxDims) {
-      return c.Fail(fmt::format("tensor '{}' has {} dimensions, ggml allows at most {}", name,
-                                n_dims, kGgufMaxDims), at);
-    }
-    std::vector<uint64_t> ne(n_dims);
-    u128 numel = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      LOADSTONE_ASSIGN_OR_RETURN(int64_t v, c.Get<int64_t>());
-      if (v < 0) return c.Fail(fmt::format("tensor '{}' ne[{}] = {} is negative", name, d, v), at);
-      ne[d] = static_cast<uint64_t>(v);
-      numel *= ne[d];
-      if (numel > static_cast<u128>(INT64_MAX)) {
-        return c.Fail(fmt::format("tensor '{}' has more elements than fit 63 bits", name), at);
-      }
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(uint32_t type_id, c.Get<uint32_t>());
-    const GgmlType* type = GgmlTypeById(type_id);
-    if (!type) return c.Fail(fmt::format("tensor '{}' has ggml type {}, which names no type", name, type_id), at);
-    const uint64_t ne0 = n_dims ? ne[0] : 1;
-    if (ne0 % type->block_elems != 0) {
-      return c.Fail(fmt::format("tensor '{}' ne[0] = {} is not a multiple of the {} block ({})",
-                                name, ne0, type->name, type->block_elems), at);
-    }
-    const u128 bytes = numel / type->block_elems * type->block_bytes;
-    if (bytes > static_cast<u128>(INT64_MAX)) {
-      return c.Fail(fmt::format("tensor '{}' takes more bytes than fit 63 bits", name), at);
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(uint64_t offset, c.Get<uint64_t>());
-    infos.push_back({at, offset, static_cast<uint64_t>(bytes)});
+// A tensor's ne[] (ggml's order, fastest first) and its element count, below 2^63.
+struct Dims {
+  std::vector<uint64_t> ne;
+  u128 numel = 1;
+};
 
-    TensorInfo t;
-    t.name = std::move(name);
-    std::vector<uint64_t> shape(ne.rbegin(), ne.rend());  // ggml is fastest-first
-    if (type->dtype) {
-      t.dtype = *type->dtype;
-      t.shape = std::move(shape);
-    } else {
-      t.dtype = DType::kU8;
-      t.shape = shape;
-      if (!t.shape.empty()) t.shape.back() = ne0 / type->block_elems * type->block_bytes;
-      t.packed = PackedLayout{std::string(type->name), std::move(shape), type->block_elems,
-                              type->block_bytes};
-    }
-    t.nbytes = static_cast<uint64_t>(bytes);
-    out.tensors.push_back(std::move(t));
+// The dimensions of tensor `name` (its info at byte `at`): at most kGgufMaxDims, none negative.
+Result<Dims> ReadDims(GgufCursor& c, const std::string& name, uint64_t at) {
+  LOADSTONE_ASSIGN_OR_RETURN(uint32_t n_dims, c.Get<uint32_t>());
+  if (n_dims > kGgufMaxDims) {
+    return c.Fail(fmt::format("tensor '{}' has {} dimensions, ggml allows at most {}", name,
+                              n_dims, kGgufMaxDims), at);
   }
-  const uint64_t a = out.alignment;
+  Dims dims;
+  dims.ne.resize(n_dims);
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    LOADSTONE_ASSIGN_OR_RETURN(int64_t v, c.Get<int64_t>());
+    if (v < 0) return c.Fail(fmt::format("tensor '{}' ne[{}] = {} is negative", name, d, v), at);
+    dims.ne[d] = static_cast<uint64_t>(v);
+    dims.numel *= dims.ne[d];
+    if (dims.numel > static_cast<u128>(INT64_MAX)) {
+      return c.Fail(fmt::format("tensor '{}' has more elements than fit 63 bits", name), at);
+    }
+  }
+  return dims;
+}
+
+// The catalog entry of a tensor of `type` whose data takes `bytes`: its DType, or for a
+// block-quantized type U8 rows of whole blocks with the element shape in `packed`.
+TensorInfo CatalogEntry(std::string name, const std::vector<uint64_t>& ne, const GgmlType& type,
+                        uint64_t bytes) {
+  TensorInfo t;
+  t.name = std::move(name);
+  std::vector<uint64_t> shape(ne.rbegin(), ne.rend());  // ggml is fastest-first
+  if (type.dtype) {
+    t.dtype = *type.dtype;
+    t.shape = std::move(shape);
+  } else {
+    const uint64_t ne0 = ne.empty() ? 1 : ne[0];
+    t.dtype = DType::kU8;
+    t.shape = shape;
+    if (!t.shape.empty()) t.shape.back() = ne0 / type.block_elems * type.block_bytes;
+    t.packed = PackedLayout{std::string(type.name), std::move(shape), type.block_elems,
+                            type.block_bytes};
+  }
+  t.nbytes = bytes;
+  return t;
+}
+
+// Where a tensor info was, and where the file says its data is (in the data section).
+struct Info {
+  uint64_t at;
+  uint64_t offset;
+  uint64_t bytes;
+};
+
+// One tensor info into `t`: a name of at most kGgufMaxName - 1 bytes, UTF-8 and not in
+// `names`; its dimensions; a ggml type whose blocks tile ne[0]; below 2^63 bytes.
+Result<Info> ReadTensorInfo(GgufCursor& c, std::unordered_set<std::string>* names,
+                            TensorInfo* t) {
+  const uint64_t at = c.pos();
+  // ggml's names are shorter than GGML_MAX_NAME (64): refused before the name is read.
+  LOADSTONE_ASSIGN_OR_RETURN(std::string name, c.String("a tensor name", kGgufMaxName - 1));
+  if (FindInvalidUtf8(name) != std::string::npos) {
+    return c.Fail(fmt::format("tensor name '{}' is not UTF-8", name), at);
+  }
+  if (!names->insert(name).second) return c.Fail(fmt::format("tensor '{}' appears twice", name), at);
+  LOADSTONE_ASSIGN_OR_RETURN(const Dims dims, ReadDims(c, name, at));
+  LOADSTONE_ASSIGN_OR_RETURN(uint32_t type_id, c.Get<uint32_t>());
+  const GgmlType* type = GgmlTypeById(type_id);
+  if (!type) return c.Fail(fmt::format("tensor '{}' has ggml type {}, which names no type", name, type_id), at);
+  const uint64_t ne0 = dims.ne.empty() ? 1 : dims.ne[0];
+  if (ne0 % type->block_elems != 0) {
+    return c.Fail(fmt::format("tensor '{}' ne[0] = {} is not a multiple of the {} block ({})",
+                              name, ne0, type->name, type->block_elems), at);
+  }
+  const u128 bytes = dims.numel / type->block_elems * type->block_bytes;
+  if (bytes > static_cast<u128>(INT64_MAX)) {
+    return c.Fail(fmt::format("tensor '{}' takes more bytes than fit 63 bits", name), at);
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(uint64_t offset, c.Get<uint64_t>());
+  *t = CatalogEntry(std::move(name), dims.ne, *type, static_cast<uint64_t>(bytes));
+  return Info{at, offset, static_cast<uint64_t>(bytes)};
+}
+
+// Sets out->data_start (the header's end, aligned) and each tensor's offset: each at the data
+// offset where the ones before it end (padded to the alignment), and inside the file.
+Status PlaceTensors(GgufCursor& c, const File& file, const std::vector<Info>& infos,
+                    GgufFile* out) {
+  const uint64_t a = out->alignment;
   if (c.pos() > UINT64_MAX - a) return c.Fail("the header ends past 2^64");
-  out.data_start = (c.pos() + a - 1) / a * a;
+  out->data_start = (c.pos() + a - 1) / a * a;
   uint64_t expected = 0;
   for (size_t i = 0; i < infos.size(); ++i) {
-    TensorInfo& t = out.tensors[i];
+    TensorInfo& t = out->tensors[i];
     if (infos[i].offset != expected) {
       return c.Fail(fmt::format("tensor '{}' is at data offset {}, where the tensors before it "
                                 "(padded to {}) end at {}", t.name, infos[i].offset, a, expected),
                     infos[i].at);
     }
-    const u128 end = static_cast<u128>(out.data_start) + infos[i].offset + infos[i].bytes;
+    const u128 end = static_cast<u128>(out->data_start) + infos[i].offset + infos[i].bytes;
     if (end > file.size()) {
       return c.Fail(fmt::format("tensor '{}' ({} bytes at {}) runs past the end of the file ({} "
-                                "bytes)", t.name, infos[i].bytes, out.data_start + infos[i].offset,
+                                "bytes)", t.name, infos[i].bytes, out->data_start + infos[i].offset,
                                 file.size()), infos[i].at);
     }
-    t.offset = out.data_start + infos[i].offset;
+    t.offset = out->data_start + infos[i].offset;
     const u128 next = (static_cast<u128>(infos[i].offset) + infos[i].bytes + a - 1) / a * a;
     expected = static_cast<uint64_t>(std::min<u128>(next, UINT64_MAX));
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+const GgmlType* GgmlTypeById(uint32_t id) {
+  for (const GgmlType& t : kTypes) {
+    if (t.id == id) return &t;
+  }
+  return nullptr;
+}
+
+Result<GgufFile> ReadGgufHeader(const File& file) {
+  GgufCursor c(file);
+  GgufFile out;
+  LOADSTONE_ASSIGN_OR_RETURN(const Counts n, ReadPreamble(c, file, &out.version));
+  LOADSTONE_RETURN_IF_ERROR(ReadMetadata(c, n.kv, &out));
+  std::vector<Info> infos;
+  // Reserved up to a bound only: the count is the file's word.
+  infos.reserve(std::min<size_t>(static_cast<size_t>(n.tensors), 1 << 16));
+  std::unordered_set<std::string> names;
+  out.tensors.reserve(std::min<size_t>(static_cast<size_t>(n.tensors), 1 << 16));
+  for (int64_t i = 0; i < n.tensors; ++i) {
+    TensorInfo t;
+    LOADSTONE_ASSIGN_OR_RETURN(const Info info, ReadTensorInfo(c, &names, &t));
+    infos.push_back(info);
+    out.tensors.push_back(std::move(t));
+  }
+  LOADSTONE_RETURN_IF_ERROR(PlaceTensors(c, file, infos, &out));
   return out;
 }
 

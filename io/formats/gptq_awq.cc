@@ -64,28 +64,7 @@ class Cataloger {
           "{} weight {} has no '{}{}' beside it: every shard of the checkpoint is needed", Name(),
           Where(*weight), prefix, qzeros == nullptr ? "qzeros" : "scales"));
     }
-    for (const TensorInfo* t : {static_cast<const TensorInfo*>(weight), qzeros, scales, g_idx}) {
-      if (t != nullptr && !t->plain_layout()) {
-        return Status::Unsupported(fmt::format(
-            "{} is stored strided or big-endian; loadstone reads {} weights stored contiguous and "
-            "little-endian",
-            Where(*t), Name()));
-      }
-    }
-    if (weight->dtype != DType::kI32 || weight->shape.size() != 2 || weight->packed) {
-      return Refused(*weight, "is not a 2-D int32 tensor of packed codes");
-    }
-    if (qzeros->dtype != DType::kI32 || qzeros->shape.size() != 2) {
-      return Refused(*qzeros, "is not a 2-D int32 tensor of packed zero points");
-    }
-    if ((scales->dtype != DType::kF16 && scales->dtype != DType::kBF16 &&
-         scales->dtype != DType::kF32) ||
-        scales->shape.size() != 2 || scales->shape[0] == 0) {
-      return Refused(*scales,
-                     fmt::format("is {} [{}]; scales are float16, bfloat16 or float32 "
-                                 "[groups, out]",
-                                 TorchName(scales->dtype), fmt::join(scales->shape, ", ")));
-    }
+    LOADSTONE_RETURN_IF_ERROR(CheckStored(*weight, *qzeros, *scales, g_idx));
     auto state = std::make_shared<PackedIntState>();
     state->scale_dtype = scales->dtype;
     state->groups = scales->shape[0];
@@ -137,6 +116,35 @@ class Cataloger {
   std::string Where(const TensorInfo& t) const { return TensorAt(files_, t); }
   Status Refused(const TensorInfo& t, std::string_view why) const {
     return Status::Corruption(fmt::format("{} {} {}", Name(), Where(t), why));
+  }
+
+  // The weight, its companions and g_idx (when there is one) stored plain, of the dtypes and
+  // ranks GPTQ and AWQ write: int32 2-D codes and zero points, float 2-D scales [groups, out].
+  Status CheckStored(const TensorInfo& weight, const TensorInfo& qzeros, const TensorInfo& scales,
+                     const TensorInfo* g_idx) const {
+    for (const TensorInfo* t : {&weight, &qzeros, &scales, g_idx}) {
+      if (t != nullptr && !t->plain_layout()) {
+        return Status::Unsupported(fmt::format(
+            "{} is stored strided or big-endian; loadstone reads {} weights stored contiguous and "
+            "little-endian",
+            Where(*t), Name()));
+      }
+    }
+    if (weight.dtype != DType::kI32 || weight.shape.size() != 2 || weight.packed) {
+      return Refused(weight, "is not a 2-D int32 tensor of packed codes");
+    }
+    if (qzeros.dtype != DType::kI32 || qzeros.shape.size() != 2) {
+      return Refused(qzeros, "is not a 2-D int32 tensor of packed zero points");
+    }
+    if ((scales.dtype != DType::kF16 && scales.dtype != DType::kBF16 &&
+         scales.dtype != DType::kF32) ||
+        scales.shape.size() != 2 || scales.shape[0] == 0) {
+      return Refused(scales,
+                     fmt::format("is {} [{}]; scales are float16, bfloat16 or float32 "
+                                 "[groups, out]",
+                                 TorchName(scales.dtype), fmt::join(scales.shape, ", ")));
+    }
+    return Status::OK();
   }
 
   // qweight [in * bits / 32, out], qzeros [groups, out * bits / 32]: the width from qzeros.

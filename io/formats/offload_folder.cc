@@ -31,12 +31,97 @@ std::optional<std::string_view> OffloadDTypeName(DType dtype) {
 
 namespace {
 
+using Json = nlohmann::ordered_json;
+
 std::optional<DType> DTypeFromOffloadName(std::string_view name) {
   for (int d = 0; d < kNumDTypes; ++d) {
     const auto dtype = static_cast<DType>(d);
     if (OffloadDTypeName(dtype) == name) return dtype;
   }
   return std::nullopt;
+}
+
+// An entry's "dtype", when it has one, into e->dtype: a .dat entry names its numpy dtype; an
+// in-place (safetensors) entry the torch dtype accelerate casts it to (getattr(torch, dtype)).
+Status ParseEntryDType(const std::string& what, const std::string& name, const Json& value,
+                       bool in_place, OffloadIndexEntry* e) {
+  const auto d = value.find("dtype");
+  if (d == value.end()) return Status::OK();
+  if (!d->is_string()) {
+    return Status::Corruption(fmt::format("{}: entry '{}' has a dtype that is {}", what, name,
+                                          DescribeJsonValue(*d)));
+  }
+  const std::string dtype = d->get<std::string>();
+  e->dtype = in_place ? ParseDType(dtype) : DTypeFromOffloadName(dtype);
+  if (!e->dtype) {
+    return Status::Corruption(fmt::format(
+        "{}: entry '{}' has dtype '{}', which is not a {} dtype accelerate writes", what, name,
+        dtype, in_place ? "torch" : "numpy"));
+  }
+  return Status::OK();
+}
+
+// An in-place entry's file (`file`, its "safetensors_file": a non-empty string) and the tensor
+// it names there: "weight_name", else the entry's own name.
+Status ParseInPlace(const std::string& what, const std::string& name, const Json& value,
+                    const Json& file, OffloadIndexEntry* e) {
+  if (!file.is_string() || file.get<std::string>().empty()) {
+    return Status::Corruption(fmt::format("{}: entry '{}' has a safetensors_file that is {}",
+                                          what, name, DescribeJsonValue(file)));
+  }
+  e->safetensors_file = file.get<std::string>();
+  e->weight_name = name;
+  if (auto w = value.find("weight_name"); w != value.end()) {
+    if (!w->is_string()) {
+      return Status::Corruption(fmt::format("{}: entry '{}' has a weight_name that is {}",
+                                            what, name, DescribeJsonValue(*w)));
+    }
+    e->weight_name = w->get<std::string>();
+  }
+  return Status::OK();
+}
+
+// A .dat entry's "shape": a list of non-negative integers (its dtype read before).
+Status ParseShape(const std::string& what, const std::string& name, const Json& value,
+                  OffloadIndexEntry* e) {
+  const auto shape = value.find("shape");
+  if (!e->dtype || shape == value.end() || !shape->is_array()) {
+    return Status::Corruption(fmt::format(
+        "{}: entry '{}' has neither a safetensors_file nor a dtype and a shape list", what,
+        name));
+  }
+  for (const auto& dim : *shape) {
+    if (!dim.is_number_unsigned()) {
+      return Status::Corruption(fmt::format("{}: entry '{}' has a dimension that is {}",
+                                            what, name, DescribeJsonValue(dim)));
+    }
+    e->shape.push_back(dim.get<uint64_t>());
+  }
+  return Status::OK();
+}
+
+// The index's entry `name` → `value`: a name that can name a file, an object, its dtype, and
+// either its safetensors file or its shape. `what` names the index in errors.
+Result<OffloadIndexEntry> ParseEntry(const std::string& what, const std::string& name,
+                                     const Json& value) {
+  if (Status s = CheckOffloadName(name); !s.ok()) {
+    return Status::Corruption(fmt::format("{}: {}", what, s.message()));
+  }
+  if (!value.is_object()) {
+    return Status::Corruption(fmt::format("{}: entry '{}' is {}, not an object", what, name,
+                                          DescribeJsonValue(value)));
+  }
+  OffloadIndexEntry e;
+  e.name = name;
+  const auto f = value.find("safetensors_file");
+  const bool in_place = f != value.end() && !f->is_null();
+  LOADSTONE_RETURN_IF_ERROR(ParseEntryDType(what, name, value, in_place, &e));
+  if (in_place) {
+    LOADSTONE_RETURN_IF_ERROR(ParseInPlace(what, name, value, *f, &e));
+  } else {
+    LOADSTONE_RETURN_IF_ERROR(ParseShape(what, name, value, &e));
+  }
+  return e;
 }
 
 }  // namespace
@@ -75,62 +160,7 @@ Result<std::vector<OffloadIndexEntry>> ReadOffloadIndex(const std::string& folde
     std::vector<OffloadIndexEntry> out;
     out.reserve(doc.size());
     for (const auto& [name, value] : doc.items()) {
-      if (Status s = CheckOffloadName(name); !s.ok()) {
-        return Status::Corruption(fmt::format("{}: {}", what, s.message()));
-      }
-      if (!value.is_object()) {
-        return Status::Corruption(fmt::format("{}: entry '{}' is {}, not an object", what, name,
-                                              DescribeJsonValue(value)));
-      }
-      OffloadIndexEntry e;
-      e.name = name;
-      const auto f = value.find("safetensors_file");
-      const bool in_place = f != value.end() && !f->is_null();
-      if (auto d = value.find("dtype"); d != value.end()) {
-        if (!d->is_string()) {
-          return Status::Corruption(fmt::format("{}: entry '{}' has a dtype that is {}", what,
-                                                name, DescribeJsonValue(*d)));
-        }
-        // A .dat entry names its numpy dtype; a safetensors entry the torch dtype accelerate
-        // casts it to (getattr(torch, dtype)).
-        const std::string dtype = d->get<std::string>();
-        e.dtype = in_place ? ParseDType(dtype) : DTypeFromOffloadName(dtype);
-        if (!e.dtype) {
-          return Status::Corruption(fmt::format(
-              "{}: entry '{}' has dtype '{}', which is not a {} dtype accelerate writes", what,
-              name, dtype, in_place ? "torch" : "numpy"));
-        }
-      }
-      if (in_place) {
-        if (!f->is_string() || f->get<std::string>().empty()) {
-          return Status::Corruption(fmt::format("{}: entry '{}' has a safetensors_file that is {}",
-                                                what, name, DescribeJsonValue(*f)));
-        }
-        e.safetensors_file = f->get<std::string>();
-        e.weight_name = name;
-        if (auto w = value.find("weight_name"); w != value.end()) {
-          if (!w->is_string()) {
-            return Status::Corruption(fmt::format("{}: entry '{}' has a weight_name that is {}",
-                                                  what, name, DescribeJsonValue(*w)));
-          }
-          e.weight_name = w->get<std::string>();
-        }
-        out.push_back(std::move(e));
-        continue;
-      }
-      const auto shape = value.find("shape");
-      if (!e.dtype || shape == value.end() || !shape->is_array()) {
-        return Status::Corruption(fmt::format(
-            "{}: entry '{}' has neither a safetensors_file nor a dtype and a shape list", what,
-            name));
-      }
-      for (const auto& dim : *shape) {
-        if (!dim.is_number_unsigned()) {
-          return Status::Corruption(fmt::format("{}: entry '{}' has a dimension that is {}",
-                                                what, name, DescribeJsonValue(dim)));
-        }
-        e.shape.push_back(dim.get<uint64_t>());
-      }
+      LOADSTONE_ASSIGN_OR_RETURN(OffloadIndexEntry e, ParseEntry(what, name, value));
       out.push_back(std::move(e));
     }
     return out;

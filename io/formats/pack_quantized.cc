@@ -53,38 +53,10 @@ class Cataloger {
       return Refused(*weight, fmt::format("has {} rows where '{}' says {}", weight->shape[0],
                                           shape->name, state->rows));
     }
-    // The width whose words fill the packed rows exactly; with few columns two widths can (8
-    // columns: one word of 2- or 4-bit codes), and a guess would decode wrong values.
-    std::vector<uint32_t> widths;
-    for (uint32_t bits : {2u, 4u, 8u}) {
-      if (CeilDiv(state->cols * bits, 32) == weight->shape[1]) widths.push_back(bits);
-    }
-    if (widths.empty()) {
-      return Refused(*weight, fmt::format("has {} words a row, which no code width of 2, 4 or 8 "
-                                          "bits makes of {} columns",
-                                          weight->shape[1], state->cols));
-    }
-    if (widths.size() > 1) {
-      return Status::Unsupported(fmt::format(
-          "compressed-tensors {}: {} words a row of {} columns fit codes of {} and {} bits, and "
-          "loadstone tells the width from the shape",
-          Where(*weight), weight->shape[1], state->cols, widths[0], widths[1]));
-    }
-    state->bits = widths.front();
+    LOADSTONE_ASSIGN_OR_RETURN(state->bits, CodeWidth(*weight, state->cols));
     LOADSTONE_RETURN_IF_ERROR(ReadScale(*scale, state.get()));
     state->companions = {scale->name, shape->name};
-    if (const TensorInfo* zp = find_(named("weight_zero_point"))) {
-      LOADSTONE_RETURN_IF_ERROR(ReadZeroPoint(*zp, state.get()));
-      state->companions.push_back(zp->name);
-    }
-    if (const TensorInfo* g_idx = find_(named("weight_g_idx"))) {
-      LOADSTONE_RETURN_IF_ERROR(ReadGIdx(*g_idx, state.get()));
-      state->companions.push_back(g_idx->name);
-    } else if (state->cols % state->groups != 0) {
-      return Refused(*scale, fmt::format("has {} groups, which do not divide {} columns (and there "
-                                         "is no weight_g_idx)",
-                                         state->groups, state->cols));
-    }
+    LOADSTONE_RETURN_IF_ERROR(ReadOptional(prefix, *scale, state.get()));
     PackedLayout layout;
     layout.scheme = fmt::format("ct-int{}", state->bits);
     layout.element_shape = {state->rows, state->cols};
@@ -100,6 +72,47 @@ class Cataloger {
   std::string Where(const TensorInfo& t) const { return TensorAt(files_, t); }
   Status Refused(const TensorInfo& t, std::string_view why) const {
     return Status::Corruption(fmt::format("compressed-tensors {} {}", Where(t), why));
+  }
+
+  // The code width whose words fill `weight`'s packed rows of `cols` columns exactly; with few
+  // columns two widths can (8 columns: one word of 2- or 4-bit codes), and a guess would decode
+  // wrong values: Unsupported then.
+  Result<uint32_t> CodeWidth(const TensorInfo& weight, uint64_t cols) const {
+    std::vector<uint32_t> widths;
+    for (uint32_t bits : {2u, 4u, 8u}) {
+      if (CeilDiv(cols * bits, 32) == weight.shape[1]) widths.push_back(bits);
+    }
+    if (widths.empty()) {
+      return Refused(weight, fmt::format("has {} words a row, which no code width of 2, 4 or 8 "
+                                         "bits makes of {} columns",
+                                         weight.shape[1], cols));
+    }
+    if (widths.size() > 1) {
+      return Status::Unsupported(fmt::format(
+          "compressed-tensors {}: {} words a row of {} columns fit codes of {} and {} bits, and "
+          "loadstone tells the width from the shape",
+          Where(weight), weight.shape[1], cols, widths[0], widths[1]));
+    }
+    return widths.front();
+  }
+
+  // The companions a weight may have, PREFIX.weight_zero_point and PREFIX.weight_g_idx, read
+  // into `state` and added to its companions; without a g_idx the groups (of `scale`) must
+  // divide the columns.
+  Status ReadOptional(const std::string& prefix, const TensorInfo& scale, PackedIntState* state) {
+    if (const TensorInfo* zp = find_(prefix + "weight_zero_point")) {
+      LOADSTONE_RETURN_IF_ERROR(ReadZeroPoint(*zp, state));
+      state->companions.push_back(zp->name);
+    }
+    if (const TensorInfo* g_idx = find_(prefix + "weight_g_idx")) {
+      LOADSTONE_RETURN_IF_ERROR(ReadGIdx(*g_idx, state));
+      state->companions.push_back(g_idx->name);
+    } else if (state->cols % state->groups != 0) {
+      return Refused(scale, fmt::format("has {} groups, which do not divide {} columns (and there "
+                                        "is no weight_g_idx)",
+                                        state->groups, state->cols));
+    }
+    return Status::OK();
   }
 
   Status ReadShape(const TensorInfo& shape, PackedIntState* state) {

@@ -88,6 +88,113 @@ Status Machine::PersistentLoad(Id pid) {
   return Status::OK();
 }
 
+Status Machine::Arity(std::string_view name, size_t n, size_t lo, size_t hi) const {
+  if (n < lo || n > hi) return Corrupt(fmt::format("{} called with {} arguments", name, n));
+  return Status::OK();
+}
+
+Status Machine::CallRebuildTensor(const std::string& name, Global kind, const std::vector<Id>& a) {
+  const bool v3 = kind == Global::kRebuildTensorV3;
+  if (kind == Global::kRebuildTensor) {
+    LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), 4, 4));
+  } else {
+    LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), v3 ? 7 : 6, v3 ? 8 : 7));
+  }
+  const Value& storage = values_[a[0]];
+  if (storage.kind != Kind::kStorage) {
+    return Corrupt(fmt::format("{} of {}, not a storage", name, KindName(storage.kind)));
+  }
+  TensorRecord t;
+  t.storage = static_cast<uint32_t>(storage.i);
+  const PickledStorage& s = out_.storages[t.storage];
+  t.dtype = s.dtype;
+  if (v3) {
+    const Value& dtype = values_[a[6]];
+    if (dtype.kind != Kind::kGlobal || dtype.global.kind != Global::kDType) {
+      return Corrupt(fmt::format("{} with a dtype that is {}", name, KindName(dtype.kind)));
+    }
+    t.dtype = dtype.global.dtype;
+  } else if (s.untyped) {
+    return Corrupt(fmt::format("{} of an untyped storage without a dtype", name));
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(t.offset, NonNegative(a[1], "a tensor's storage offset"));
+  LOADSTONE_ASSIGN_OR_RETURN(t.size, Dims(a[2], "a tensor's size"));
+  LOADSTONE_ASSIGN_OR_RETURN(t.stride, Dims(a[3], "a tensor's stride"));
+  if (t.size.size() != t.stride.size()) {
+    return Corrupt(fmt::format("a tensor with {} sizes and {} strides", t.size.size(),
+                               t.stride.size()));
+  }
+  tensors_.push_back(std::move(t));
+  Value v{Kind::kTensor};
+  v.i = static_cast<int64_t>(tensors_.size() - 1);
+  stack_.push_back(New(std::move(v)));
+  return Status::OK();
+}
+
+Status Machine::CallParameter(const std::string& name, Global kind, const std::vector<Id>& a) {
+  if (kind == Global::kParameter) {
+    LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), 1, 2));
+  } else {
+    const size_t n = kind == Global::kRebuildParameter ? 3 : 4;
+    LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), n, n));
+  }
+  const Value& data = values_[a[0]];
+  if (data.kind != Kind::kTensor) {
+    return Refuse(fmt::format("{} of {}, not a tensor", name, KindName(data.kind)));
+  }
+  tensors_[static_cast<size_t>(data.i)].parameter = true;
+  stack_.push_back(a[0]);
+  return Status::OK();
+}
+
+Status Machine::CallSize(const std::string& name, const std::vector<Id>& a) {
+  LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), 0, 1));
+  Value v{Kind::kTuple};
+  if (!a.empty()) {
+    if (values_[a[0]].kind != Kind::kTuple) return Corrupt("torch.Size of a non-tuple");
+    v.items = values_[a[0]].items;
+  }
+  stack_.push_back(New(std::move(v)));
+  return Status::OK();
+}
+
+Status Machine::CallSet(const std::string& name, const std::vector<Id>& a) {
+  LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), 0, 1));
+  Value v{Kind::kSet};
+  if (!a.empty()) {
+    const Kind k = values_[a[0]].kind;
+    if (k != Kind::kList && k != Kind::kTuple) return Refuse("builtins.set of a non-list");
+    v.items = values_[a[0]].items;
+  }
+  stack_.push_back(New(std::move(v)));
+  return Status::OK();
+}
+
+Status Machine::CallCodecsEncode(const std::string& name, const std::vector<Id>& a) {
+  LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), 2, 2));
+  const Value& text = values_[a[0]];
+  const Value& codec = values_[a[1]];
+  if (text.kind != Kind::kStr || codec.kind != Kind::kStr ||
+      (codec.s != "latin1" && codec.s != "latin-1")) {
+    return Refuse("_codecs.encode other than (str, \"latin1\")");
+  }
+  // The str holds code points below 256 as UTF-8; latin1 maps each to one byte.
+  Value v{Kind::kBytes};
+  const std::string& s = text.s;
+  for (size_t k = 0; k < s.size(); ++k) {
+    const auto c = static_cast<uint8_t>(s[k]);
+    if (c < 0x80) {
+      v.s.push_back(static_cast<char>(c));
+    } else if ((c == 0xC2 || c == 0xC3) && k + 1 < s.size()) {
+      v.s.push_back(static_cast<char>(((c & 0x03) << 6) | (static_cast<uint8_t>(s[++k]) & 0x3F)));
+    } else {
+      return Refuse("_codecs.encode of a str that latin1 cannot encode");
+    }
+  }
+  stack_.push_back(New(std::move(v)));
+  return Status::OK();
+}
+
 Status Machine::Call(Id callable, Id args_id) {
   const Value& fn = values_[callable];
   if (fn.kind != Kind::kGlobal) return Refuse(fmt::format("a call of {}", KindName(fn.kind)));
@@ -97,12 +204,6 @@ Status Machine::Call(Id callable, Id args_id) {
   Charge(a.size());
   const std::string name = fn.s;
   const GlobalInfo g = fn.global;  // fn may move when a value is added
-  auto want = [&](size_t lo, size_t hi) -> Status {
-    if (a.size() < lo || a.size() > hi) {
-      return Corrupt(fmt::format("{} called with {} arguments", name, a.size()));
-    }
-    return Status::OK();
-  };
   switch (g.kind) {
     case Global::kOrderedDict:
       if (!a.empty()) return Refuse(fmt::format("{} called with arguments", name));
@@ -110,120 +211,32 @@ Status Machine::Call(Id callable, Id args_id) {
       return Status::OK();
     case Global::kRebuildTensor:
     case Global::kRebuildTensorV2:
-    case Global::kRebuildTensorV3: {
-      const bool v3 = g.kind == Global::kRebuildTensorV3;
-      if (g.kind == Global::kRebuildTensor) {
-        LOADSTONE_RETURN_IF_ERROR(want(4, 4));
-      } else {
-        LOADSTONE_RETURN_IF_ERROR(want(v3 ? 7 : 6, v3 ? 8 : 7));
-      }
-      const Value& storage = values_[a[0]];
-      if (storage.kind != Kind::kStorage) {
-        return Corrupt(fmt::format("{} of {}, not a storage", name, KindName(storage.kind)));
-      }
-      TensorRecord t;
-      t.storage = static_cast<uint32_t>(storage.i);
-      const PickledStorage& s = out_.storages[t.storage];
-      t.dtype = s.dtype;
-      if (v3) {
-        const Value& dtype = values_[a[6]];
-        if (dtype.kind != Kind::kGlobal || dtype.global.kind != Global::kDType) {
-          return Corrupt(fmt::format("{} with a dtype that is {}", name, KindName(dtype.kind)));
-        }
-        t.dtype = dtype.global.dtype;
-      } else if (s.untyped) {
-        return Corrupt(fmt::format("{} of an untyped storage without a dtype", name));
-      }
-      LOADSTONE_ASSIGN_OR_RETURN(t.offset, NonNegative(a[1], "a tensor's storage offset"));
-      LOADSTONE_ASSIGN_OR_RETURN(t.size, Dims(a[2], "a tensor's size"));
-      LOADSTONE_ASSIGN_OR_RETURN(t.stride, Dims(a[3], "a tensor's stride"));
-      if (t.size.size() != t.stride.size()) {
-        return Corrupt(fmt::format("a tensor with {} sizes and {} strides", t.size.size(),
-                                   t.stride.size()));
-      }
-      tensors_.push_back(std::move(t));
-      Value v{Kind::kTensor};
-      v.i = static_cast<int64_t>(tensors_.size() - 1);
-      stack_.push_back(New(std::move(v)));
-      return Status::OK();
-    }
+    case Global::kRebuildTensorV3:
+      return CallRebuildTensor(name, g.kind, a);
     case Global::kRebuildParameter:
     case Global::kRebuildParameterWithState:
-    case Global::kParameter: {
-      if (g.kind == Global::kParameter) {
-        LOADSTONE_RETURN_IF_ERROR(want(1, 2));
-      } else {
-        LOADSTONE_RETURN_IF_ERROR(
-            want(g.kind == Global::kRebuildParameter ? 3 : 4,
-                 g.kind == Global::kRebuildParameter ? 3 : 4));
-      }
-      const Value& data = values_[a[0]];
-      if (data.kind != Kind::kTensor) {
-        return Refuse(fmt::format("{} of {}, not a tensor", name, KindName(data.kind)));
-      }
-      tensors_[static_cast<size_t>(data.i)].parameter = true;
-      stack_.push_back(a[0]);
-      return Status::OK();
-    }
+    case Global::kParameter:
+      return CallParameter(name, g.kind, a);
     case Global::kRestoreTypeTag:
-      LOADSTONE_RETURN_IF_ERROR(want(2, 2));
+      LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), 2, 2));
       if (values_[a[1]].kind != Kind::kStr) {
         return Corrupt(fmt::format("{} with a type that is {}", name, KindName(values_[a[1]].kind)));
       }
       stack_.push_back(a[0]);
       return Status::OK();
-    case Global::kSize: {
-      LOADSTONE_RETURN_IF_ERROR(want(0, 1));
-      Value v{Kind::kTuple};
-      if (!a.empty()) {
-        if (values_[a[0]].kind != Kind::kTuple) return Corrupt("torch.Size of a non-tuple");
-        v.items = values_[a[0]].items;
-      }
-      stack_.push_back(New(std::move(v)));
-      return Status::OK();
-    }
+    case Global::kSize:
+      return CallSize(name, a);
     case Global::kDevice: {
-      LOADSTONE_RETURN_IF_ERROR(want(1, 2));
+      LOADSTONE_RETURN_IF_ERROR(Arity(name, a.size(), 1, 2));
       Value v{Kind::kDevice};
       if (values_[a[0]].kind == Kind::kStr) v.s = values_[a[0]].s;
       stack_.push_back(New(std::move(v)));
       return Status::OK();
     }
-    case Global::kSet: {
-      LOADSTONE_RETURN_IF_ERROR(want(0, 1));
-      Value v{Kind::kSet};
-      if (!a.empty()) {
-        const Kind k = values_[a[0]].kind;
-        if (k != Kind::kList && k != Kind::kTuple) return Refuse("builtins.set of a non-list");
-        v.items = values_[a[0]].items;
-      }
-      stack_.push_back(New(std::move(v)));
-      return Status::OK();
-    }
-    case Global::kCodecsEncode: {
-      LOADSTONE_RETURN_IF_ERROR(want(2, 2));
-      const Value& text = values_[a[0]];
-      const Value& codec = values_[a[1]];
-      if (text.kind != Kind::kStr || codec.kind != Kind::kStr ||
-          (codec.s != "latin1" && codec.s != "latin-1")) {
-        return Refuse("_codecs.encode other than (str, \"latin1\")");
-      }
-      // The str holds code points below 256 as UTF-8; latin1 maps each to one byte.
-      Value v{Kind::kBytes};
-      const std::string& s = text.s;
-      for (size_t k = 0; k < s.size(); ++k) {
-        const auto c = static_cast<uint8_t>(s[k]);
-        if (c < 0x80) {
-          v.s.push_back(static_cast<char>(c));
-        } else if ((c == 0xC2 || c == 0xC3) && k + 1 < s.size()) {
-          v.s.push_back(static_cast<char>(((c & 0x03) << 6) | (static_cast<uint8_t>(s[++k]) & 0x3F)));
-        } else {
-          return Refuse("_codecs.encode of a str that latin1 cannot encode");
-        }
-      }
-      stack_.push_back(New(std::move(v)));
-      return Status::OK();
-    }
+    case Global::kSet:
+      return CallSet(name, a);
+    case Global::kCodecsEncode:
+      return CallCodecsEncode(name, a);
     case Global::kStorageType:
     case Global::kDType:
       return Refuse(fmt::format("a call of {}", name));

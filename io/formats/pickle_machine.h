@@ -153,10 +153,29 @@ class Machine {
 
   Status PushGlobal(std::string_view module, std::string_view name);
   Status Call(Id callable, Id args);
+  // Corruption unless `n`, the arguments of a call of `name`, is in [lo, hi].
+  Status Arity(std::string_view name, size_t n, size_t lo, size_t hi) const;
+  // The calls of Call(), one global kind each; `a` the arguments, `name` the global's.
+  // torch._utils._rebuild_tensor{,_v2,_v3}(storage, offset, size, stride, ...): a tensor.
+  Status CallRebuildTensor(const std::string& name, Global kind, const std::vector<Id>& a);
+  // torch._utils._rebuild_parameter{,_with_state}, torch.nn.Parameter: the tensor, marked.
+  Status CallParameter(const std::string& name, Global kind, const std::vector<Id>& a);
+  // torch.Size(tuple) or torch.Size(): a tuple of the same items.
+  Status CallSize(const std::string& name, const std::vector<Id>& a);
+  // builtins.set(list or tuple) or builtins.set(): a set of the same items.
+  Status CallSet(const std::string& name, const std::vector<Id>& a);
+  // _codecs.encode(str, "latin1"): bytes.
+  Status CallCodecsEncode(const std::string& name, const std::vector<Id>& a);
   Status SetItems(Id dict, const std::vector<Id>& kv);
   Result<uint64_t> NonNegative(Id id, std::string_view what) const;
   Result<std::vector<uint64_t>> Dims(Id id, std::string_view what) const;
   Status PersistentLoad(Id pid);
+  // How many of the values of dict `dict` are tensors.
+  size_t TensorsIn(Id dict) const;
+  // The dict of tensors `root` is or holds: root when one of its values is a tensor, else the
+  // first dict with tensors under one of kStateDictKeys, tried in that order (its key into
+  // out_.state_dict_key). Unsupported when there is none or root is no dict.
+  Result<Id> FindStateDict(Id root);
   Result<PickledStateDict> Extract(Id root);
 
   std::string_view in_;

@@ -237,45 +237,43 @@ Status Machine::Step(uint8_t op) {
 constexpr std::array<std::string_view, 5> kStateDictKeys = {
     "state_dict", "model_state_dict", "model", "module", "ema"};
 
-Result<PickledStateDict> Machine::Extract(Id root) {
-  auto tensors_in = [&](Id dict) {
-    size_t n = 0;
-    const Value& d = values_[dict];
-    for (size_t k = 1; k < d.items.size(); k += 2) n += values_[d.items[k]].kind == Kind::kTensor;
-    return n;
-  };
+size_t Machine::TensorsIn(Id dict) const {
+  size_t n = 0;
+  const Value& d = values_[dict];
+  for (size_t k = 1; k < d.items.size(); k += 2) n += values_[d.items[k]].kind == Kind::kTensor;
+  return n;
+}
+
+Result<Id> Machine::FindStateDict(Id root) {
   if (values_[root].kind != Kind::kDict) {
     return Status::Unsupported(fmt::format(
         "'{}' holds {}, not a state dict (a dict of tensors)", where_, KindName(values_[root].kind)));
   }
-  Id dict = root;
-  if (tensors_in(root) == 0) {
-    const Value& r = values_[root];
-    std::optional<Id> found;
-    for (std::string_view want : kStateDictKeys) {
-      for (size_t k = 0; k + 1 < r.items.size() && !found; k += 2) {
-        const Value& key = values_[r.items[k]];
-        if (key.kind == Kind::kStr && key.s == want && values_[r.items[k + 1]].kind == Kind::kDict &&
-            tensors_in(r.items[k + 1]) > 0) {
-          found = r.items[k + 1];
-          out_.state_dict_key = key.s;
-        }
+  if (TensorsIn(root) > 0) return root;
+  const Value& r = values_[root];
+  for (std::string_view want : kStateDictKeys) {
+    for (size_t k = 0; k + 1 < r.items.size(); k += 2) {
+      const Value& key = values_[r.items[k]];
+      if (key.kind == Kind::kStr && key.s == want && values_[r.items[k + 1]].kind == Kind::kDict &&
+          TensorsIn(r.items[k + 1]) > 0) {
+        out_.state_dict_key = key.s;
+        return r.items[k + 1];
       }
-      if (found) break;
     }
-    if (!found) {
-      std::string keys;
-      for (size_t k = 0; k < r.items.size(); k += 2) {
-        const Value& key = values_[r.items[k]];
-        if (key.kind == Kind::kStr) keys += (keys.empty() ? "" : ", ") + key.s;
-      }
-      return Status::Unsupported(fmt::format(
-          "'{}' holds a dict with no tensors (keys: {}); loadstone looks for tensors at the top "
-          "level or under one of: state_dict, model_state_dict, model, module, ema",
-          where_, keys.empty() ? "none" : keys));
-    }
-    dict = *found;
   }
+  std::string keys;
+  for (size_t k = 0; k < r.items.size(); k += 2) {
+    const Value& key = values_[r.items[k]];
+    if (key.kind == Kind::kStr) keys += (keys.empty() ? "" : ", ") + key.s;
+  }
+  return Status::Unsupported(fmt::format(
+      "'{}' holds a dict with no tensors (keys: {}); loadstone looks for tensors at the top "
+      "level or under one of: state_dict, model_state_dict, model, module, ema",
+      where_, keys.empty() ? "none" : keys));
+}
+
+Result<PickledStateDict> Machine::Extract(Id root) {
+  LOADSTONE_ASSIGN_OR_RETURN(const Id dict, FindStateDict(root));
   const Value& d = values_[dict];
   for (size_t k = 0; k + 1 < d.items.size(); k += 2) {
     const Value& key = values_[d.items[k]];

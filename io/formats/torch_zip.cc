@@ -68,9 +68,8 @@ bool IsContiguous(const std::vector<uint64_t>& size, const std::vector<uint64_t>
   return true;
 }
 
-}  // namespace
-
-Result<TorchArchive> ReadTorchArchive(const File& file) {
+// Unsupported for a pre-1.6 torch.save file, recognised by its first bytes.
+Status RefuseLegacy(const File& file) {
   std::array<std::byte, 8> head{};
   if (file.size() >= head.size()) LOADSTONE_RETURN_IF_ERROR(file.ReadExact(0, head));
   if (LooksLikeLegacyTorch(head)) {
@@ -80,7 +79,12 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
         "(torch.save(torch.load(f), f2)) or convert it to safetensors",
         file.path()));
   }
-  LOADSTONE_ASSIGN_OR_RETURN(ZipArchive zip, ReadZipArchive(file));
+  return Status::OK();
+}
+
+// The archive folder every entry is under ("archive/"), taken from the first entry; a
+// TorchScript archive (code/ or constants.pkl under it) is Unsupported.
+Result<std::string> ArchivePrefix(const File& file, const ZipArchive& zip) {
   if (zip.entries.empty()) return Bad(file, "an empty zip archive, not a torch.save checkpoint");
   const std::string& first = zip.entries.front().name;
   const size_t slash = first.find('/');
@@ -98,43 +102,54 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
         "state_dict(), f2) and load that",
         file.path()));
   }
-  const ZipEntry* pkl = zip.Find(prefix + "data.pkl");
-  if (!pkl) {
-    return Bad(file, fmt::format("no '{}data.pkl' entry: not a torch.save checkpoint", prefix));
+  return prefix;
+}
+
+// The archive's byteorder entry, when it has one: "little" (the default) or "big".
+Status ReadByteorder(const File& file, const ZipArchive& zip, const std::string& prefix,
+                     bool* big_endian) {
+  const ZipEntry* order = zip.Find(prefix + "byteorder");
+  if (!order) return Status::OK();
+  LOADSTONE_ASSIGN_OR_RETURN(std::string text, ReadSmallEntry(file, *order, kTorchMaxByteorder,
+                                                              "kTorchMaxByteorder"));
+  if (text == "big") {
+    *big_endian = true;
+  } else if (text != "little") {
+    return Bad(file, fmt::format("entry '{}' says '{}', not 'little' or 'big'", order->name,
+                                 text));
   }
-  TorchArchive out;
-  if (const ZipEntry* order = zip.Find(prefix + "byteorder")) {
-    LOADSTONE_ASSIGN_OR_RETURN(std::string text, ReadSmallEntry(file, *order, kTorchMaxByteorder,
-                                                                "kTorchMaxByteorder"));
-    if (text == "big") {
-      out.big_endian = true;
-    } else if (text != "little") {
-      return Bad(file, fmt::format("entry '{}' says '{}', not 'little' or 'big'", order->name,
-                                   text));
-    }
-  }
-  LOADSTONE_ASSIGN_OR_RETURN(std::string pickle, ReadSmallEntry(file, *pkl, kTorchMaxPickle,
-                                                                   "kTorchMaxPickle"));
-  LOADSTONE_ASSIGN_OR_RETURN(PickledStateDict dict,
-                             ParseTorchPickle(pickle, file.path() + ":" + pkl->name));
+  return Status::OK();
+}
+
+// What the unpickler accepted or left out that the user should hear of.
+void AddNotes(const PickledStateDict& dict, std::vector<std::string>* notes) {
   if (!dict.state_dict_key.empty()) {
-    out.notes.push_back(fmt::format("the state dict under key '{}'", dict.state_dict_key));
+    notes->push_back(fmt::format("the state dict under key '{}'", dict.state_dict_key));
   }
   if (!dict.skipped.empty()) {
-    out.notes.push_back(fmt::format("{} entr{} that are not tensors left out: {}",
-                                    dict.skipped.size(), dict.skipped.size() == 1 ? "y" : "ies",
-                                    fmt::join(dict.skipped, ", ")));
+    notes->push_back(fmt::format("{} entr{} that are not tensors left out: {}",
+                                 dict.skipped.size(), dict.skipped.size() == 1 ? "y" : "ies",
+                                 fmt::join(dict.skipped, ", ")));
   }
   if (dict.protocol4_opcodes) {
-    out.notes.push_back("pickle protocol-4 opcodes accepted (torch.load(weights_only=True) "
-                        "refuses them)");
+    notes->push_back("pickle protocol-4 opcodes accepted (torch.load(weights_only=True) "
+                     "refuses them)");
   }
+}
 
-  // Each storage: its entry, stored, and long enough.
-  std::vector<const ZipEntry*> storage_entry(dict.storages.size());
-  std::vector<uint64_t> storage_bytes(dict.storages.size());  // each storage's own size
-  for (size_t s = 0; s < dict.storages.size(); ++s) {
-    const PickledStorage& st = dict.storages[s];
+// A storage's entry and its own size in bytes (at most the entry's size).
+struct StorageSpan {
+  const ZipEntry* entry = nullptr;
+  uint64_t bytes = 0;
+};
+
+// Each storage: its entry under PREFIX/data/, stored (not compressed), and long enough.
+Result<std::vector<StorageSpan>> FindStorages(const File& file, const ZipArchive& zip,
+                                              const std::string& prefix,
+                                              const std::vector<PickledStorage>& storages) {
+  std::vector<StorageSpan> spans(storages.size());
+  for (size_t s = 0; s < storages.size(); ++s) {
+    const PickledStorage& st = storages[s];
     if (!IsPlainKey(st.key)) {
       return Bad(file, fmt::format("storage key '{}' is not a plain entry name", st.key));
     }
@@ -155,68 +170,125 @@ Result<TorchArchive> ReadTorchArchive(const File& file) {
                                    "of entry '{}'", st.key, st.numel, TorchName(st.dtype),
                                    entry->size, entry->name));
     }
-    storage_entry[s] = entry;
-    storage_bytes[s] = static_cast<uint64_t>(bytes);  // at most the entry's size
+    spans[s] = {entry, static_cast<uint64_t>(bytes)};
   }
-  // What the tensors would take once loaded, against what the file holds: views may repeat a
-  // storage (tied weights: twice), not a thousand times over.
-  const u128 loaded_limit = static_cast<u128>(file.size()) * 16 + (1ULL << 30);
-  u128 loaded = 0;
+  return spans;
+}
 
-  out.tensors.reserve(dict.tensors.size());
-  for (PickledTensor& pt : dict.tensors) {
-    const PickledStorage& st = dict.storages[pt.storage];
-    const ZipEntry& entry = *storage_entry[pt.storage];
-    const int bits = DTypeBits(pt.dtype);
-    if (bits % 8 != 0) {
-      return Status::Unsupported(fmt::format("'{}': tensor '{}' has dtype {}, which loadstone "
-                                             "does not read from .bin files", file.path(), pt.name,
-                                             TorchName(pt.dtype)));
-    }
-    const uint64_t es = static_cast<uint64_t>(bits / 8);
-    u128 numel = 1, last = pt.offset;  // the element index of its last element
-    for (size_t d = 0; d < pt.size.size(); ++d) {
-      numel *= pt.size[d];
-      if (numel * es > static_cast<u128>(INT64_MAX)) {
-        return Bad(file, fmt::format("tensor '{}' takes more bytes than fit 63 bits", pt.name));
-      }
-      if (pt.size[d] > 0) last += static_cast<u128>(pt.size[d] - 1) * pt.stride[d];
-      if (last > kMaxBytes) {
-        return Bad(file, fmt::format("tensor '{}': its strides reach past 2^64", pt.name));
-      }
-    }
-    TensorInfo t;
-    t.name = std::move(pt.name);
-    t.dtype = pt.dtype;
-    t.shape = std::move(pt.size);
-    t.storage = entry.name;
-    t.big_endian = out.big_endian && es > 1;
-    // Against the storage's own size (its numel), which its entry holds (checked above).
-    const uint64_t held = storage_bytes[pt.storage];
-    const u128 begin = static_cast<u128>(pt.offset) * es;
-    const u128 end = numel == 0 ? begin : (last + 1) * es;
-    if (numel > 0 && end > held) {
-      return Bad(file, fmt::format(
-          "tensor '{}' (offset {}, size [{}], stride [{}]) reaches byte {} of storage '{}', "
-          "which holds {} bytes", t.name, pt.offset, fmt::join(t.shape, ", "),
-          fmt::join(pt.stride, ", "), static_cast<uint64_t>(end), st.key,
-          held));
-    }
-    if (numel == 0 && begin > held) {
-      return Bad(file, fmt::format("tensor '{}' starts at byte {} of storage '{}', which holds {}",
-                                   t.name, static_cast<uint64_t>(begin), st.key,
-                                   held));
-    }
-    loaded += numel * es;
-    if (loaded > loaded_limit) {
+// What the tensors would take once loaded, against what the file holds: views may repeat a
+// storage (tied weights: twice), not a thousand times over.
+class LoadedBudget {
+ public:
+  explicit LoadedBudget(const File& file)
+      : file_(file), limit_(static_cast<u128>(file.size()) * 16 + (1ULL << 30)) {}
+
+  // Counts `bytes` more; Unsupported once the total is past the limit.
+  Status Take(u128 bytes) {
+    loaded_ += bytes;
+    if (loaded_ > limit_) {
       return Status::Unsupported(fmt::format(
           "'{}': its tensors would take more than {} bytes once loaded from a file of {} (views "
           "that repeat storages many times over); loadstone refuses such files",
-          file.path(), static_cast<uint64_t>(loaded_limit), file.size()));
+          file_.path(), static_cast<uint64_t>(limit_), file_.size()));
     }
-    t.offset = entry.data_offset + static_cast<uint64_t>(begin);
-    t.nbytes = static_cast<uint64_t>(end - begin);
-    if (numel > 0 && !IsContiguous(t.shape, pt.stride)) t.strides = std::move(pt.stride);
+    return Status::OK();
+  }
+
+ private:
+  const File& file_;
+  const u128 limit_;
+  u128 loaded_ = 0;
+};
+
+// A tensor's element count and the element index of its last element, refused once its bytes
+// pass 63 bits or its strides reach past 2^64.
+struct Extent {
+  u128 numel = 1;
+  u128 last = 0;
+};
+
+Result<Extent> ExtentOf(const File& file, const PickledTensor& pt, uint64_t es) {
+  Extent x;
+  x.last = pt.offset;
+  for (size_t d = 0; d < pt.size.size(); ++d) {
+    x.numel *= pt.size[d];
+    if (x.numel * es > static_cast<u128>(INT64_MAX)) {
+      return Bad(file, fmt::format("tensor '{}' takes more bytes than fit 63 bits", pt.name));
+    }
+    if (pt.size[d] > 0) x.last += static_cast<u128>(pt.size[d] - 1) * pt.stride[d];
+    if (x.last > kMaxBytes) {
+      return Bad(file, fmt::format("tensor '{}': its strides reach past 2^64", pt.name));
+    }
+  }
+  return x;
+}
+
+// Tensor `pt` of storage `st` as a catalog entry: a whole-byte dtype, inside its storage's own
+// size, counted against `budget`. Takes pt's name, size and stride.
+Result<TensorInfo> PlaceTensor(const File& file, PickledTensor& pt, const PickledStorage& st,
+                               const StorageSpan& storage, bool big_endian, LoadedBudget* budget) {
+  const int bits = DTypeBits(pt.dtype);
+  if (bits % 8 != 0) {
+    return Status::Unsupported(fmt::format("'{}': tensor '{}' has dtype {}, which loadstone "
+                                           "does not read from .bin files", file.path(), pt.name,
+                                           TorchName(pt.dtype)));
+  }
+  const uint64_t es = static_cast<uint64_t>(bits / 8);
+  LOADSTONE_ASSIGN_OR_RETURN(const Extent x, ExtentOf(file, pt, es));
+  TensorInfo t;
+  t.name = std::move(pt.name);
+  t.dtype = pt.dtype;
+  t.shape = std::move(pt.size);
+  t.storage = storage.entry->name;
+  t.big_endian = big_endian && es > 1;
+  // Against the storage's own size (its numel), which its entry holds (checked before).
+  const uint64_t held = storage.bytes;
+  const u128 begin = static_cast<u128>(pt.offset) * es;
+  const u128 end = x.numel == 0 ? begin : (x.last + 1) * es;
+  if (x.numel > 0 && end > held) {
+    return Bad(file, fmt::format(
+        "tensor '{}' (offset {}, size [{}], stride [{}]) reaches byte {} of storage '{}', "
+        "which holds {} bytes", t.name, pt.offset, fmt::join(t.shape, ", "),
+        fmt::join(pt.stride, ", "), static_cast<uint64_t>(end), st.key,
+        held));
+  }
+  if (x.numel == 0 && begin > held) {
+    return Bad(file, fmt::format("tensor '{}' starts at byte {} of storage '{}', which holds {}",
+                                 t.name, static_cast<uint64_t>(begin), st.key,
+                                 held));
+  }
+  LOADSTONE_RETURN_IF_ERROR(budget->Take(x.numel * es));
+  t.offset = storage.entry->data_offset + static_cast<uint64_t>(begin);
+  t.nbytes = static_cast<uint64_t>(end - begin);
+  if (x.numel > 0 && !IsContiguous(t.shape, pt.stride)) t.strides = std::move(pt.stride);
+  return t;
+}
+
+}  // namespace
+
+Result<TorchArchive> ReadTorchArchive(const File& file) {
+  LOADSTONE_RETURN_IF_ERROR(RefuseLegacy(file));
+  LOADSTONE_ASSIGN_OR_RETURN(ZipArchive zip, ReadZipArchive(file));
+  LOADSTONE_ASSIGN_OR_RETURN(const std::string prefix, ArchivePrefix(file, zip));
+  const ZipEntry* pkl = zip.Find(prefix + "data.pkl");
+  if (!pkl) {
+    return Bad(file, fmt::format("no '{}data.pkl' entry: not a torch.save checkpoint", prefix));
+  }
+  TorchArchive out;
+  LOADSTONE_RETURN_IF_ERROR(ReadByteorder(file, zip, prefix, &out.big_endian));
+  LOADSTONE_ASSIGN_OR_RETURN(std::string pickle, ReadSmallEntry(file, *pkl, kTorchMaxPickle,
+                                                                   "kTorchMaxPickle"));
+  LOADSTONE_ASSIGN_OR_RETURN(PickledStateDict dict,
+                             ParseTorchPickle(pickle, file.path() + ":" + pkl->name));
+  AddNotes(dict, &out.notes);
+  LOADSTONE_ASSIGN_OR_RETURN(const std::vector<StorageSpan> storages,
+                             FindStorages(file, zip, prefix, dict.storages));
+  LoadedBudget budget(file);
+  out.tensors.reserve(dict.tensors.size());
+  for (PickledTensor& pt : dict.tensors) {
+    LOADSTONE_ASSIGN_OR_RETURN(TensorInfo t,
+                               PlaceTensor(file, pt, dict.storages[pt.storage],
+                                           storages[pt.storage], out.big_endian, &budget));
     out.tensors.push_back(std::move(t));
   }
   std::sort(out.tensors.begin(), out.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
