@@ -51,6 +51,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       placer_(checkpoint, plan, destinations_),
       window_(plan.reads.size(), static_cast<size_t>(std::max(loader_options.queue_depth, 1)) * 2),
       chunks_(checkpoint, plan),
+      device_quant_(checkpoint, plan),
       plan_error_(planning::CheckPlanFor(checkpoint, plan)) {
   if (plan_error_.ok()) plan_index_.assign(checkpoint.tensors().size(), ~uint32_t{0});
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
@@ -163,7 +164,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   if (slot.remaining != 0 || slot.done) return;
   slot.done = true;
   // Its quant state on the device is held by its jobs alone from now: freed with the last.
-  if (!device_quant_.empty()) device_quant_[index].reset();
+  device_quant_.Release(index);
   std::shared_ptr<const loadstone::Tensor::HostCopier> copier;
   const int device = DeviceOf(index);
   if (device >= 0) {

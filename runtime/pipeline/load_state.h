@@ -32,6 +32,7 @@
 #include "runtime/pipeline/callbacks.h"
 #include "runtime/pipeline/chunk_table.h"
 #include "runtime/pipeline/destinations.h"
+#include "runtime/pipeline/device_quant.h"
 #include "runtime/pipeline/host_buffer.h"
 #include "runtime/pipeline/placer.h"
 #include "runtime/pipeline/read_window.h"
@@ -183,8 +184,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
     return UsesScales(tp.conversion) ? tensors[tp.scale].data : nullptr;
   }
   // Quantized weight `t`'s quant state on its device, for a device that decodes
-  // (Accelerator::DecodesQuantized): its scales (in host memory by now) and the catalog's tables,
-  // copied into one device allocation by one job, the first time a piece of `t` goes there.
+  // (ConversionSite::kDevice; device_quant.h), its upload counted as work in flight.
   Result<std::shared_ptr<const device::QuantDecode>> DeviceQuant(uint32_t t);
   // Where an unstaged read lands: its (first) tensor's memory at the read's offset in it — the
   // read's own tensor, or the start of its shared buffer.
@@ -230,8 +230,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   uint64_t conversions_moved_ = 0;  // ReadStats::conversions_moved
   // Staged chunks of float8 weights read before their scales were in place, by scale tensor.
   std::unordered_map<uint32_t, std::vector<uint64_t>> waiting_for_scales_;
-  // Per tensor, once made: its quant state on its device (DeviceQuant).
-  std::vector<std::shared_ptr<const device::QuantDecode>> device_quant_;
+  // Quantized weights' quant states on the devices that decode them (DeviceQuant).
+  pipeline::DeviceQuantStates device_quant_;
   // Work under way outside the read window, by kind; MaybeFinish waits for all of it.
   struct WorkInFlight {
     size_t cpu_pieces = 0;     // a staged chunk's CPU part on a worker (ConvertStaged)

@@ -64,95 +64,21 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
   }
 }
 
-namespace {
-
-// A quantized weight's tables (its scales, a GPTQ weight's zeros and g_idx, a nested bitsandbytes
-// weight's code and absmax), each at an 8-byte-aligned offset of one host block that its device
-// copies whole; kNone for a table the weight lacks.
-struct QuantTables {
-  static constexpr uint64_t kNone = UINT64_MAX;
-  std::shared_ptr<std::vector<std::byte>> host = std::make_shared<std::vector<std::byte>>();
-  uint64_t scales = kNone, zeros = kNone, g_idx = kNone, nested_code = kNone,
-           nested_absmax = kNone;
-
-  uint64_t Add(const void* data, uint64_t bytes) {
-    const uint64_t at = (host->size() + 7) / 8 * 8;
-    host->resize(at + bytes);
-    if (bytes) std::memcpy(host->data() + at, data, bytes);
-    return at;
-  }
-  // Points `quant`'s tables into `base`, the block's copy on the device.
-  void PointInto(std::byte* base, device::QuantDecode* quant) const {
-    auto at = [base](uint64_t offset) { return offset == kNone ? nullptr : base + offset; };
-    quant->scales = at(scales);
-    quant->zeros = reinterpret_cast<const int16_t*>(at(zeros));
-    quant->g_idx = reinterpret_cast<const int32_t*>(at(g_idx));
-    quant->nested_code = reinterpret_cast<const float*>(at(nested_code));
-    quant->nested_absmax = reinterpret_cast<const float*>(at(nested_absmax));
-  }
-};
-
-// The tables of weight `src`, whose scales (when its conversion uses them) are `scale_bytes`
-// at `scales` in host memory.
-QuantTables PackQuantTables(const TensorInfo& src, const TensorPlan& tp, const std::byte* scales,
-                            uint64_t scale_bytes) {
-  QuantTables tables;
-  if (UsesScales(tp.conversion)) tables.scales = tables.Add(scales, scale_bytes);
-  if (const auto& s = src.packed->packed_int) {
-    if (!s->zeros.empty()) tables.zeros = tables.Add(s->zeros.data(), s->zeros.size() * sizeof(int16_t));
-    if (!s->g_idx.empty()) tables.g_idx = tables.Add(s->g_idx.data(), s->g_idx.size() * sizeof(int32_t));
-  }
-  if (const auto& s = src.packed->bnb4; s && s->nested) {
-    tables.nested_code = tables.Add(s->nested_code.data(), sizeof(s->nested_code));
-    tables.nested_absmax =
-        tables.Add(s->nested_absmax.data(), s->nested_absmax.size() * sizeof(float));
-  }
-  return tables;
-}
-
-}  // namespace
-
 Result<std::shared_ptr<const device::QuantDecode>> LoadHandle::State::DeviceQuant(uint32_t t) {
-  if (device_quant_.empty()) device_quant_.resize(tensors.size());
-  if (device_quant_[t]) return device_quant_[t];
-  const TensorPlan& tp = plan.tensors[t];
-  const TensorInfo& src = checkpoint.tensors()[tp.source];
-  auto quant = std::make_shared<device::QuantDecode>();
-  quant->conversion = tp.conversion;
-  quant->layout = *src.packed;
-  if (tp.conversion == Conversion::kDequantBnb8) quant->int8_cols = src.shape.at(1);
-  const QuantTables tables = PackQuantTables(
-      src, tp, ScalesOf(t), UsesScales(tp.conversion) ? plan.tensors[tp.scale].nbytes : 0);
-  const std::shared_ptr<std::vector<std::byte>>& host = tables.host;
-  if (!host->empty()) {
-    auto memory = devices[DeviceOf(t)]->Allocate(host->size());
-    if (!memory.ok()) {
-      return memory.status().WithContext(
-          fmt::format("the quant state of tensor '{}' ({} bytes)", src.name, host->size()));
-    }
-    tables.PointInto(memory->data, quant.get());
-    quant->owner = memory->owner;
-    device::PlaceJob upload;  // before every piece of `t` on this device, whose jobs run in order
-    upload.src = host->data();
-    upload.bytes = upload.count = host->size();
-    upload.dst = memory->data;
+  auto start_upload = [this, t] {
     ++in_flight_.quant_uploads;
-    upload.done = [self = shared_from_this(), t, host](Status status) {
+    return [self = shared_from_this(), t](Status status) {
       self->OnLoop([t, status = std::move(status)](State& state) {
         --state.in_flight_.quant_uploads;
-        if (!status.ok()) {
-          const TensorPlan& p = state.plan.tensors[t];
-          state.Fail(status.WithContext(
-              fmt::format("copying the quant state of tensor '{}' to {}",
-                          state.checkpoint.tensors()[p.source].name,
-                          state.plan.device_of(t).ToString())));
-        }
+        if (status.ok()) return;
+        state.Fail(status.WithContext(
+            fmt::format("copying the quant state of tensor '{}' to {}",
+                        state.checkpoint.tensors()[state.plan.tensors[t].source].name,
+                        state.plan.device_of(t).ToString())));
       });
     };
-    devices[DeviceOf(t)]->Submit(std::move(upload));
-  }
-  device_quant_[t] = quant;
-  return device_quant_[t];
+  };
+  return device_quant_.For(t, ScalesOf(t), *devices[DeviceOf(t)], start_upload);
 }
 
 void LoadHandle::State::PrepareForDevice(uint64_t id, size_t slot, uint32_t t) {
