@@ -87,12 +87,11 @@ DLDevice DlpackDevice(const Tensor& tensor) {
   return {kDLCUDA, d.ok() ? d->index : 0};
 }
 
-nb::object ExportDlpack(const Tensor& tensor, const ExportRequest& request) {
-  const bool versioned = request.max_version && request.max_version->major >= 1;
-  const DLPackVersion version = versioned ? (AtLeast(*request.max_version, 1, 1)
-                                                 ? kOurs
-                                                 : DLPackVersion{1, 0})
-                                          : DLPackVersion{0, 8};
+namespace {
+
+// Tensor `tensor`'s DLPack type in `version`; BufferError when that version has no code for its
+// dtype or a dimension is beyond int64.
+DLDataType ExportableType(const Tensor& tensor, const DLPackVersion& version) {
   const std::optional<DLDataType> type = DlpackType(tensor.dtype(), version);
   if (!type) {
     BufferError("tensor '" + tensor.name() + "' is " + std::string(TorchName(tensor.dtype())) +
@@ -107,6 +106,18 @@ nb::object ExportDlpack(const Tensor& tensor, const ExportRequest& request) {
                   ", beyond DLPack's int64 shapes");
     }
   }
+  return *type;
+}
+
+}  // namespace
+
+nb::object ExportDlpack(const Tensor& tensor, const ExportRequest& request) {
+  const bool versioned = request.max_version && request.max_version->major >= 1;
+  const DLPackVersion version = versioned ? (AtLeast(*request.max_version, 1, 1)
+                                                 ? kOurs
+                                                 : DLPackVersion{1, 0})
+                                          : DLPackVersion{0, 8};
+  const DLDataType type = ExportableType(tensor, version);
   auto out = std::make_unique<Exported>();
   out->tensor = tensor;
   out->shape.assign(tensor.shape().begin(), tensor.shape().end());
@@ -131,7 +142,7 @@ nb::object ExportDlpack(const Tensor& tensor, const ExportRequest& request) {
   const DLTensor dl{data,
                     device,
                     static_cast<int32_t>(out->shape.size()),
-                    *type,
+                    type,
                     out->shape.empty() ? nullptr : out->shape.data(),
                     out->strides.empty() ? nullptr : out->strides.data(),
                     0};

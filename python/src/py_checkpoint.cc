@@ -85,6 +85,8 @@ nb::list PlanTensors(const PyPlan& p) {
     d["device"] = p.plan->device_of(i).ToString();
     d["dtype"] = std::string(TorchName(tp.dtype));
     d["conversion"] = std::string(ConversionName(tp.conversion));
+    d["conversion_site"] = std::string(ConversionSiteName(tp.conversion_site));
+    d["memory"] = std::string(TensorMemoryName(tp.memory));
     d["nbytes"] = tp.nbytes;
     out.append(d);
   }
@@ -131,9 +133,8 @@ nb::dict MatchKeys(const Checkpoint& c, nb::iterable model) {
   return out;
 }
 
-}  // namespace
-
-void RegisterCheckpoint(nb::module_& m) {
+// loadstone._core.Checkpoint.
+void RegisterCheckpointClass(nb::module_& m) {
   nb::class_<Checkpoint>(m, "Checkpoint", "A checkpoint's catalog: headers only, never a data byte.")
       .def_static(
           "open",
@@ -190,7 +191,10 @@ void RegisterCheckpoint(nb::module_& m) {
       .def("view", &View, nb::arg("tensors"),
            "A catalog over the same files listing these byte ranges instead: dicts {name, "
            "dtype, shape, file, offset, nbytes}.");
+}
 
+// loadstone._core.match_state_dict, Plan and plan.
+void RegisterPlan(nb::module_& m) {
   m.def("match_state_dict", &MatchKeys, nb::arg("checkpoint"), nb::arg("model"),
         "Which checkpoint tensor fills which key of a model's state dict (model: [(key, shape, "
         "floating)]): {fills: [(key, tensor, dequantized)], missing, unexpected, mismatched: "
@@ -224,6 +228,13 @@ void RegisterCheckpoint(nb::module_& m) {
       nb::arg("checkpoint"), nb::arg("kwargs"),
       "Plans a load of `checkpoint` (options: see loadstone._core.plan's docs in "
       "loadstone/__init__.py).");
+}
+
+}  // namespace
+
+void RegisterCheckpoint(nb::module_& m) {
+  RegisterCheckpointClass(m);
+  RegisterPlan(m);
 }
 
 }  // namespace loadstone::python

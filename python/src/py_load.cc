@@ -294,10 +294,9 @@ nb::dict WriteOffloadFor(PyLoader& self, const PyPlan& plan, uint64_t batch_byte
   return d;
 }
 
-}  // namespace
-
-void RegisterLoad(nb::module_& m) {
-  nb::class_<PyLoad>(m, "LoadHandle", "One running load (see loadstone.LoadHandle).")
+// LoadHandle's waits and callbacks (wait ... next_landed).
+void DefineWaits(nb::class_<PyLoad>& handle) {
+  handle
       .def("wait", [](PyLoad& l, nb::handle timeout) { return WaitFor(l.handle.Done(), timeout); },
            nb::arg("timeout") = nb::none(),
            "Waits (without the GIL) until the load has ended or `timeout` seconds passed; "
@@ -339,7 +338,12 @@ void RegisterLoad(nb::module_& m) {
       }, nb::arg("callback"), "callback(error_or_None) once the load has ended.")
       .def("next_landed", &NextLanded, nb::arg("timeout") = nb::none(),
            "(0, tensor) for the next tensor to land (each once, in landing order), (1, None) "
-           "when none came within `timeout`, (2, None) when no more will come.")
+           "when none came within `timeout`, (2, None) when no more will come.");
+}
+
+// LoadHandle's results and controls (tensors ... write_trace).
+void DefineResults(nb::class_<PyLoad>& handle) {
+  handle
       .def("tensors", [](PyLoad& l) {
         std::vector<Tensor> all;
         {
@@ -372,7 +376,14 @@ void RegisterLoad(nb::module_& m) {
         }
         ThrowIfError(s);
       });
+}
 
+}  // namespace
+
+void RegisterLoad(nb::module_& m) {
+  nb::class_<PyLoad> handle(m, "LoadHandle", "One running load (see loadstone.LoadHandle).");
+  DefineWaits(handle);
+  DefineResults(handle);
   nb::class_<PyLoader>(m, "Loader", "loadstone's Loader: reusable, thread-safe.")
       .def("__init__", &InitLoader, nb::arg("backend") = "auto", nb::arg("queue_depth") = 32,
            nb::arg("worker_threads") = 0, nb::arg("staging_bytes") = 256ULL << 20,

@@ -163,21 +163,18 @@ Status CheckTensors(const Checkpoint& checkpoint, const LoadPlan& plan) {
   return Status::OK();
 }
 
-// The route of read `r` fits it (see the header).
-Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const ReadChunk& r) {
-  const auto route = static_cast<size_t>(r.route);
-  if (route >= kReadRouteCount || r.route == ReadRoute::kPageCacheCopy) {
-    return Refused("a read has a route that cannot be planned");
-  }
-  const TensorInfo& first = checkpoint.tensors()[plan.tensors[r.tensors.front()].source];
-  for (uint32_t t : r.tensors) {  // a weight's conversion never waits for its own read
+// A read's converted tensors: none waits for scales in its own read; a dequantized packed tensor
+// is read in whole blocks (words), and whole when its rows span the tensor.
+Status CheckConvertedPieces(const Checkpoint& checkpoint, const LoadPlan& plan,
+                            const ReadChunk& r) {
+  for (uint32_t t : r.tensors) {
     if (UsesScales(plan.tensors[t].conversion) &&
         std::find(r.tensors.begin(), r.tensors.end(), plan.tensors[t].scale) != r.tensors.end()) {
       return Refused(fmt::format("a read holds both tensor '{}' and the scales it waits for",
                                  checkpoint.tensors()[plan.tensors[t].source].name));
     }
   }
-  for (uint32_t t : r.tensors) {  // a dequantized packed tensor is read in whole blocks (words)
+  for (uint32_t t : r.tensors) {
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
     const Conversion conversion = plan.tensors[t].conversion;
     if (conversion != Conversion::kDequantBlocks && conversion != Conversion::kDequantPackedInt) {
@@ -198,23 +195,42 @@ Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const Read
                                  src.name, src.packed->scheme));
     }
   }
+  return Status::OK();
+}
+
+// A shared-buffer read: its tensors' bytes back to back in file order (gaps of at most
+// kCoalesceGap), unconverted, on the CPU, in memory of one kind, and the read exactly them.
+Status CheckSharedBuffer(const Checkpoint& checkpoint, const LoadPlan& plan, const ReadChunk& r) {
+  const TensorInfo& first = checkpoint.tensors()[plan.tensors[r.tensors.front()].source];
+  uint64_t at = r.offset;
+  for (uint32_t t : r.tensors) {
+    const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
+    if (!IsUnconvertedCpu(plan, t) || plan.tensors[t].memory_given() || src.file != r.file ||
+        src.offset < at ||
+        src.offset - at > kCoalesceGap ||
+        plan.tensors[t].fresh_pages != plan.tensors[r.tensors.front()].fresh_pages) {
+      return Refused(fmt::format("the shared buffer of '{}' is not its tensors' bytes in file "
+                                 "order (gaps of at most {} bytes), unconverted, on the CPU",
+                                 first.name, kCoalesceGap));
+    }
+    at = src.offset + src.nbytes;
+  }
+  if (at != r.offset + r.length || r.route == ReadRoute::kMapped) {
+    return Refused(fmt::format("the shared buffer of '{}' does not hold its read", first.name));
+  }
+  return Status::OK();
+}
+
+// The route of read `r` fits it (see the header).
+Status CheckRoute(const Checkpoint& checkpoint, const LoadPlan& plan, const ReadChunk& r) {
+  const auto route = static_cast<size_t>(r.route);
+  if (route >= kReadRouteCount || r.route == ReadRoute::kPageCacheCopy) {
+    return Refused("a read has a route that cannot be planned");
+  }
+  const TensorInfo& first = checkpoint.tensors()[plan.tensors[r.tensors.front()].source];
+  LOADSTONE_RETURN_IF_ERROR(CheckConvertedPieces(checkpoint, plan, r));
   if (r.shared_buffer) {
-    uint64_t at = r.offset;
-    for (uint32_t t : r.tensors) {
-      const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
-      if (!IsUnconvertedCpu(plan, t) || plan.tensors[t].memory_given() || src.file != r.file ||
-          src.offset < at ||
-          src.offset - at > kCoalesceGap ||
-          plan.tensors[t].fresh_pages != plan.tensors[r.tensors.front()].fresh_pages) {
-        return Refused(fmt::format("the shared buffer of '{}' is not its tensors' bytes in file "
-                                   "order (gaps of at most {} bytes), unconverted, on the CPU",
-                                   first.name, kCoalesceGap));
-      }
-      at = src.offset + src.nbytes;
-    }
-    if (at != r.offset + r.length || r.route == ReadRoute::kMapped) {
-      return Refused(fmt::format("the shared buffer of '{}' does not hold its read", first.name));
-    }
+    LOADSTONE_RETURN_IF_ERROR(CheckSharedBuffer(checkpoint, plan, r));
   } else if (r.route != ReadRoute::kStaged &&
              (r.tensors.size() != 1 || !IsUnconvertedCpu(plan, r.tensors.front()))) {
     return Refused(fmt::format("tensor '{}' is read {}, but it is converted, on a device or read "
