@@ -1,10 +1,12 @@
-// What the two halves of the LibTorch face share (module.cc: the model side; torch.cc: the
-// load path). Internal to bindings/torch.
+// What the parts of the LibTorch face share (module.cc: the model side; torch.cc: the load
+// path; model_keys.cc: a module's keys against a checkpoint's). Internal to bindings/torch.
 #ifndef LOADSTONE_BINDINGS_TORCH_INTERNAL_H_
 #define LOADSTONE_BINDINGS_TORCH_INTERNAL_H_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -35,6 +37,11 @@ auto Guarded(std::string_view what, F&& body) -> decltype(body()) {
   } catch (const std::exception& e) {  // nothing of ours throws; LibTorch's std exceptions
     return Status::InvalidArgument(fmt::format("{}: LibTorch: {}", what, e.what()));
   }
+}
+
+// A loadstone shape as LibTorch sizes.
+inline std::vector<int64_t> Sizes(const std::vector<uint64_t>& shape) {
+  return std::vector<int64_t>(shape.begin(), shape.end());
 }
 
 // "loadstone::testing::BasicTransformerBlockImpl" → "BasicTransformerBlock".

@@ -261,23 +261,77 @@ std::vector<std::pair<std::string, at::Tensor>> PersistentStateDict(const torch:
 
 // ---- saving --------------------------------------------------------------------------------
 
+namespace {
+
+// Each tensor of `state` made a contiguous CPU tensor, in place, and described for the writer;
+// the descriptions' data points into `state`, which must outlive them.
+Result<std::vector<TensorToWrite>> ToWrite(std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::vector<TensorToWrite> tensors;
+  tensors.reserve(state.size());
+  for (auto& [name, t] : state) {
+    t = t.detach().to(at::kCPU).contiguous();
+    LOADSTONE_ASSIGN_OR_RETURN(const DType dtype, FromScalarType(t.scalar_type()));
+    TensorToWrite w;
+    w.name = name;
+    w.dtype = dtype;
+    for (int64_t d : t.sizes()) w.shape.push_back(static_cast<uint64_t>(d));
+    w.data = std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes());
+    tensors.push_back(std::move(w));
+  }
+  return tensors;
+}
+
+// .bin: torch.save-compatible archives in `folder` (created if missing), one per shard, and the
+// index when sharded; the paths written. `tensors` describe `state`, index for index.
+Result<std::vector<std::string>> SaveBin(
+    const std::string& folder, const std::vector<std::pair<std::string, at::Tensor>>& state,
+    const std::vector<TensorToWrite>& tensors, const SaveOptions& options) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) return Status::IOError(fmt::format("cannot create '{}': {}", folder, ec.message()));
+  const auto shards = SplitIntoShards(tensors, options.max_shard_size);
+  const std::string variant = options.variant.empty() ? "" : "." + options.variant;
+  std::vector<std::string> written;
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  uint64_t total = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string file =
+        shards.size() == 1
+            ? fmt::format("{}{}.bin", options.prefix, variant)
+            : fmt::format("{}{}-{:05d}-of-{:05d}.bin", options.prefix, variant, s + 1, shards.size());
+    c10::Dict<std::string, at::Tensor> dict;
+    for (size_t i : shards[s]) {
+      dict.insert(state[i].first, state[i].second);
+      weight_map[state[i].first] = file;
+      total += tensors[i].nbytes();
+    }
+    const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
+    const std::string path = (fs::path(folder) / file).string();
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.good()) return Status::IOError(fmt::format("cannot write '{}'", path));
+    written.push_back(path);
+  }
+  if (shards.size() > 1) {
+    const std::string index =
+        (fs::path(folder) / fmt::format("{}.bin.index{}.json", options.prefix, variant)).string();
+    nlohmann::ordered_json doc = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    std::ofstream out(index, std::ios::trunc);
+    out << doc.dump(2);
+    if (!out.good()) return Status::IOError(fmt::format("cannot write '{}'", index));
+    written.push_back(index);
+  }
+  return written;
+}
+
+}  // namespace
+
 Result<std::vector<std::string>> SavePretrained(const torch::nn::Module& model,
                                                 const std::string& folder,
                                                 const SaveOptions& options) {
   return Guarded("save_pretrained", [&]() -> Result<std::vector<std::string>> {
     std::vector<std::pair<std::string, at::Tensor>> state = PersistentStateDict(model);
-    std::vector<TensorToWrite> tensors;
-    tensors.reserve(state.size());
-    for (auto& [name, t] : state) {
-      t = t.detach().to(at::kCPU).contiguous();
-      LOADSTONE_ASSIGN_OR_RETURN(const DType dtype, FromScalarType(t.scalar_type()));
-      TensorToWrite w;
-      w.name = name;
-      w.dtype = dtype;
-      for (int64_t d : t.sizes()) w.shape.push_back(static_cast<uint64_t>(d));
-      w.data = std::span<const std::byte>(static_cast<const std::byte*>(t.data_ptr()), t.nbytes());
-      tensors.push_back(std::move(w));
-    }
+    LOADSTONE_ASSIGN_OR_RETURN(const std::vector<TensorToWrite> tensors, ToWrite(state));
     if (options.safe_serialization) {
       ShardedWriteOptions w;
       w.prefix = options.prefix;
@@ -286,43 +340,7 @@ Result<std::vector<std::string>> SavePretrained(const torch::nn::Module& model,
       w.metadata = {{"format", "pt"}};
       return WriteShardedSafetensors(folder, tensors, w);
     }
-    // .bin: torch.save-compatible archives, one per shard, and the index when sharded.
-    std::error_code ec;
-    fs::create_directories(folder, ec);
-    if (ec) return Status::IOError(fmt::format("cannot create '{}': {}", folder, ec.message()));
-    const auto shards = SplitIntoShards(tensors, options.max_shard_size);
-    const std::string variant = options.variant.empty() ? "" : "." + options.variant;
-    std::vector<std::string> written;
-    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-    uint64_t total = 0;
-    for (size_t s = 0; s < shards.size(); ++s) {
-      const std::string file =
-          shards.size() == 1
-              ? fmt::format("{}{}.bin", options.prefix, variant)
-              : fmt::format("{}{}-{:05d}-of-{:05d}.bin", options.prefix, variant, s + 1, shards.size());
-      c10::Dict<std::string, at::Tensor> dict;
-      for (size_t i : shards[s]) {
-        dict.insert(state[i].first, state[i].second);
-        weight_map[state[i].first] = file;
-        total += tensors[i].nbytes();
-      }
-      const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
-      const std::string path = (fs::path(folder) / file).string();
-      std::ofstream out(path, std::ios::binary | std::ios::trunc);
-      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-      if (!out.good()) return Status::IOError(fmt::format("cannot write '{}'", path));
-      written.push_back(path);
-    }
-    if (shards.size() > 1) {
-      const std::string index =
-          (fs::path(folder) / fmt::format("{}.bin.index{}.json", options.prefix, variant)).string();
-      nlohmann::ordered_json doc = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-      std::ofstream out(index, std::ios::trunc);
-      out << doc.dump(2);
-      if (!out.good()) return Status::IOError(fmt::format("cannot write '{}'", index));
-      written.push_back(index);
-    }
-    return written;
+    return SaveBin(folder, state, tensors, options);
   });
 }
 

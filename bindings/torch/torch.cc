@@ -12,18 +12,13 @@
 #include <fmt/ranges.h>
 
 #include "internal.h"  // beside this file: the binding sees loadstone's public headers only
+#include "model_keys.h"
 #include "loadstone/model.h"
 #include "loadstone/plan.h"
 #include "loadstone/state_dict.h"
 
 namespace loadstone::libtorch {
 namespace {
-
-std::vector<int64_t> Sizes(const std::vector<uint64_t>& shape) {
-  return std::vector<int64_t>(shape.begin(), shape.end());
-}
-
-std::string TorchSize(c10::IntArrayRef sizes) { return fmt::format("torch.Size([{}])", fmt::join(sizes, ", ")); }
 
 // ---- the one load path ---------------------------------------------------------------------
 
@@ -184,6 +179,93 @@ Result<Checkpoint> OpenAt(const std::string& path, const TorchLoadOptions& optio
   return Checkpoint::Open(path, options.open);
 }
 
+// The planning options of a load into `model`: the shared ones, the model's no-split modules
+// (for a string device map), and the model's tree.
+Result<PlanOptions> ModulePlanOptions(const torch::nn::Module& model,
+                                      const TorchLoadOptions& options) {
+  LOADSTONE_ASSIGN_OR_RETURN(PlanOptions popt, BasePlanOptions(options));
+  if (!popt.explicit_map) {
+    LOADSTONE_ASSIGN_OR_RETURN(popt.no_split, NoSplitModules(model, popt.device_map));
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(ModelDescription description, DescribeModule(model));
+  popt.model = std::move(description.tree);
+  return popt;
+}
+
+// The modules kept in float32: the options', then the model's own (ModelTraits).
+std::vector<std::string> KeepInFp32(const torch::nn::Module& model,
+                                    const TorchLoadOptions& options) {
+  std::vector<std::string> keep = options.keep_in_fp32_modules;
+  if (const auto* traits = dynamic_cast<const ModelTraits*>(&model)) {
+    for (std::string& m : traits->keep_in_fp32_modules()) keep.push_back(std::move(m));
+  }
+  return keep;
+}
+
+// copy_into_parameters: the tensors whose parameters, in host memory, contiguous, of the dtype
+// the tensor loads as, are the load's destination (nothing allocated, nothing copied after).
+std::unordered_set<std::string> DirectFills(const Checkpoint& checkpoint, const Fills& fills,
+                                            const CastRule& rule) {
+  std::unordered_set<std::string> direct;
+  for (const std::string& name : fills.include) {
+    const TensorInfo& t = *checkpoint.Find(name);
+    const at::Tensor& param = fills.param_of.at(name);
+    auto special = rule.special.find(name);
+    const DType loads_as = special != rule.special.end() ? special->second : t.dtype;
+    auto param_dtype = FromScalarType(param.scalar_type());
+    if (param.device().is_cpu() && param.is_contiguous() && !rule.after.contains(name) &&
+        param_dtype.ok() && *param_dtype == loads_as) {
+      direct.insert(name);
+    }
+  }
+  return direct;
+}
+
+// Sets load_options.destination to the memory of the `direct` parameters. Pointers taken now,
+// on this thread: the callback runs on the Loader's event loop and must neither call LibTorch
+// nor throw.
+void SetDestinations(const std::unordered_set<std::string>& direct, const Fills& fills,
+                     LoadOptions& load_options) {
+  std::unordered_map<std::string_view, std::span<std::byte>> memory;
+  for (const std::string& name : direct) {
+    const at::Tensor& param = fills.param_of.at(name);
+    memory.emplace(name, std::span<std::byte>(static_cast<std::byte*>(param.data_ptr()), param.nbytes()));
+  }
+  load_options.destination = [memory = std::move(memory)](const TensorInfo& t, const TensorPlan&) {
+    auto it = memory.find(t.name);
+    return it == memory.end() ? std::span<std::byte>() : it->second;
+  };
+}
+
+// Hands the loaded tensors to the model's tensors (`target`, by key): each takes its loaded
+// tensor, or with copy_into_parameters is copied into (or was read into already); those on
+// disk are left empty.
+Status FillModel(Loaded& loaded, std::unordered_map<std::string, at::Tensor>& target,
+                 const TorchLoadOptions& options) {
+  return Guarded("filling the model", [&]() -> Status {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, tensor] : loaded.tensors) {
+      auto it = target.find(name);
+      if (it == target.end()) continue;  // loaded with another (a float8 weight's scales)
+      at::Tensor& param = it->second;
+      // Read straight into the parameter's own memory (planned on the CPU as caller memory).
+      if (tensor.data_ptr() == param.data_ptr()) continue;
+      if (options.copy_into_parameters) {
+        param.copy_(tensor);
+      } else {
+        param.set_data(tensor);
+      }
+    }
+    if (loaded.placement.offloaded) {
+      for (const std::string& name : loaded.placement.offloaded->names()) {
+        auto it = target.find(name);
+        if (it != target.end()) it->second.set_data(at::empty({0}, it->second.options()));
+      }
+    }
+    return Status::OK();
+  });
+}
+
 }  // namespace
 
 // ---- loading -------------------------------------------------------------------------------
@@ -211,124 +293,30 @@ Result<StateDict> LoadStateDict(const std::string& path, const TorchLoadOptions&
 Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
                             const TorchLoadOptions& options) {
   LOADSTONE_ASSIGN_OR_RETURN(const Checkpoint checkpoint, OpenAt(path, options));
-  LOADSTONE_ASSIGN_OR_RETURN(PlanOptions popt, BasePlanOptions(options));
-  if (!popt.explicit_map) {
-    LOADSTONE_ASSIGN_OR_RETURN(popt.no_split, NoSplitModules(model, popt.device_map));
-  }
-  LOADSTONE_ASSIGN_OR_RETURN(ModelDescription description, DescribeModule(model));
-  popt.model = std::move(description.tree);
-
+  LOADSTONE_ASSIGN_OR_RETURN(PlanOptions popt, ModulePlanOptions(model, options));
   // Keys: the model's state dict against the checkpoint's tensors (the one rule of state_dict.h).
   const auto state = PersistentStateDict(model);
   std::unordered_map<std::string, at::Tensor> target(state.begin(), state.end());
-  std::vector<ModelKey> model_keys;
-  for (const auto& [name, t] : state) {
-    model_keys.push_back({name, std::vector<uint64_t>(t.sizes().begin(), t.sizes().end()),
-                          t.is_floating_point()});
-  }
-  const KeyMatch match = MatchStateDict(checkpoint, model_keys);
-  if (!match.mismatched.empty() && !options.ignore_mismatched_sizes) {
-    const ShapeMismatch& m = match.mismatched.front();
-    return Status::InvalidArgument(fmt::format(
-        "Cannot load {} because {} expected shape {}, but got {}. If you want to instead "
-        "overwrite randomly initialized weights, please make sure to pass "
-        "`ignore_mismatched_sizes=True` (TorchLoadOptions::ignore_mismatched_sizes).",
-        path, m.key, TorchSize(Sizes(m.expected)), TorchSize(Sizes(m.found))));
-  }
-  LoadReport report;
-  report.missing_keys = match.missing;
-  report.unexpected_keys = match.unexpected;
-  for (const ShapeMismatch& m : match.mismatched) {
-    report.mismatched_keys.push_back({m.key, Sizes(m.expected), Sizes(m.found)});
-  }
-  // The tensors to load, each with the model tensor it fills.
-  std::unordered_set<std::string> include;
-  std::unordered_map<std::string, at::Tensor> param_of;
-  for (const KeyFill& fill : match.fills) {
-    const std::string& name = checkpoint.tensors()[fill.tensor].name;
-    include.insert(name);
-    param_of.emplace(name, target.at(fill.key));
-  }
-  if (options.strict && (!report.missing_keys.empty() || !report.unexpected_keys.empty())) {
-    std::string message = fmt::format("Error(s) in loading state_dict for {}:", ClassName(model));
-    auto quoted = [](const std::vector<std::string>& keys) {
-      std::vector<std::string> q;
-      for (const auto& k : keys) q.push_back(fmt::format("\"{}\"", k));
-      return fmt::format("{}", fmt::join(q, ", "));
-    };
-    if (!report.missing_keys.empty()) {
-      message += fmt::format("\n\tMissing key(s) in state_dict: {}.", quoted(report.missing_keys));
-    }
-    if (!report.unexpected_keys.empty()) {
-      message += fmt::format("\n\tUnexpected key(s) in state_dict: {}.", quoted(report.unexpected_keys));
-    }
-    return Status::InvalidArgument(message);
-  }
+  const KeyMatch match = MatchStateDict(checkpoint, ModelKeys(state));
+  LOADSTONE_ASSIGN_OR_RETURN(LoadReport report, ReportKeys(match, path, options));
+  const Fills fills = FillsOf(checkpoint, match, target);
+  LOADSTONE_RETURN_IF_ERROR(RefuseUnmatched(model, report, options));
 
-  std::vector<std::string> keep = options.keep_in_fp32_modules;
-  if (const auto* traits = dynamic_cast<const ModelTraits*>(&model)) {
-    for (std::string& m : traits->keep_in_fp32_modules()) keep.push_back(std::move(m));
-  }
-  LOADSTONE_ASSIGN_OR_RETURN(const CastRule rule,
-                             CastTargets(checkpoint, &include, options, keep, param_of));
+  LOADSTONE_ASSIGN_OR_RETURN(
+      const CastRule rule,
+      CastTargets(checkpoint, &fills.include, options, KeepInFp32(model, options), fills.param_of));
   popt.special_dtypes = rule.special;
-  popt.include = [&include](const TensorInfo& t) { return include.contains(t.name); };
-
-  // copy_into_parameters: parameters in host memory, contiguous, of the dtype the tensor loads
-  // as, are the load's destination (nothing allocated, nothing copied after); others are copied.
+  popt.include = [&fills](const TensorInfo& t) { return fills.include.contains(t.name); };
   std::unordered_set<std::string> direct;
   LoadOptions load_options;
   if (options.copy_into_parameters) {
-    for (const std::string& name : include) {
-      const TensorInfo& t = *checkpoint.Find(name);
-      const at::Tensor& param = param_of.at(name);
-      auto special = rule.special.find(name);
-      const DType loads_as = special != rule.special.end() ? special->second : t.dtype;
-      auto param_dtype = FromScalarType(param.scalar_type());
-      if (param.device().is_cpu() && param.is_contiguous() && !rule.after.contains(name) &&
-          param_dtype.ok() && *param_dtype == loads_as) {
-        direct.insert(name);
-      }
-    }
+    direct = DirectFills(checkpoint, fills, rule);
     popt.caller_memory = [&direct](const TensorInfo& t) { return direct.contains(t.name); };
-    // Pointers taken now, on this thread: the callback runs on the Loader's event loop and must
-    // neither call LibTorch nor throw.
-    std::unordered_map<std::string_view, std::span<std::byte>> memory;
-    for (const std::string& name : direct) {
-      const at::Tensor& param = param_of.at(name);
-      memory.emplace(name, std::span<std::byte>(static_cast<std::byte*>(param.data_ptr()), param.nbytes()));
-    }
-    load_options.destination = [memory = std::move(memory)](const TensorInfo& t, const TensorPlan&) {
-      auto it = memory.find(t.name);
-      return it == memory.end() ? std::span<std::byte>() : it->second;
-    };
+    SetDestinations(direct, fills, load_options);
   }
   LOADSTONE_ASSIGN_OR_RETURN(Loaded loaded,
                              LoadPlanned(checkpoint, popt, options, rule, load_options));
-
-  Status filled = Guarded("filling the model", [&]() -> Status {
-    torch::NoGradGuard no_grad;
-    for (auto& [name, tensor] : loaded.tensors) {
-      auto it = target.find(name);
-      if (it == target.end()) continue;  // loaded with another (a float8 weight's scales)
-      at::Tensor& param = it->second;
-      // Read straight into the parameter's own memory (planned on the CPU as caller memory).
-      if (tensor.data_ptr() == param.data_ptr()) continue;
-      if (options.copy_into_parameters) {
-        param.copy_(tensor);
-      } else {
-        param.set_data(tensor);
-      }
-    }
-    if (loaded.placement.offloaded) {
-      for (const std::string& name : loaded.placement.offloaded->names()) {
-        auto it = target.find(name);
-        if (it != target.end()) it->second.set_data(at::empty({0}, it->second.options()));
-      }
-    }
-    return Status::OK();
-  });
-  LOADSTONE_RETURN_IF_ERROR(filled);
+  LOADSTONE_RETURN_IF_ERROR(FillModel(loaded, target, options));
   report.placement = std::move(loaded.placement);
   return report;
 }

@@ -121,6 +121,53 @@ void DecodeRow(const PackedIntState& s, const std::byte* scales, uint64_t r, uin
   }
 }
 
+// Columns a band of Decode gathers at once.
+constexpr uint64_t kBandCols = 1024;
+
+// The codes of rows [rb, rb_end) x columns [c0, c1) gathered into `band`, one a byte, row r's
+// from band[(r - rb) * kBandCols] on (one row for kRows: rb's), reading their words in the
+// order they lie.
+template <PackOrder kOrder>
+void GatherBand(const PackedIntState& s, const PackedCodes& codes, uint64_t rb, uint64_t rb_end,
+                uint64_t c0, uint64_t c1, uint8_t* band) {
+  if constexpr (kOrder == PackOrder::kRows) {
+    uint64_t c = c0;
+    if (s.bits == 4) {  // whole words: eight codes at once
+      for (; c % 8 != 0 && c < c1; ++c) {
+        band[c - c0] = static_cast<uint8_t>(codes.At<kOrder>(rb, c));
+      }
+      for (; c + 8 <= c1; c += 8) {
+        const uint64_t eight = SpreadNibbles(codes.Word(rb * codes.row_words + c / 8));
+        std::memcpy(band + (c - c0), &eight, 8);
+      }
+    }
+    for (; c < c1; ++c) band[c - c0] = static_cast<uint8_t>(codes.At<kOrder>(rb, c));
+  } else if (kOrder == PackOrder::kGptq && s.bits == 4 && c0 % 8 == 0 && c1 % 8 == 0) {
+    for (uint64_t c = c0; c < c1; c += 8) {  // word (c / 8, r): row r's codes c .. c + 7
+      for (uint64_t r = rb; r < rb_end; ++r) {
+        const uint64_t eight = SpreadNibbles(codes.Word(c / 8 * s.rows + r));
+        std::memcpy(band + (r - rb) * kBandCols + (c - c0), &eight, 8);
+      }
+    }
+  } else if (kOrder == PackOrder::kAwq) {  // word (c, r / 8): column c of rows r .. r + 7
+    for (uint64_t c = c0; c < c1; ++c) {
+      for (uint64_t r = rb; r < rb_end; r += 8) {
+        const uint64_t eight = SpreadNibbles(codes.Word(c * (s.rows / 8) + r / 8));
+        for (uint64_t k = 0; k < 8 && r + k < rb_end; ++k) {  // row r + k: nibble [0,4,1,5,..][k]
+          band[(r + k - rb) * kBandCols + (c - c0)] =
+              static_cast<uint8_t>(eight >> (8 * ((k >> 1) | ((k & 1) << 2))));
+        }
+      }
+    }
+  } else {
+    for (uint64_t c = c0; c < c1; ++c) {
+      for (uint64_t r = rb; r < rb_end; ++r) {
+        band[(r - rb) * kBandCols + (c - c0)] = static_cast<uint8_t>(codes.At<kOrder>(r, c));
+      }
+    }
+  }
+}
+
 // Band by band: the codes of up to kBandRows rows x kBandCols columns gathered into bytes (in
 // the order their words lie: along a row for kRows; GPTQ and AWQ keep a row's codes a word-row
 // apart and neighbouring rows' words side by side, so column by column), then decoded row by
@@ -131,7 +178,7 @@ void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word
   if (count == 0) return;
   const PackedCodes codes{words,  first_word, s.rows, WordsPerRow(s), s.bits,
                           static_cast<unsigned>(std::countr_zero(32 / s.bits))};
-  constexpr uint64_t kBandRows = kOrder == PackOrder::kRows ? 1 : 32, kBandCols = 1024;
+  constexpr uint64_t kBandRows = kOrder == PackOrder::kRows ? 1 : 32;
   std::array<uint8_t, kBandRows * kBandCols> band;
   std::array<Out, kBandCols> decoded;
   const uint64_t end = first + count;
@@ -148,42 +195,7 @@ void Decode(const PackedIntState& s, const std::byte* words, uint64_t first_word
     const uint64_t c_to = kBandRows == 1 ? want_hi : s.cols;
     for (uint64_t c0 = c_from; c0 < c_to; c0 += kBandCols) {
       const uint64_t c1 = std::min(c_to, c0 + kBandCols);
-      if constexpr (kOrder == PackOrder::kRows) {
-        uint64_t c = c0;
-        if (s.bits == 4) {  // whole words: eight codes at once
-          for (; c % 8 != 0 && c < c1; ++c) {
-            band[c - c0] = static_cast<uint8_t>(codes.At<kOrder>(rb, c));
-          }
-          for (; c + 8 <= c1; c += 8) {
-            const uint64_t eight = SpreadNibbles(codes.Word(rb * codes.row_words + c / 8));
-            std::memcpy(band.data() + (c - c0), &eight, 8);
-          }
-        }
-        for (; c < c1; ++c) band[c - c0] = static_cast<uint8_t>(codes.At<kOrder>(rb, c));
-      } else if (kOrder == PackOrder::kGptq && s.bits == 4 && c0 % 8 == 0 && c1 % 8 == 0) {
-        for (uint64_t c = c0; c < c1; c += 8) {  // word (c / 8, r): row r's codes c .. c + 7
-          for (uint64_t r = rb; r < rb_end; ++r) {
-            const uint64_t eight = SpreadNibbles(codes.Word(c / 8 * s.rows + r));
-            std::memcpy(band.data() + (r - rb) * kBandCols + (c - c0), &eight, 8);
-          }
-        }
-      } else if (kOrder == PackOrder::kAwq) {  // word (c, r / 8): column c of rows r .. r + 7
-        for (uint64_t c = c0; c < c1; ++c) {
-          for (uint64_t r = rb; r < rb_end; r += 8) {
-            const uint64_t eight = SpreadNibbles(codes.Word(c * (s.rows / 8) + r / 8));
-            for (uint64_t k = 0; k < 8 && r + k < rb_end; ++k) {  // row r + k: nibble [0,4,1,5,..][k]
-              band[(r + k - rb) * kBandCols + (c - c0)] =
-                  static_cast<uint8_t>(eight >> (8 * ((k >> 1) | ((k & 1) << 2))));
-            }
-          }
-        }
-      } else {
-        for (uint64_t c = c0; c < c1; ++c) {
-          for (uint64_t r = rb; r < rb_end; ++r) {
-            band[(r - rb) * kBandCols + (c - c0)] = static_cast<uint8_t>(codes.At<kOrder>(r, c));
-          }
-        }
-      }
+      GatherBand<kOrder>(s, codes, rb, rb_end, c0, c1, band.data());
       for (uint64_t r = std::max(rb, r_first); r < rb_end; ++r) {
         const uint64_t lo = std::max(c0, r == r_first ? first - r * s.cols : 0);
         const uint64_t hi = std::min(c1, r == r_last ? end - r * s.cols : s.cols);

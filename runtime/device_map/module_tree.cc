@@ -252,29 +252,45 @@ void OrderByShard(const std::vector<std::pair<uint32_t, uint32_t>>& tensor_rank,
   }
 }
 
-}  // namespace
-
-Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
-  const std::vector<TensorInfo>& infos = checkpoint.tensors();
-  // A quantized weight's quant-state tensors ("W.absmax", "M.SCB", ...) are not parameters of the
-  // model (accelerate sizes a bitsandbytes layer by its packed weight alone): they are left out
-  // of the tree and go wherever their weight's map entry, a dotted prefix of theirs, sends it.
+// The indices of the tensors that are parameters, in the natural order of their names. A
+// quantized weight's quant-state tensors ("W.absmax", "M.SCB", ...) are not parameters of the
+// model (accelerate sizes a bitsandbytes layer by its packed weight alone): they are left out
+// of the tree and go wherever their weight's map entry, a dotted prefix of theirs, sends it.
+std::vector<size_t> ParametersInNaturalOrder(const std::vector<TensorInfo>& infos) {
   std::unordered_set<std::string_view> companions;
   for (const TensorInfo& t : infos) {
     if (t.packed) companions.insert(t.packed->companions().begin(), t.packed->companions().end());
   }
-  // Natural order makes every module's tensors contiguous, so the tree is built with a stack.
   std::vector<size_t> order;
   order.reserve(infos.size());
-  {
-    std::vector<std::string> keys(infos.size());
-    for (size_t i = 0; i < infos.size(); ++i) {
-      if (companions.contains(infos[i].name)) continue;
-      keys[i] = NaturalKey(infos[i].name);
-      order.push_back(i);
-    }
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  std::vector<std::string> keys(infos.size());
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (companions.contains(infos[i].name)) continue;
+    keys[i] = NaturalKey(infos[i].name);
+    order.push_back(i);
   }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  return order;
+}
+
+// InvalidArgument naming the first tensor (in the finished tree's order) whose name is also a
+// module's.
+Status CheckNoTensorIsModule(const ModuleTree::Impl& impl) {
+  for (const device_map::TreeTensor& tensor : impl.tensors) {
+    if (impl.node_by_name.contains(tensor.name)) {
+      return Status::InvalidArgument(fmt::format(
+          "'{}' is both a tensor and a module prefix of other tensors", tensor.name));
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
+  const std::vector<TensorInfo>& infos = checkpoint.tensors();
+  // Natural order makes every module's tensors contiguous, so the tree is built with a stack.
+  const std::vector<size_t> order = ParametersInNaturalOrder(infos);
   auto impl = std::make_shared<Impl>();
   impl->AddNode(-1, std::string_view(), "");
   impl->storages.reserve(infos.size());
@@ -310,12 +326,7 @@ Result<ModuleTree> ModuleTree::FromCheckpoint(const Checkpoint& checkpoint) {
   }
   if (checkpoint.files().size() > 1) OrderByShard(tensor_rank, impl.get());
   impl->Finish();
-  for (const device_map::TreeTensor& tensor : impl->tensors) {
-    if (impl->node_by_name.contains(tensor.name)) {
-      return Status::InvalidArgument(fmt::format(
-          "'{}' is both a tensor and a module prefix of other tensors", tensor.name));
-    }
-  }
+  LOADSTONE_RETURN_IF_ERROR(CheckNoTensorIsModule(*impl));
   return ModuleTreeAccess::Make(std::move(impl));
 }
 

@@ -6,11 +6,9 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
 #include <unordered_set>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "io/formats/json_util.h"
@@ -161,6 +159,80 @@ Status MergeIndex(const std::string& folder, const nlohmann::ordered_json& entri
   return out.Commit();
 }
 
+// The tensors written through memory, batch by batch: a batch (up to options.batch_bytes, or
+// one larger tensor) loads while the one before it is written (FinishBatch), so that reads
+// overlap writes. Every argument must outlive it.
+class BatchedWrites {
+ public:
+  BatchedWrites(Loader& loader, const Checkpoint& checkpoint, const std::string& folder,
+                const OffloadOptions& options, std::vector<std::string>* written,
+                OffloadSummary* summary)
+      : loader_(loader), checkpoint_(checkpoint), folder_(folder), options_(options),
+        written_(written), summary_(summary) {}
+
+  // Adds `o` to the batch; a batch that `o` would take past options.batch_bytes starts first.
+  Status Add(const OffloadPlan* o) {
+    if (batch_bytes_ > 0 && batch_bytes_ + o->nbytes > options_.batch_bytes) {
+      LOADSTONE_RETURN_IF_ERROR(Flush());
+    }
+    batch_.push_back(o);
+    batch_bytes_ += o->nbytes;
+    return Status::OK();
+  }
+
+  // Starts the last batch, and writes every batch not written yet.
+  Status Finish() {
+    LOADSTONE_RETURN_IF_ERROR(Flush());
+    return WriteLoading();
+  }
+
+ private:
+  // Writes the batch whose load runs, if there is one.
+  Status WriteLoading() {
+    if (!loading_) return Status::OK();
+    PendingBatch done = std::move(*loading_);
+    loading_.reset();
+    return FinishBatch(done, folder_, options_, written_, summary_);
+  }
+
+  // Starts the batch's load (Cancelled when options.cancelled asks), then writes the one before.
+  Status Flush() {
+    if (batch_.empty()) return Status::OK();
+    if (options_.cancelled && options_.cancelled()) {
+      return Status::Cancelled("writing the offload folder was cancelled");
+    }
+    LOADSTONE_ASSIGN_OR_RETURN(PendingBatch next,
+                               StartBatch(loader_, checkpoint_, batch_, options_));
+    batch_.clear();
+    batch_bytes_ = 0;
+    LOADSTONE_RETURN_IF_ERROR(WriteLoading());
+    loading_ = std::move(next);
+    return Status::OK();
+  }
+
+  Loader& loader_;
+  const Checkpoint& checkpoint_;
+  const std::string& folder_;
+  const OffloadOptions& options_;
+  std::vector<std::string>* written_;
+  OffloadSummary* summary_;
+  std::vector<const OffloadPlan*> batch_;
+  uint64_t batch_bytes_ = 0;
+  std::optional<PendingBatch> loading_;  // loads while the batch before it is written
+};
+
+// Each written NAME.dat.tmp renamed to its NAME.dat; then none is left for the caller to remove.
+Status RenameWritten(std::vector<std::string>* written) {
+  for (const std::string& tmp : *written) {
+    const std::string path = tmp.substr(0, tmp.size() - 4);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      return io::ErrnoStatus(errno, fmt::format("cannot rename '{}' to", tmp), path);
+    }
+  }
+  written->clear();  // in place now: a failure of the index after leaves them
+  return Status::OK();
+}
+
 Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& plan,
                 const std::vector<const OffloadPlan*>& order, const OffloadOptions& options,
                 std::vector<std::string>* written, OffloadSummary* summary) {
@@ -170,27 +242,7 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
   if (ec) return io::ErrnoStatus(ec.value(), "cannot create the offload folder", folder);
   nlohmann::ordered_json entries = nlohmann::ordered_json::object();
   SourceFiles sources(checkpoint);
-  std::vector<const OffloadPlan*> batch;
-  uint64_t batch_bytes = 0;
-  std::optional<PendingBatch> loading;  // the batch whose load runs while the one before is written
-  auto finish = [&]() -> Status {
-    if (!loading) return Status::OK();
-    PendingBatch done = std::move(*loading);
-    loading.reset();
-    return FinishBatch(done, folder, options, written, summary);
-  };
-  auto flush = [&]() -> Status {
-    if (batch.empty()) return Status::OK();
-    if (options.cancelled && options.cancelled()) {
-      return Status::Cancelled("writing the offload folder was cancelled");
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(PendingBatch next, StartBatch(loader, checkpoint, batch, options));
-    batch.clear();
-    batch_bytes = 0;
-    LOADSTONE_RETURN_IF_ERROR(finish());
-    loading = std::move(next);
-    return Status::OK();
-  };
+  BatchedWrites batches(loader, checkpoint, folder, options, written, summary);
   for (const OffloadPlan* o : order) {
     const TensorInfo& t = checkpoint.tensors()[o->source];
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
@@ -209,23 +261,12 @@ Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& pl
     } else {
       entry["dtype"] = std::string(*io::OffloadDTypeName(o->dtype));
       entry["shape"] = o->shape;
-      if (batch_bytes > 0 && batch_bytes + o->nbytes > options.batch_bytes) {
-        LOADSTONE_RETURN_IF_ERROR(flush());
-      }
-      batch.push_back(o);
-      batch_bytes += o->nbytes;
+      LOADSTONE_RETURN_IF_ERROR(batches.Add(o));
     }
     entries[t.name] = std::move(entry);
   }
-  LOADSTONE_RETURN_IF_ERROR(flush());
-  LOADSTONE_RETURN_IF_ERROR(finish());
-  for (const std::string& tmp : *written) {
-    const std::string path = tmp.substr(0, tmp.size() - 4);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      return io::ErrnoStatus(errno, fmt::format("cannot rename '{}' to", tmp), path);
-    }
-  }
-  written->clear();  // in place now: a failure of the index below leaves them
+  LOADSTONE_RETURN_IF_ERROR(batches.Finish());
+  LOADSTONE_RETURN_IF_ERROR(RenameWritten(written));
   LOADSTONE_RETURN_IF_ERROR(MergeIndex(folder, entries));
   summary->index_path = (fs::path(folder) / "index.json").string();
   return Status::OK();
@@ -253,134 +294,6 @@ Result<OffloadSummary> WriteOffload(Loader& loader, const Checkpoint& checkpoint
     return s;
   }
   return summary;
-}
-
-// ---- OffloadStore --------------------------------------------------------------------------
-
-Result<std::shared_ptr<OffloadStore>> OffloadStore::Open(std::shared_ptr<Loader> loader,
-                                                         const Checkpoint& checkpoint,
-                                                         const LoadPlan& plan) {
-  std::shared_ptr<OffloadStore> store(new OffloadStore());
-  store->loader_ = std::move(loader);
-  std::vector<TensorInfo> tensors;
-  if (plan.offload_folder.empty()) {
-    for (const OffloadPlan& o : plan.offloaded) {
-      const TensorInfo& t = checkpoint.tensors()[o.source];
-      store->names_.push_back(t.name);
-      tensors.push_back(t);
-      if (o.conversion == Conversion::kCast) store->casts_.emplace(t.name, o.dtype);
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(Checkpoint view, checkpoint.WithTensors(std::move(tensors)));
-    store->catalog_ = std::move(view);
-    return store;
-  }
-  LOADSTONE_ASSIGN_OR_RETURN(const Checkpoint folder,
-                             Checkpoint::OpenOffloadFolder(plan.offload_folder));
-  for (const OffloadPlan& o : plan.offloaded) {
-    const TensorInfo& t = checkpoint.tensors()[o.source];
-    const TensorInfo* stored = folder.Find(t.name);
-    if (stored == nullptr) {
-      return Status::NotFound(fmt::format(
-          "offload folder '{}' holds no tensor '{}': write it first (WriteOffload)",
-          plan.offload_folder, t.name));
-    }
-    // A stale folder (another model, another dtype) must not pass for this plan's.
-    const DType want = o.in_place ? t.dtype : o.dtype;
-    if (stored->dtype != want || stored->shape != o.shape) {
-      return Status::Corruption(fmt::format(
-          "offload folder '{}' holds '{}' as {} {}, but this plan offloads it as {} {}: the folder "
-          "is from another load; offload again (WriteOffload) or give another folder",
-          plan.offload_folder, t.name, TorchName(stored->dtype), fmt::join(stored->shape, "x"),
-          TorchName(want), fmt::join(o.shape, "x")));
-    }
-    store->names_.push_back(t.name);
-    tensors.push_back(*stored);
-    if (o.in_place && o.conversion == Conversion::kCast) store->casts_.emplace(t.name, o.dtype);
-  }
-  LOADSTONE_ASSIGN_OR_RETURN(Checkpoint view, folder.WithTensors(std::move(tensors)));
-  store->catalog_ = std::move(view);
-  return store;
-}
-
-OffloadStore::~OffloadStore() {
-  std::lock_guard lock(mu_);
-  running_.clear();  // each handle cancels and waits as it goes
-}
-
-bool OffloadStore::Contains(std::string_view name) const { return catalog_->Find(name) != nullptr; }
-
-Result<std::string> OffloadStore::Where(std::string_view name) const {
-  const TensorInfo* t = catalog_->Find(name);
-  if (t == nullptr) return Status::NotFound(fmt::format("tensor '{}' is not offloaded", name));
-  const std::string& path = catalog_->files()[t->file].path;
-  if (path.ends_with(".dat")) return path;
-  return fmt::format("{} (in place, offset {})", path, t->offset);
-}
-
-Result<LoadHandle> OffloadStore::Fetch(const std::vector<std::string>& names, const Device& device) {
-  std::set<std::string_view> wanted;
-  PlanOptions opt;
-  for (const std::string& name : names) {
-    if (!Contains(name)) return Status::NotFound(fmt::format("tensor '{}' is not offloaded", name));
-    wanted.insert(name);
-    if (auto c = casts_.find(name); c != casts_.end()) opt.special_dtypes.emplace(name, c->second);
-  }
-  DeviceMap map;
-  LOADSTONE_RETURN_IF_ERROR(map.Add("", device));
-  opt.explicit_map = std::move(map);
-  opt.include = [&wanted](const TensorInfo& t) { return wanted.contains(t.name); };
-  opt.platform = loader_->platform();
-  LOADSTONE_ASSIGN_OR_RETURN(const LoadPlan plan, Plan(*catalog_, opt));
-  LoadHandle handle = loader_->Load(*catalog_, plan);
-  return handle;
-}
-
-std::shared_future<Tensor> OffloadStore::Materialize(std::string_view name, const Device& device) {
-  Result<LoadHandle> handle = Fetch({std::string(name)}, device);
-  if (!handle.ok()) {
-    std::promise<Tensor> failed;
-    failed.set_exception(std::make_exception_ptr(Error(handle.status())));
-    return failed.get_future().share();
-  }
-  std::shared_future<Tensor> tensor = handle->Tensor(name);
-  std::lock_guard lock(mu_);
-  std::erase_if(running_, [](const LoadHandle& h) {
-    return h.Done().wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  });
-  running_.push_back(std::move(*handle));
-  return tensor;
-}
-
-// ---- OffloadPrefetcher ---------------------------------------------------------------------
-
-OffloadPrefetcher::OffloadPrefetcher(std::shared_ptr<OffloadStore> store,
-                                     std::vector<std::vector<std::string>> blocks, Device device)
-    : store_(std::move(store)), blocks_(std::move(blocks)), device_(device), handles_(blocks_.size()) {}
-
-void OffloadPrefetcher::Start(size_t i) {
-  if (i >= blocks_.size() || handles_[i].valid()) return;
-  Result<LoadHandle> handle = store_->Fetch(blocks_[i], device_);
-  if (handle.ok()) handles_[i] = std::move(*handle);
-  else errors_.emplace(i, handle.status());
-}
-
-Result<std::vector<Tensor>> OffloadPrefetcher::Get(size_t i) {
-  if (i >= blocks_.size()) {
-    return Status::InvalidArgument(fmt::format("block {} of {}: no such block", i, blocks_.size()));
-  }
-  Start(i);
-  Start(i + 1);  // the next block streams while the caller runs this one
-  if (auto e = errors_.find(i); e != errors_.end()) {
-    Status failed = e->second;
-    errors_.erase(e);  // a later Get(i) tries again
-    return failed;
-  }
-  LOADSTONE_RETURN_IF_ERROR(handles_[i].Done().get());
-  std::vector<Tensor> out;
-  out.reserve(blocks_[i].size());
-  for (const std::string& name : blocks_[i]) out.push_back(handles_[i].Tensor(name).get());
-  handles_[i] = LoadHandle();  // the tensors keep their memory; the load's bookkeeping goes
-  return out;
 }
 
 }  // namespace loadstone

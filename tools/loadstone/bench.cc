@@ -130,110 +130,158 @@ void PrintTable(const nlohmann::ordered_json& doc, const nlohmann::ordered_json&
                            ratios["loadstone_peak_rss_over_bytes"].get<double>());
 }
 
-int RunBench(const BenchArgs& args) {
-  auto in = args.flags.Resolve("cpu");
-  if (!in.ok()) return ReportError(in.status());
-  const std::optional<Checkpoint>& ckpt = in->checkpoint;
-  const PlanOptions& plan = in->options;
-  auto loader = args.read.ToLoaderOptions(plan.platform, &in->warnings);
-  if (!loader.ok()) return ReportError(loader.status());
-  auto checked = Plan(*ckpt, plan);
-  if (!checked.ok()) return ReportError(checked.status());
-  PrintWarnings(in->warnings);
-  PrintWarnings(checked->warnings);
-  auto convert_to = ParseCastTarget(args.convert_to, "--convert-to");
-  if (!convert_to.ok()) return ReportError(convert_to.status());
-  auto methods = Methods(*ckpt, args, plan, *loader, *convert_to);
-  if (!args.peers.empty()) {
-    auto peers = ListExternalPeers(SplitWords(args.peers));
-    if (!peers.ok()) return ReportError(peers.status());
-    methods.insert(methods.end(), peers->begin(), peers->end());
-  }
+// What the command runs: the resolved flags (the checkpoint, its plan options) and the methods.
+struct BenchSetup {
+  PlanInput input;
+  std::vector<BenchMethod> methods;
+};
 
-  nlohmann::ordered_json doc;
+// Resolves the flags, checks that the checkpoint plans, prints the warnings, and lists the
+// methods (peers last); the first error met, in that order.
+Result<BenchSetup> Prepare(const BenchArgs& args) {
+  LOADSTONE_ASSIGN_OR_RETURN(PlanInput in, args.flags.Resolve("cpu"));
+  const PlanOptions& plan = in.options;
+  LOADSTONE_ASSIGN_OR_RETURN(LoaderOptions loader,
+                             args.read.ToLoaderOptions(plan.platform, &in.warnings));
+  LOADSTONE_ASSIGN_OR_RETURN(LoadPlan checked, Plan(*in.checkpoint, plan));
+  PrintWarnings(in.warnings);
+  PrintWarnings(checked.warnings);
+  LOADSTONE_ASSIGN_OR_RETURN(DType convert_to, ParseCastTarget(args.convert_to, "--convert-to"));
+  auto methods = Methods(*in.checkpoint, args, plan, loader, convert_to);
+  if (!args.peers.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(auto peers, ListExternalPeers(SplitWords(args.peers)));
+    methods.insert(methods.end(), peers.begin(), peers.end());
+  }
+  return BenchSetup{std::move(in), std::move(methods)};
+}
+
+// What the rounds measured, by method name; a method not measured reads as empty or zero.
+struct Measurements {
   std::map<std::string, std::vector<double>> seconds;
   std::map<std::string, uint64_t> peak_rss;
   std::map<std::string, std::string> backends;
   std::map<std::string, double> resident_before;
   std::map<std::string, std::string> errors;  // a peer that fails is reported, not retried
-  // Interleaved, so that drift hits every method alike, in a fresh random order each round, so
-  // that no method keeps one predecessor (whose freed memory the VM may still be handing back)
-  // for the whole run.
-  const uint64_t seed = args.seed ? *args.seed : std::random_device{}();
+  double bytes = 0;                           // the checkpoint's
+
+  // GB/s of `name`'s median run; 0 when it has none.
+  double Gbps(const std::string& name) const {
+    const auto runs = Find(seconds, name);
+    return runs.empty() ? 0.0 : bytes / Median(runs) / 1e9;
+  }
+
+  // map[name], or a value-initialized T when absent.
+  template <typename T>
+  static T Find(const std::map<std::string, T>& map, const std::string& name) {
+    const auto it = map.find(name);
+    return it == map.end() ? T{} : it->second;
+  }
+};
+
+// One run of `m` in round `round` (from 0): after the settle time, with the page cache made cold
+// or warm, its time, peak RSS and backend recorded (a failed peer: its error, reported on stderr
+// unless --json). The error of anything else that fails.
+Status RunOnce(const BenchArgs& args, const Checkpoint& ckpt, const BenchMethod& m, int round,
+               Measurements& measured) {
+  // The previous child's memory is still being handed back (on a VM with free-page
+  // reporting, for seconds): let it settle, so that every run starts alike.
+  std::this_thread::sleep_for(std::chrono::duration<double>(args.settle_seconds));
+  // Cold: nothing of the files in the page cache; warm: all of them (an O_DIRECT run
+  // before leaves nothing there).
+  LOADSTONE_RETURN_IF_ERROR(args.cold ? DropFromPageCache(ckpt) : WarmPageCache(ckpt));
+  measured.resident_before[m.name] =
+      std::max(measured.resident_before[m.name], ResidentFraction(ckpt));
+  auto run = RunMethod(m, ckpt);
+  if (!run.ok() && m.kind == BenchMethod::Kind::kExternal) {
+    const std::string& error = measured.errors[m.name] = run.status().message();
+    if (!args.json) std::cerr << fmt::format("  peer {} failed: {}\n", m.name, error);
+    return Status::OK();
+  }
+  if (!run.ok()) return run.status();
+  measured.seconds[m.name].push_back(run->seconds);
+  measured.peak_rss[m.name] = std::max(measured.peak_rss[m.name], run->peak_rss_bytes);
+  measured.backends[m.name] = run->backend;
+  if (!args.json) {
+    std::cerr << fmt::format("  run {} {:<34} {:7.3f} s  {:6.2f} GB/s\n", round + 1, m.name,
+                             run->seconds, ckpt.total_bytes() / run->seconds / 1e9);
+  }
+  return Status::OK();
+}
+
+// --repeat rounds of every method, interleaved, so that drift hits every method alike, in a
+// fresh random order (from `seed`) each round, so that no method keeps one predecessor (whose
+// freed memory the VM may still be handing back) for the whole run. Each round's order is
+// appended to `order`; a peer that failed is not run again.
+Status RunRounds(const BenchArgs& args, const Checkpoint& ckpt,
+                 const std::vector<BenchMethod>& methods, uint64_t seed,
+                 nlohmann::ordered_json& order, Measurements& measured) {
   std::mt19937_64 rng(seed);
-  doc["path"] = args.flags.path;
-  doc["bytes"] = ckpt->total_bytes();
-  doc["mode"] = args.cold ? "cold" : "warm";
-  doc["repeat"] = args.repeat;
-  doc["seed"] = seed;
-  std::vector<size_t> order(methods.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  auto& rounds = doc["order"] = nlohmann::ordered_json::array();
+  std::vector<size_t> shuffled(methods.size());
+  std::iota(shuffled.begin(), shuffled.end(), size_t{0});
   for (int r = 0; r < args.repeat; ++r) {
-    std::shuffle(order.begin(), order.end(), rng);
-    auto& names = rounds.emplace_back(nlohmann::ordered_json::array());
-    for (size_t i : order) names.push_back(methods[i].name);
-    for (size_t i : order) {
-      const BenchMethod& m = methods[i];
-      if (errors.count(m.name)) continue;
-      // The previous child's memory is still being handed back (on a VM with free-page
-      // reporting, for seconds): let it settle, so that every run starts alike.
-      std::this_thread::sleep_for(std::chrono::duration<double>(args.settle_seconds));
-      // Cold: nothing of the files in the page cache; warm: all of them (an O_DIRECT run
-      // before leaves nothing there).
-      if (Status s = args.cold ? DropFromPageCache(*ckpt) : WarmPageCache(*ckpt); !s.ok()) {
-        return ReportError(s);
-      }
-      resident_before[m.name] = std::max(resident_before[m.name], ResidentFraction(*ckpt));
-      auto run = RunMethod(m, *ckpt);
-      if (!run.ok() && m.kind == BenchMethod::Kind::kExternal) {
-        errors[m.name] = run.status().message();
-        if (!args.json) std::cerr << fmt::format("  peer {} failed: {}\n", m.name, errors[m.name]);
-        continue;
-      }
-      if (!run.ok()) return ReportError(run.status());
-      seconds[m.name].push_back(run->seconds);
-      peak_rss[m.name] = std::max(peak_rss[m.name], run->peak_rss_bytes);
-      backends[m.name] = run->backend;
-      if (!args.json) {
-        std::cerr << fmt::format("  run {} {:<34} {:7.3f} s  {:6.2f} GB/s\n", r + 1, m.name,
-                                 run->seconds, ckpt->total_bytes() / run->seconds / 1e9);
-      }
+    std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    auto& names = order.emplace_back(nlohmann::ordered_json::array());
+    for (size_t i : shuffled) names.push_back(methods[i].name);
+    for (size_t i : shuffled) {
+      if (measured.errors.count(methods[i].name)) continue;
+      LOADSTONE_RETURN_IF_ERROR(RunOnce(args, ckpt, methods[i], r, measured));
     }
   }
-  const double bytes = static_cast<double>(ckpt->total_bytes());
-  auto gbps = [&](const std::string& name) {
-    return seconds[name].empty() ? 0.0 : bytes / Median(seconds[name]) / 1e9;
-  };
-  // The best of the baselines and peers that do loadstone's work (each tensor in its own host
-  // memory); mmap views and the like are reported, not compared.
-  double best_baseline = 0, best_same_work = 0;
-  std::string best_name, best_same_work_name;
-  for (const char* name : {"read-per-tensor", "mmap-memcpy"}) {
-    if (gbps(name) > best_baseline) best_baseline = gbps(name), best_name = name;
-  }
-  best_same_work = best_baseline, best_same_work_name = best_name;
+  return Status::OK();
+}
+
+// The "results" array: one entry a method, in the methods' order.
+nlohmann::ordered_json Results(const std::vector<BenchMethod>& methods,
+                               const Measurements& measured) {
+  auto results = nlohmann::ordered_json::array();
   for (const BenchMethod& m : methods) {
-    if (m.kind == BenchMethod::Kind::kExternal && m.same_work && gbps(m.name) > best_same_work) {
-      best_same_work = gbps(m.name), best_same_work_name = m.name;
-    }
-  }
-  auto& results = doc["results"] = nlohmann::ordered_json::array();
-  for (const BenchMethod& m : methods) {
-    nlohmann::ordered_json r = {{"method", m.name},
-                                {"backend", backends[m.name]},
-                                {"seconds", seconds[m.name]},
-                                {"gbps", gbps(m.name)},
-                                {"peak_rss_bytes", peak_rss[m.name]},
-                                {"page_cache_resident_before", resident_before[m.name]}};
+    nlohmann::ordered_json r = {
+        {"method", m.name},
+        {"backend", Measurements::Find(measured.backends, m.name)},
+        {"seconds", Measurements::Find(measured.seconds, m.name)},
+        {"gbps", measured.Gbps(m.name)},
+        {"peak_rss_bytes", Measurements::Find(measured.peak_rss, m.name)},
+        {"page_cache_resident_before", Measurements::Find(measured.resident_before, m.name)}};
     if (m.kind == BenchMethod::Kind::kExternal) {
       r["backend"] = "peer";
       r["same_work"] = m.same_work;
     }
-    if (errors.count(m.name)) r["error"] = errors[m.name];
+    if (measured.errors.count(m.name)) r["error"] = measured.errors.at(m.name);
     results.push_back(std::move(r));
   }
-  auto& ratios = doc["ratios"];
+  return results;
+}
+
+struct Best {
+  double gbps = 0;
+  std::string name;  // empty when none ran
+};
+
+// The fastest of the baselines, and the fastest of those and the peers that do loadstone's work
+// (each tensor in its own host memory); mmap views and the like are reported, not compared.
+std::pair<Best, Best> BestBaselines(const std::vector<BenchMethod>& methods,
+                                    const Measurements& measured) {
+  Best baseline;
+  for (const char* name : {"read-per-tensor", "mmap-memcpy"}) {
+    if (measured.Gbps(name) > baseline.gbps) baseline = {measured.Gbps(name), name};
+  }
+  Best same_work = baseline;
+  for (const BenchMethod& m : methods) {
+    if (m.kind == BenchMethod::Kind::kExternal && m.same_work &&
+        measured.Gbps(m.name) > same_work.gbps) {
+      same_work = {measured.Gbps(m.name), m.name};
+    }
+  }
+  return {baseline, same_work};
+}
+
+// The "ratios" object: loadstone's GB/s over the machine's bounds, the best baselines, each
+// peer; the conversion's over the plain load; loadstone's peak RSS over the checkpoint's bytes.
+nlohmann::ordered_json Ratios(const BenchArgs& args, const std::vector<BenchMethod>& methods,
+                              const Measurements& measured) {
+  auto gbps = [&measured](const std::string& name) { return measured.Gbps(name); };
+  const auto [best, best_same_work] = BestBaselines(methods, measured);
+  nlohmann::ordered_json ratios;
   ratios["loadstone_vs_raw_ceiling"] = gbps("loadstone") / gbps("raw-ceiling");
   // A load can beat neither the writing of its fresh destinations nor, cold, the device; warm,
   // the bytes come from the page cache and the O_DIRECT device read bounds nothing.
@@ -244,21 +292,47 @@ int RunBench(const BenchArgs& args) {
   ratios["loadstone_vs_machine_bound"] =
       gbps("loadstone") /
       (device_bounds ? std::min(gbps("raw-ceiling"), gbps("first-touch")) : gbps("first-touch"));
-  ratios["loadstone_vs_best_baseline"] = gbps("loadstone") / best_baseline;
-  ratios["best_baseline"] = best_name;
-  ratios["loadstone_vs_best_same_work"] = gbps("loadstone") / best_same_work;
-  ratios["best_same_work"] = best_same_work_name;
+  ratios["loadstone_vs_best_baseline"] = gbps("loadstone") / best.gbps;
+  ratios["best_baseline"] = best.name;
+  ratios["loadstone_vs_best_same_work"] = gbps("loadstone") / best_same_work.gbps;
+  ratios["best_same_work"] = best_same_work.name;
   for (const BenchMethod& m : methods) {
     if (m.kind != BenchMethod::Kind::kExternal) continue;
     ratios["loadstone_vs_peer"][m.name] =
         gbps(m.name) > 0 ? nlohmann::ordered_json(gbps("loadstone") / gbps(m.name))
                          : nlohmann::ordered_json(nullptr);
   }
-  if (const std::string cast = "loadstone-bf16-to-" + args.convert_to; seconds.count(cast)) {
+  const std::string cast = "loadstone-bf16-to-" + args.convert_to;
+  if (std::any_of(methods.begin(), methods.end(),
+                  [&cast](const BenchMethod& m) { return m.name == cast; })) {
     ratios["conversion_vs_plain"] = gbps(cast) / gbps("loadstone");
     ratios["conversion_vs_first_touch"] = gbps(cast) / gbps("first-touch-" + args.convert_to);
   }
-  ratios["loadstone_peak_rss_over_bytes"] = peak_rss["loadstone"] / bytes;
+  ratios["loadstone_peak_rss_over_bytes"] =
+      Measurements::Find(measured.peak_rss, "loadstone") / measured.bytes;
+  return ratios;
+}
+
+int RunBench(const BenchArgs& args) {
+  auto setup = Prepare(args);
+  if (!setup.ok()) return ReportError(setup.status());
+  const Checkpoint& ckpt = *setup->input.checkpoint;
+  const std::vector<BenchMethod>& methods = setup->methods;
+  const uint64_t seed = args.seed ? *args.seed : std::random_device{}();
+  nlohmann::ordered_json doc;
+  doc["path"] = args.flags.path;
+  doc["bytes"] = ckpt.total_bytes();
+  doc["mode"] = args.cold ? "cold" : "warm";
+  doc["repeat"] = args.repeat;
+  doc["seed"] = seed;
+  Measurements measured;
+  measured.bytes = static_cast<double>(ckpt.total_bytes());
+  auto& order = doc["order"] = nlohmann::ordered_json::array();
+  if (Status s = RunRounds(args, ckpt, methods, seed, order, measured); !s.ok()) {
+    return ReportError(s);
+  }
+  const auto& results = doc["results"] = Results(methods, measured);
+  const auto& ratios = doc["ratios"] = Ratios(args, methods, measured);
   if (args.json) {
     std::cout << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return 0;

@@ -54,6 +54,47 @@ std::string ProgramName(const std::string& argv0) {
   return Quoted(ec ? argv0 : self.string());
 }
 
+// Opens the model in `folder`, timed, and prints its catalog: tensors, shards, how it resolved.
+Result<Checkpoint> OpenAndDescribe(const std::string& folder) {
+  const auto open_start = std::chrono::steady_clock::now();
+  LOADSTONE_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(folder));
+  const double open_ms = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - open_start).count();
+  std::cout << fmt::format("demo: catalog of {} tensors in {} shards ({}) read in {:.2f} ms, "
+                           "headers only\n",
+                           ckpt.tensors().size(), ckpt.files().size(),
+                           HumanBytes(ckpt.total_bytes()), open_ms);
+  for (size_t i = 0; i < ckpt.files().size(); ++i) {
+    std::cout << fmt::format("  shard {}: {} ({})\n", i, ckpt.files()[i].path,
+                             HumanBytes(ckpt.files()[i].bytes));
+  }
+  std::cout << "demo: " << ckpt.resolution() << "\n";
+  return ckpt;
+}
+
+// The first tensor the loader placed, and when, from `start` (set by the caller).
+struct FirstTensor {
+  std::chrono::steady_clock::time_point start;
+  std::atomic<int64_t> ns{-1};  // -1 until one came
+  std::string name;
+};
+
+// What the load did, and the commands to try next, on stdout.
+void PrintLoaded(const DemoArgs& args, const std::string& folder, const LoadPlan& plan,
+                 const LoadHandle& load, const Progress& p, const FirstTensor& first) {
+  std::cout << fmt::format(
+      "demo: streamed {} tensors ({}) into host memory in {:.3f} s = {:.2f} GB/s\n"
+      "demo: first tensor ready after {:.1f} ms ({})\n"
+      "demo: read backend: {}\n",
+      p.tensors_done, HumanBytes(plan.read_bytes), p.seconds,
+      plan.read_bytes / p.seconds / 1e9, first.ns.load() / 1e6, first.name, load.backend());
+  std::cout << "demo: read " << ReadSources(load.read_stats())
+            << "; cold data comes with O_DIRECT through huge-page staging\n";
+  std::cout << "demo: next, try `" << args.program << " load " << Quoted(folder)
+            << NextLoadFlags(plan.placed_bytes) << " --trace " << Quoted(folder + ".trace.json")
+            << "` or `" << args.program << " bench " << Quoted(folder) << " --cold`\n";
+}
+
 int RunDemo(const DemoArgs& args) {
   InterruptToCancel interrupt;  // before the first line: a Ctrl-C from then on cancels
   const std::string folder =
@@ -70,34 +111,21 @@ int RunDemo(const DemoArgs& args) {
   if (!made.ok()) return ReportError(made.status());
   std::cout << fmt::format("demo: model ready in {:.1f} s\n",
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  const auto open_start = std::chrono::steady_clock::now();
-  auto ckpt = Checkpoint::Open(folder);
+  auto ckpt = OpenAndDescribe(folder);
   if (!ckpt.ok()) return ReportError(ckpt.status());
-  const double open_ms = std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - open_start).count();
-  std::cout << fmt::format("demo: catalog of {} tensors in {} shards ({}) read in {:.2f} ms, "
-                           "headers only\n",
-                           ckpt->tensors().size(), ckpt->files().size(),
-                           HumanBytes(ckpt->total_bytes()), open_ms);
-  for (size_t i = 0; i < ckpt->files().size(); ++i) {
-    std::cout << fmt::format("  shard {}: {} ({})\n", i, ckpt->files()[i].path,
-                             HumanBytes(ckpt->files()[i].bytes));
-  }
-  std::cout << "demo: " << ckpt->resolution() << "\n";
 
   auto plan = Plan(*ckpt);
   if (!plan.ok()) return ReportError(plan.status());
   std::cout << plan->ToString();
   Loader loader;
-  std::atomic<int64_t> first_ns{-1};
-  std::string first_name;
+  FirstTensor first;
   LoadOptions options;
-  const auto load_start = std::chrono::steady_clock::now();
-  options.on_tensor = [&](const Tensor& t) {  // runs on the loader's event loop
-    if (first_ns.load() < 0) {
-      first_name = t.name();
-      first_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                     std::chrono::steady_clock::now() - load_start).count();
+  first.start = std::chrono::steady_clock::now();
+  options.on_tensor = [&first](const Tensor& t) {  // runs on the loader's event loop
+    if (first.ns.load() < 0) {
+      first.name = t.name();
+      first.ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - first.start).count();
     }
   };
   LoadHandle load = loader.Load(*ckpt, *plan, options);
@@ -108,17 +136,7 @@ int RunDemo(const DemoArgs& args) {
     return 130;
   }
   if (!wait.status.ok()) return ReportError(wait.status);
-  std::cout << fmt::format(
-      "demo: streamed {} tensors ({}) into host memory in {:.3f} s = {:.2f} GB/s\n"
-      "demo: first tensor ready after {:.1f} ms ({})\n"
-      "demo: read backend: {}\n",
-      p.tensors_done, HumanBytes(plan->read_bytes), p.seconds,
-      plan->read_bytes / p.seconds / 1e9, first_ns.load() / 1e6, first_name, load.backend());
-  std::cout << "demo: read " << ReadSources(load.read_stats())
-            << "; cold data comes with O_DIRECT through huge-page staging\n";
-  std::cout << "demo: next, try `" << args.program << " load " << Quoted(folder)
-            << NextLoadFlags(plan->placed_bytes) << " --trace " << Quoted(folder + ".trace.json")
-            << "` or `" << args.program << " bench " << Quoted(folder) << " --cold`\n";
+  PrintLoaded(args, folder, *plan, load, p, first);
   return 0;
 }
 

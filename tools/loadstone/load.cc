@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -178,40 +179,117 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
   return 0;
 }
 
-int RunLoad(const LoadArgs& args) {
-  auto in = args.flags.Resolve("cpu");
-  if (!in.ok()) return ReportError(in.status());
-  auto plan = Plan(*in->checkpoint, in->options);
-  if (!plan.ok()) return ReportError(plan.status());
+// What the command loads, resolved: the flags' input, its plan, how to read it, and every
+// warning (the flags', then the plan's).
+struct LoadSetup {
+  PlanInput in;
+  LoadPlan plan;
+  LoaderOptions loader_options;
+  std::vector<std::string> warnings;
+};
+
+// Resolves the flags and plans; prints the warnings (and with --explain the plan's reasons) on
+// stderr; checks the --trace target. The first error met, in that order.
+Result<LoadSetup> Prepare(const LoadArgs& args) {
+  LOADSTONE_ASSIGN_OR_RETURN(PlanInput in, args.flags.Resolve("cpu"));
+  LOADSTONE_ASSIGN_OR_RETURN(LoadPlan plan, Plan(*in.checkpoint, in.options));
   // The flags' warnings, then the plan's: on stderr, and in the document's "warnings".
-  std::vector<std::string> warnings = in->warnings;
-  auto loader_options = args.read.ToLoaderOptions(in->options.platform, &warnings);
-  if (!loader_options.ok()) return ReportError(loader_options.status());
+  std::vector<std::string> warnings = in.warnings;
+  LOADSTONE_ASSIGN_OR_RETURN(LoaderOptions loader_options,
+                             args.read.ToLoaderOptions(in.options.platform, &warnings));
   if (args.trace_given && args.trace.empty()) {
     warnings.push_back("--trace '': no file named, so no trace is written");
   }
-  warnings.insert(warnings.end(), plan->warnings.begin(), plan->warnings.end());
+  warnings.insert(warnings.end(), plan.warnings.begin(), plan.warnings.end());
   PrintWarnings(warnings);
-  if (in->options.explain) {
-    for (const std::string& line : plan->devices.explanation) std::cerr << "plan: " << line << "\n";
+  if (in.options.explain) {
+    for (const std::string& line : plan.devices.explanation) std::cerr << "plan: " << line << "\n";
   }
-  if (!args.trace.empty()) {
-    if (Status s = CheckTraceTarget(args.trace, args.overwrite); !s.ok()) return ReportError(s);
+  if (!args.trace.empty()) LOADSTONE_RETURN_IF_ERROR(CheckTraceTarget(args.trace, args.overwrite));
+  return LoadSetup{std::move(in), std::move(plan), std::move(loader_options),
+                   std::move(warnings)};
+}
+
+// When the first tensor came into memory, counted from the clock's making. Thread-safe.
+class FirstTensorClock {
+ public:
+  // For LoadOptions::on_tensor; the clock must outlive the load.
+  std::function<void(const loadstone::Tensor&)> OnTensor() {
+    return [this](const loadstone::Tensor&) {
+      int64_t unset = -1;
+      first_tensor_ns_.compare_exchange_strong(
+          unset, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - start_).count());
+    };
+  }
+  // Milliseconds; none when no tensor went to memory (every one to disk).
+  std::optional<double> first_ms() const {
+    return first_tensor_ns_.load() >= 0 ? std::optional<double>(first_tensor_ns_.load() / 1e6)
+                                        : std::nullopt;
   }
 
-  Loader loader(*loader_options);
-  const auto start = std::chrono::steady_clock::now();
-  std::atomic<int64_t> first_tensor_ns{-1};
+ private:
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::atomic<int64_t> first_tensor_ns_{-1};
+};
+
+// The disk tensors written to the offload folder (those not read in place), timed; Cancelled
+// when `interrupt` asks.
+Result<OffloadDone> WriteOffloadTimed(Loader& loader, const Checkpoint& checkpoint,
+                                      const LoadPlan& plan, const InterruptToCancel& interrupt) {
+  OffloadOptions offload;
+  offload.cancelled = [&interrupt] { return interrupt.interrupted(); };
+  const auto offload_start = std::chrono::steady_clock::now();
+  LOADSTONE_ASSIGN_OR_RETURN(OffloadSummary written,
+                             WriteOffload(loader, checkpoint, plan, offload));
+  return OffloadDone{written, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                            offload_start)
+                                  .count()};
+}
+
+// The human report on stdout: what was loaded and how, what went to disk, the simulated devices.
+void PrintHuman(const LoadHandle& load, const Progress& progress, const LoadPlan& plan,
+                const PlanOptions& options, std::optional<double> first_ms,
+                const OffloadDone& offloaded_now) {
+  std::cout << fmt::format(
+      "loaded {} tensors into memory in {:.3f} s: {}; {} placed; {}\n"
+      "backend: {}\n"
+      "read: {}\n",
+      progress.tensors_total, progress.seconds, HowBytesCame(progress, load.read_stats()),
+      HumanBytes(plan.placed_bytes),
+      first_ms ? fmt::format("first tensor after {:.1f} ms", *first_ms)
+               : std::string("no tensor goes to memory"),
+      load.backend(), ReadSources(load.read_stats()));
+  if (!plan.offloaded.empty()) {
+    const OffloadSummary& w = offloaded_now.summary;
+    std::cout << fmt::format(
+        "disk: {} tensors, {}: {} read in place from their safetensors file, {} written to {}{}\n",
+        plan.offloaded.size(), HumanBytes(plan.offloaded_bytes), w.in_place, w.written,
+        w.index_path.empty() ? "(no folder)" : w.index_path,
+        w.written > 0 ? fmt::format(" ({} read, {} written in {:.3f} s)", HumanBytes(w.bytes_read),
+                                    HumanBytes(w.bytes_written), offloaded_now.seconds)
+                      : "");
+  }
+  if (options.platform && options.platform->simulated()) {
+    std::cout << "devices: " << options.platform->description()
+              << " (host memory behind the device interface)\n";
+  }
+}
+
+int RunLoad(const LoadArgs& args) {
+  auto setup = Prepare(args);
+  if (!setup.ok()) return ReportError(setup.status());
+  const Checkpoint& checkpoint = *setup->in.checkpoint;
+  const PlanOptions& plan_options = setup->in.options;
+  const LoadPlan& plan = setup->plan;
+
+  Loader loader(setup->loader_options);
+  FirstTensorClock clock;
   LoadOptions options;
   options.trace = !args.trace.empty();
-  options.on_tensor = [&](const loadstone::Tensor&) {
-    int64_t unset = -1;
-    first_tensor_ns.compare_exchange_strong(
-        unset, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                   std::chrono::steady_clock::now() - start).count());
-  };
+  options.on_tensor = clock.OnTensor();
   InterruptToCancel interrupt;
-  LoadHandle load = loader.Load(*in->checkpoint, *plan, options);
+  LoadHandle load = loader.Load(checkpoint, plan, options);
   const WaitResult wait =
       WaitWithProgress(load, /*show=*/!args.json && ::isatty(STDERR_FILENO), &interrupt);
   const Progress progress = load.progress();
@@ -225,55 +303,22 @@ int RunLoad(const LoadArgs& args) {
     return 130;
   }
   if (!wait.status.ok()) return ReportError(wait.status);
-  // The disk tensors: written to the offload folder (those not read in place).
-  OffloadOptions offload;
-  offload.cancelled = [&interrupt] { return interrupt.interrupted(); };
-  const auto offload_start = std::chrono::steady_clock::now();
-  auto written = WriteOffload(loader, *in->checkpoint, *plan, offload);
+  auto written = WriteOffloadTimed(loader, checkpoint, plan, interrupt);
   if (!written.ok() && written.status().code() == StatusCode::kCancelled && interrupt.interrupted()) {
     std::cerr << "cancelled (Ctrl-C) while writing the offload folder: the .dat files written are "
                  "removed and index.json is as it was\n";
     return 130;
   }
   if (!written.ok()) return ReportError(written.status());
-  const OffloadDone offloaded_now{*written, std::chrono::duration<double>(
-                                                std::chrono::steady_clock::now() - offload_start)
-                                                .count()};
 
-  // None when no tensor went to memory (every one to disk).
-  const std::optional<double> first_ms =
-      first_tensor_ns.load() >= 0 ? std::optional<double>(first_tensor_ns.load() / 1e6)
-                                  : std::nullopt;
   if (args.json) {
-    auto offloaded = OffloadedJson(*in->checkpoint, *plan, loader);
+    auto offloaded = OffloadedJson(checkpoint, plan, loader);
     if (!offloaded.ok()) return ReportError(offloaded.status());
-    return PrintJson(load, *plan,
-                     in->options.platform ? *in->options.platform : *Platform::Default(), first_ms,
-                     offloaded_now, *offloaded, warnings);
+    return PrintJson(load, plan, plan_options.platform ? *plan_options.platform
+                                                       : *Platform::Default(),
+                     clock.first_ms(), *written, *offloaded, setup->warnings);
   }
-  std::cout << fmt::format(
-      "loaded {} tensors into memory in {:.3f} s: {}; {} placed; {}\n"
-      "backend: {}\n"
-      "read: {}\n",
-      progress.tensors_total, progress.seconds, HowBytesCame(progress, load.read_stats()),
-      HumanBytes(plan->placed_bytes),
-      first_ms ? fmt::format("first tensor after {:.1f} ms", *first_ms)
-               : std::string("no tensor goes to memory"),
-      load.backend(), ReadSources(load.read_stats()));
-  if (!plan->offloaded.empty()) {
-    const OffloadSummary& w = offloaded_now.summary;
-    std::cout << fmt::format(
-        "disk: {} tensors, {}: {} read in place from their safetensors file, {} written to {}{}\n",
-        plan->offloaded.size(), HumanBytes(plan->offloaded_bytes), w.in_place, w.written,
-        w.index_path.empty() ? "(no folder)" : w.index_path,
-        w.written > 0 ? fmt::format(" ({} read, {} written in {:.3f} s)", HumanBytes(w.bytes_read),
-                                    HumanBytes(w.bytes_written), offloaded_now.seconds)
-                      : "");
-  }
-  if (in->options.platform && in->options.platform->simulated()) {
-    std::cout << "devices: " << in->options.platform->description()
-              << " (host memory behind the device interface)\n";
-  }
+  PrintHuman(load, progress, plan, plan_options, clock.first_ms(), *written);
   return 0;
 }
 

@@ -90,9 +90,10 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
   std::cout << "}\n";
 }
 
-void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOptions& o,
-                const LoadPlan* load_plan, const std::vector<TensorInfo>& checkpoint_tensors) {
-  const bool placed = load_plan != nullptr;
+// The plan's first lines: what was planned and how, how sizes are counted, the no-split
+// modules, and with --explain the planner's reasons. `placed`: a load plan was made.
+void PrintHeader(const DevicePlan& plan, const std::string& source, const PlanOptions& o,
+                 bool placed) {
   std::cout << fmt::format("plan for {}: device_map={}, strategy={}\n", source,
                            o.explicit_map ? "explicit" : o.device_map,
                            o.strategy == PlanStrategy::kMinMax ? "min-max" : "greedy");
@@ -110,6 +111,10 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
     std::cout << "\nexplanation:\n";
     for (const std::string& line : plan.explanation) std::cout << "  " << line << "\n";
   }
+}
+
+// The device map, one prefix a line, then each device's planned bytes against its budget.
+void PrintDeviceMap(const DevicePlan& plan) {
   size_t width = 6;
   for (const DeviceMap::Entry& e : plan.device_map.entries()) width = std::max(width, e.prefix.size() + 2);
   width = std::min<size_t>(width, 72);
@@ -128,22 +133,24 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
     std::cout << fmt::format("{:<8} {:>14} {:>14} {:>7}\n", u.device.ToString(), HumanBytes(u.bytes),
                              budget, use);
   }
-  if (!placed) return;
-  // "staged when cold" and "fresh pages" are settled as each read's turn comes (load --json
-  // reports the route each took).
-  if (!load_plan->offloaded.empty()) {
+}
+
+// The disk tensors (read in place or written to the folder) and the pinned CPU tensors, each
+// only when there are some.
+void PrintDiskAndPinned(const LoadPlan& load_plan) {
+  if (!load_plan.offloaded.empty()) {
     size_t in_place = 0;
-    for (const OffloadPlan& off : load_plan->offloaded) in_place += off.in_place;
+    for (const OffloadPlan& off : load_plan.offloaded) in_place += off.in_place;
     std::cout << fmt::format("\ndisk: {} tensors, {}: {} read in place from their safetensors "
                              "file, {} written to {}\n",
-                             load_plan->offloaded.size(), HumanBytes(load_plan->offloaded_bytes),
-                             in_place, load_plan->offloaded.size() - in_place,
-                             load_plan->offload_folder.empty() ? "(no folder)"
-                                                               : load_plan->offload_folder);
+                             load_plan.offloaded.size(), HumanBytes(load_plan.offloaded_bytes),
+                             in_place, load_plan.offloaded.size() - in_place,
+                             load_plan.offload_folder.empty() ? "(no folder)"
+                                                              : load_plan.offload_folder);
   }
   size_t pinned = 0;
   uint64_t pinned_bytes = 0;
-  for (const TensorPlan& t : load_plan->tensors) {
+  for (const TensorPlan& t : load_plan.tensors) {
     pinned += t.pinned;
     pinned_bytes += t.pinned ? t.nbytes : 0;
   }
@@ -151,10 +158,14 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
     std::cout << fmt::format("\npinned: {} CPU tensors, {}, in pinned host memory of the GPU\n",
                              pinned, HumanBytes(pinned_bytes));
   }
-  // Quantized tensors: per scheme, how many are dequantized (into what) and how many stay packed.
+}
+
+// Quantized tensors: per scheme, how many are dequantized (into what) and how many stay packed;
+// nothing when there are none.
+void PrintQuantized(const LoadPlan& load_plan, const std::vector<TensorInfo>& checkpoint_tensors) {
   std::map<std::string, std::pair<size_t, size_t>> schemes;  // scheme → dequantized, packed
   std::set<std::string> into;
-  for (const TensorPlan& t : load_plan->tensors) {
+  for (const TensorPlan& t : load_plan.tensors) {
     const std::optional<PackedLayout>& packed = checkpoint_tensors[t.source].packed;
     if (!packed) continue;
     const bool decoded = Unpacks(t.conversion);
@@ -168,14 +179,32 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
       std::cout << fmt::format("  {:<8} {:>6} dequantized {:>6} packed\n", scheme, n.first, n.second);
     }
   }
-  std::cout << fmt::format("\nreads: {}\n", load_plan->reads.size());
-  const auto totals = load_plan->RouteTotals();
+}
+
+// The number of reads, then the reads and bytes of each route taken.
+void PrintReads(const LoadPlan& load_plan) {
+  std::cout << fmt::format("\nreads: {}\n", load_plan.reads.size());
+  const auto totals = load_plan.RouteTotals();
   for (size_t r = 0; r < totals.size(); ++r) {
     if (totals[r].reads == 0) continue;
     std::cout << fmt::format("  {:<18} {:>8} reads {:>14}\n",
                              ReadRouteName(static_cast<ReadRoute>(r)), totals[r].reads,
                              HumanBytes(totals[r].bytes));
   }
+}
+
+// The human report on stdout: the device plan; with a load plan (`load_plan` not null), also
+// what goes to disk, what is pinned, quantized tensors and reads.
+void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOptions& o,
+                const LoadPlan* load_plan, const std::vector<TensorInfo>& checkpoint_tensors) {
+  PrintHeader(plan, source, o, load_plan != nullptr);
+  PrintDeviceMap(plan);
+  if (load_plan == nullptr) return;
+  // "staged when cold" and "fresh pages" are settled as each read's turn comes (load --json
+  // reports the route each took).
+  PrintDiskAndPinned(*load_plan);
+  PrintQuantized(*load_plan, checkpoint_tensors);
+  PrintReads(*load_plan);
 }
 
 int RunPlan(const PlanArgs& args) {

@@ -107,46 +107,52 @@ void PlanFlags::Register(CLI::App* cmd, bool path_required) {
                   "one; `load` then places their tensors on simulated devices (host memory)");
 }
 
-Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
-  PlanInput in;
-  if (path.empty() && model_json.empty()) {
+namespace {
+
+// Opens what `flags` name into `in`: the --model-json description (its options the base of
+// in.options), then the checkpoint (its warnings into in.warnings); in.source says which.
+// InvalidArgument when neither is named.
+Status OpenNamed(const PlanFlags& flags, PlanInput& in) {
+  if (flags.path.empty() && flags.model_json.empty()) {
     return Status::InvalidArgument("give a checkpoint PATH, a --model-json FILE, or both");
   }
-  if (!model_json.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(in.description, ReadModelDescription(model_json));
+  if (!flags.model_json.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(in.description, ReadModelDescription(flags.model_json));
     static_cast<DeviceMapOptions&>(in.options) = in.description->options;
     in.options.model = in.description->tree;
-    in.source = model_json;
+    in.source = flags.model_json;
   }
-  if (!path.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(in.checkpoint, Checkpoint::Open(path, open));
+  if (!flags.path.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(in.checkpoint, Checkpoint::Open(flags.path, flags.open));
     for (const std::string& w : in.checkpoint->warnings()) in.warnings.push_back(w);
-    in.source = fmt::format("{} ({} tensors)", path, in.checkpoint->tensors().size());
+    in.source = fmt::format("{} ({} tensors)", flags.path, in.checkpoint->tensors().size());
   }
-  PlanOptions& o = in.options;
-  if (model_json.empty()) o.device_map = std::string(default_map);
-  if (!device_map.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(o.explicit_map, ExplicitMap(device_map));
-    if (!o.explicit_map) o.device_map = device_map;
-  }
-  if (!max_memory.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(o.max_memory, ParseMaxMemoryFlag(max_memory, &in.warnings));
-  }
-  if (dtype == "none" && !dtype_none) {
+  return Status::OK();
+}
+
+// --dtype into o.dtype: "none" (where the command takes it) clears it, a cast target sets it,
+// absent leaves it; InvalidArgument for "none" elsewhere, '' or an unknown dtype.
+Status SetDType(const PlanFlags& flags, PlanOptions& o) {
+  if (flags.dtype == "none" && !flags.dtype_none) {
     return Status::InvalidArgument(
         "--dtype none: only `plan` takes none (no target over a --model-json description's "
         "own); leave --dtype out to load every tensor as stored");
   }
-  if (dtype == "none") {
+  if (flags.dtype == "none") {
     o.dtype.reset();
-  } else if (dtype_given && dtype.empty()) {
+  } else if (flags.dtype_given && flags.dtype.empty()) {
     return Status::InvalidArgument(fmt::format(
         "--dtype '': give a dtype, {}; or leave --dtype out to load every tensor as stored",
         kCastTargetSpellings));
-  } else if (!dtype.empty()) {
-    LOADSTONE_ASSIGN_OR_RETURN(o.dtype, ParseCastTarget(dtype, "--dtype"));
+  } else if (!flags.dtype.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(o.dtype, ParseCastTarget(flags.dtype, "--dtype"));
   }
-  for (const std::string& k : SplitLists(keep_fp32)) o.keep_in_fp32.push_back(k);
+  return Status::OK();
+}
+
+// Each --special-dtype NAME=DTYPE into o.special_dtypes; InvalidArgument for the first that is
+// not of that form or names no cast target.
+Status SetSpecialDTypes(const std::vector<std::string>& special_dtypes, PlanOptions& o) {
   for (const std::string& item : special_dtypes) {
     const size_t eq = item.rfind('=');
     if (eq == std::string::npos || eq == 0) {
@@ -157,6 +163,56 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
         o.special_dtypes[item.substr(0, eq)],
         ParseCastTarget(item.substr(eq + 1), fmt::format("--special-dtype {}", item.substr(0, eq))));
   }
+  return Status::OK();
+}
+
+// Each --fix turned on in `out`; InvalidArgument for the first that names no fix (those before
+// it stay on).
+Status SetFixes(const std::vector<std::string>& fixes, ReferenceFixes& out) {
+  for (const std::string& fix : SplitLists(fixes)) {
+    if (fix == "tie-prefix" || fix == "all") out.prefix_tie_test = true;
+    if (fix == "split-buffers" || fix == "all") out.requeue_split_buffers = true;
+    if (fix == "disk-buffers" || fix == "all") out.load_disk_buffers = true;
+    if (fix != "tie-prefix" && fix != "split-buffers" && fix != "disk-buffers" && fix != "all") {
+      return Status::InvalidArgument(fmt::format(
+          "--fix: '{}' is not tie-prefix, split-buffers, disk-buffers or all", fix));
+    }
+  }
+  return Status::OK();
+}
+
+// The flags that need no parsing, over what the description set: offload, pinning, packing,
+// cleaning, explaining and the read routes.
+void SetSwitches(const PlanFlags& flags, PlanOptions& o) {
+  o.offload_buffers = o.offload_buffers || flags.offload_buffers;
+  if (!flags.offload_folder.empty()) o.offload_folder = flags.offload_folder;
+  o.pin_cpu_tensors = flags.pin_memory;
+  o.keep_packed = flags.keep_packed;
+  o.fallback_allocation = o.fallback_allocation || flags.fallback_allocation;
+  o.clean_result = !flags.no_clean;
+  o.explain = flags.explain;
+  o.routes.stage_cold_reads = !flags.no_stage_cold;
+  o.routes.fill_fresh_pages = !flags.no_fresh_pages;
+  o.routes.mmap = flags.mmap;
+}
+
+}  // namespace
+
+Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
+  PlanInput in;
+  LOADSTONE_RETURN_IF_ERROR(OpenNamed(*this, in));
+  PlanOptions& o = in.options;
+  if (model_json.empty()) o.device_map = std::string(default_map);
+  if (!device_map.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(o.explicit_map, ExplicitMap(device_map));
+    if (!o.explicit_map) o.device_map = device_map;
+  }
+  if (!max_memory.empty()) {
+    LOADSTONE_ASSIGN_OR_RETURN(o.max_memory, ParseMaxMemoryFlag(max_memory, &in.warnings));
+  }
+  LOADSTONE_RETURN_IF_ERROR(SetDType(*this, o));
+  for (const std::string& k : SplitLists(keep_fp32)) o.keep_in_fp32.push_back(k);
+  LOADSTONE_RETURN_IF_ERROR(SetSpecialDTypes(special_dtypes, o));
   if (!fp8_block.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(o.fp8_block, ParseBlockFlag(fp8_block, "--fp8-block"));
   }
@@ -169,25 +225,8 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   }
   if (strategy == "min-max") o.strategy = PlanStrategy::kMinMax;
   if (strategy == "greedy") o.strategy = PlanStrategy::kGreedy;
-  for (const std::string& fix : SplitLists(fixes)) {
-    if (fix == "tie-prefix" || fix == "all") o.fixes.prefix_tie_test = true;
-    if (fix == "split-buffers" || fix == "all") o.fixes.requeue_split_buffers = true;
-    if (fix == "disk-buffers" || fix == "all") o.fixes.load_disk_buffers = true;
-    if (fix != "tie-prefix" && fix != "split-buffers" && fix != "disk-buffers" && fix != "all") {
-      return Status::InvalidArgument(fmt::format(
-          "--fix: '{}' is not tie-prefix, split-buffers, disk-buffers or all", fix));
-    }
-  }
-  o.offload_buffers = o.offload_buffers || offload_buffers;
-  if (!offload_folder.empty()) o.offload_folder = offload_folder;
-  o.pin_cpu_tensors = pin_memory;
-  o.keep_packed = keep_packed;
-  o.fallback_allocation = o.fallback_allocation || fallback_allocation;
-  o.clean_result = !no_clean;
-  o.explain = explain;
-  o.routes.stage_cold_reads = !no_stage_cold;
-  o.routes.fill_fresh_pages = !no_fresh_pages;
-  o.routes.mmap = mmap;
+  LOADSTONE_RETURN_IF_ERROR(SetFixes(fixes, o.fixes));
+  SetSwitches(*this, o);
   if (!assume_gpus.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus, &in.warnings));
     o.platform = Platform::Simulated(machine.WithDevices());  // `load` runs the plan on them
