@@ -41,8 +41,12 @@ QuantTables PackQuantTables(const TensorInfo& src, const TensorPlan& tp, const s
   QuantTables tables;
   if (UsesScales(tp.conversion)) tables.scales = tables.Add(scales, scale_bytes);
   if (const auto& s = src.packed->packed_int) {
-    if (!s->zeros.empty()) tables.zeros = tables.Add(s->zeros.data(), s->zeros.size() * sizeof(int16_t));
-    if (!s->g_idx.empty()) tables.g_idx = tables.Add(s->g_idx.data(), s->g_idx.size() * sizeof(int32_t));
+    if (!s->zeros.empty()) {
+      tables.zeros = tables.Add(s->zeros.data(), s->zeros.size() * sizeof(int16_t));
+    }
+    if (!s->g_idx.empty()) {
+      tables.g_idx = tables.Add(s->g_idx.data(), s->g_idx.size() * sizeof(int32_t));
+    }
   }
   if (const auto& s = src.packed->bnb4; s && s->nested) {
     tables.nested_code = tables.Add(s->nested_code.data(), sizeof(s->nested_code));

@@ -14,8 +14,6 @@
 namespace loadstone {
 namespace {
 
-__extension__ using Wide = unsigned __int128;  // products of two byte counts
-
 // "cpu", then "cuda:0" to "cuda:{count - 1}": LoadNames::devices.
 std::vector<std::string> DeviceNames(size_t count) {
   std::vector<std::string> out = {"cpu"};
@@ -33,12 +31,14 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       workers(workers_in),
       checkpoint(std::move(checkpoint_in)),
       plan(std::move(plan_in)),
+      plan_error(planning::CheckPlanFor(checkpoint, plan)),
       options(std::move(options_in)),
       loader_options(loader_options_in),
       devices(std::move(devices_in)),
       device_log(std::move(device_log_in)),
       tensor_names(std::make_shared<const LoadNames>(LoadNames{checkpoint, DeviceNames(devices.size())})),
-      tensors(plan.tensors.size()),
+      // Unless the plan passed, Start() fails the load: its indices are not used.
+      tensors(checkpoint, plan, plan_error.ok()),
       done(done_promise.get_future().share()),
       trace(options.trace),
       callbacks(plan.tensors.size()),
@@ -51,15 +51,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
       placer_(checkpoint, plan, destinations_),
       window_(plan.reads.size(), static_cast<size_t>(std::max(loader_options.queue_depth, 1)) * 2),
       chunks_(checkpoint, plan),
-      device_quant_(checkpoint, plan),
-      plan_error_(planning::CheckPlanFor(checkpoint, plan)) {
-  if (plan_error_.ok()) plan_index_.assign(checkpoint.tensors().size(), ~uint32_t{0});
-  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
-    tensors[i].future = tensors[i].promise.get_future().share();
-    if (!plan_error_.ok()) continue;  // Start() fails the load; the plan's indices are not used
-    plan_index_[plan.tensors[i].source] = i;
-    tensors[i].remaining = checkpoint.tensors()[plan.tensors[i].source].nbytes;
-  }
+      device_quant_(checkpoint, plan) {
   if (options.on_tensor) callbacks.Add(options.on_tensor);
   if (options.on_progress) {  // after each tensor, with the progress then (this State outlives it)
     callbacks.Add([this](const loadstone::Tensor&) { options.on_progress(Snapshot()); },
@@ -67,22 +59,14 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
   }
 }
 
-std::optional<uint32_t> LoadHandle::State::IndexOf(std::string_view name) const {
-  const TensorInfo* info = checkpoint.Find(name);
-  if (info == nullptr || plan_index_.empty()) return std::nullopt;
-  const uint32_t index = plan_index_[static_cast<size_t>(info - checkpoint.tensors().data())];
-  if (index == ~uint32_t{0}) return std::nullopt;  // not in this load (PlanOptions::include)
-  return index;
-}
-
 Progress LoadHandle::State::Snapshot() const {
   Progress p;
   p.bytes_total = plan.read_bytes;
   p.bytes_read = bytes_read.load();
   p.bytes_to_place = plan.placed_bytes;
-  p.bytes_placed = bytes_placed.load();
+  p.bytes_placed = tensors.bytes_placed();
   p.tensors_total = tensors.size();
-  p.tensors_done = tensors_done.load();
+  p.tensors_done = tensors.tensors_done();
   const double seconds = final_seconds.load();
   p.seconds = seconds >= 0 ? seconds
                            : std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -126,64 +110,37 @@ Status LoadHandle::State::CheckMappedFile(uint32_t file) const {
 }
 
 Status LoadHandle::State::EnsureDestination(uint32_t t) {
-  TensorSlot& slot = tensors[t];
-  if (slot.data || slot.buffer) return Status::OK();
-  LOADSTONE_ASSIGN_OR_RETURN(auto memory, destinations_.ForTensor(t));
-  slot.buffer = std::move(memory.owner);
-  slot.data = memory.data;
-  return Status::OK();
+  return tensors.Ensure(t, destinations_);
 }
 
 Status LoadHandle::State::EnsureSharedBuffer(uint64_t id) {
-  const ReadChunk& chunk = plan.reads[id];
-  if (tensors[chunk.tensors.front()].buffer) return Status::OK();
-  auto block = destinations_.ForSharedRead(chunk);
-  if (!block.ok()) return chunks_.Error(id, block.status());
-  for (uint32_t t : chunk.tensors) {
-    TensorSlot& slot = tensors[t];
-    slot.data = block->data + (checkpoint.tensors()[plan.tensors[t].source].offset - chunk.offset);
-    slot.buffer = std::shared_ptr<std::byte>(block->owner, slot.data);  // aliasing: keeps the block
-  }
-  return Status::OK();
+  const Status s = tensors.EnsureShared(plan.reads[id], destinations_);
+  return s.ok() ? s : chunks_.Error(id, s);
 }
 
 void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
-  TensorSlot& slot = tensors[index];
+  if (!tensors.Place(index, source_bytes)) return;
   const TensorPlan& tp = plan.tensors[index];
   const TensorInfo& src = checkpoint.tensors()[tp.source];
-  // Placed bytes in proportion to the source bytes in place, so that a tensor's pieces add up
-  // to exactly its placed size (a cast changes the size; rounding piece by piece would not).
-  auto placed = [&](uint64_t remaining) -> uint64_t {
-    if (src.nbytes == 0) return 0;
-    return static_cast<uint64_t>(static_cast<Wide>(src.nbytes - remaining) * tp.nbytes /
-                                 src.nbytes);
-  };
-  const uint64_t before = placed(slot.remaining);
-  slot.remaining -= source_bytes;
-  bytes_placed.fetch_add(placed(slot.remaining) - before, std::memory_order_relaxed);
-  if (slot.remaining != 0 || slot.done) return;
-  slot.done = true;
   // Its quant state on the device is held by its jobs alone from now: freed with the last.
   device_quant_.Release(index);
   std::shared_ptr<const loadstone::Tensor::HostCopier> copier;
   const int device = DeviceOf(index);
   if (device >= 0) {
     copier = std::make_shared<const loadstone::Tensor::HostCopier>(
-        [device = devices[device], data = slot.data,
+        [device = devices[device], data = tensors.data(index),
          bytes = tp.nbytes](std::span<std::byte> dst) {
           return device->CopyToHost(data, bytes, dst.data());
         });
   }
-  loadstone::Tensor tensor = TensorAccess::Make(
-      tensor_names, src, static_cast<size_t>(device + 1), tp.dtype, slot.buffer,
-      slot.data, tp.nbytes, std::move(copier), Unpacks(tp.conversion));
-  slot.promise.set_value(std::move(tensor));
-  tensors_done.fetch_add(1, std::memory_order_relaxed);
+  tensors.Resolve(index, TensorAccess::Make(tensor_names, src, static_cast<size_t>(device + 1),
+                                            tp.dtype, tensors.buffer(index), tensors.data(index),
+                                            tp.nbytes, std::move(copier), Unpacks(tp.conversion)));
   if (auto waiting = waiting_for_scales_.extract(index)) {
     for (uint64_t id : waiting.mapped()) DispatchStaged(id);
   }
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
-  callbacks.Deliver(index, slot.future);
+  callbacks.Deliver(index, tensors.future(index));
 }
 
 void LoadHandle::State::AdvanceChunk(uint64_t id) {
@@ -222,7 +179,7 @@ void LoadHandle::State::MaybeFinish() {
       staging_.preparing() != 0) {
     return;
   }
-  if (!stopping_ && tensors_done.load() != tensors.size()) return;
+  if (!stopping_ && !tensors.all_done()) return;
   final_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   finished = true;
   if (window_.open()) {  // nothing in flight: closes the ring and the files now
@@ -234,17 +191,10 @@ void LoadHandle::State::MaybeFinish() {
   destinations_.CloseFreshPages();  // every placed tensor is whole: unregisters their pages
   destinations_.CloseMappedFiles();
   Status result = error_;
-  if (result.ok() && tensors_done.load() != tensors.size()) {
+  if (result.ok() && !tensors.all_done()) {
     result = Status::Corruption("the load ended with tensors not in place");  // a bug, never OK
   }
-  if (!result.ok()) {
-    for (TensorSlot& slot : tensors) {
-      if (slot.done) continue;
-      slot.promise.set_exception(std::make_exception_ptr(Error(result)));
-      slot.buffer.reset();
-      slot.data = nullptr;
-    }
-  }
+  if (!result.ok()) tensors.FailRest(result);
   staging_.Clear();
   trace.Instant(result.ok() ? "done" : "failed", "load");
   // Done() resolves after the load's last callback has returned (or failed the load).

@@ -1,9 +1,11 @@
-// The state machine of one load: the futures, callbacks and progress, over the load's stages — the reads' records (chunk_table.h: each read's route, slot and parts),
-// the read window (read_window.h: the only code that submits reads),
-// the staging pool (staging_pool.h: each slot held by one chunk, TakeStagingSlot ..
-// ReleaseSlot), the destinations (destinations.h: every tensor's memory) and the placer
-// (placer.h: CPU conversions and device jobs). Every event enters through OnLoop (or, for the
-// reader's completions and Start, ends the same way) and ends in Schedule, the one scheduler:
+// One load: its stages, the events between them and the one scheduler. The stages each own one
+// thing: the tensors (tensor_slots.h: futures, memory, bytes still to come, progress), the reads'
+// records (chunk_table.h: each read's route, slot and parts), the read window (read_window.h: the
+// only code that submits reads), the staging pool (staging_pool.h: each slot held by one chunk,
+// TakeStagingSlot .. ReleaseSlot), the destinations (destinations.h: every tensor's memory), the
+// placer (placer.h: CPU conversions and device jobs), the quant states on devices
+// (device_quant.h) and the callbacks (callbacks.h). Every event enters through OnLoop (or, for
+// the reader's completions and Start, ends the same way) and ends in Schedule, the one scheduler:
 // it issues what reads there is room for (Pump, reads.cc) and applies the one finish rule
 // (MaybeFinish). staged.cc hands staged bytes to the workers and devices; the work they have in
 // flight is counted per kind (WorkInFlight). Everything except the atomics, the futures and the
@@ -38,6 +40,7 @@
 #include "runtime/pipeline/read_window.h"
 #include "runtime/pipeline/staging_pool.h"
 #include "runtime/pipeline/tensor_access.h"
+#include "runtime/pipeline/tensor_slots.h"
 #include "runtime/device/platform_impl.h"
 #include "runtime/pipeline/load_hooks.h"
 #include "runtime/pipeline/trace.h"
@@ -77,25 +80,18 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   asio::thread_pool& workers;
   const Checkpoint checkpoint;
   const LoadPlan plan;
+  // planning::CheckPlanFor's verdict (a plan is used only with the checkpoint it was made for,
+  // and only when it can be carried out as it is), acted on by Start().
+  const Status plan_error;
   const LoadOptions options;
   const LoaderOptions loader_options;
-  // The plan.tensors index of the tensor named `name`, if this load has it (the checkpoint's
-  // own name index, then plan_index_; 4 bytes per tensor where a map of names took ~50).
-  std::optional<uint32_t> IndexOf(std::string_view name) const;
   const device::DeviceSet devices;  // "cuda:N" = devices[N]
   const std::string device_log;
   // The names the tensors handed out point into ("cpu" is device 0, "cuda:N" is N + 1).
   const std::shared_ptr<const LoadNames> tensor_names;
 
-  struct TensorSlot {
-    std::promise<loadstone::Tensor> promise;
-    std::shared_future<loadstone::Tensor> future;
-    std::shared_ptr<std::byte> buffer;  // destination (null until its first read, or mmap'd)
-    std::byte* data = nullptr;
-    uint64_t remaining = 0;             // source bytes not yet in place
-    bool done = false;
-  };
-  std::vector<TensorSlot> tensors;
+  // Per planned tensor: its future, its memory, its bytes not yet in place (tensor_slots.h).
+  pipeline::TensorSlots tensors;
 
   std::promise<Status> done_promise;
   std::shared_future<Status> done;
@@ -104,9 +100,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::shared_future<void> started = started_promise.get_future().share();
 
   // --- progress, readable from any thread ---
-  std::atomic<uint64_t> bytes_read{0};
-  std::atomic<uint64_t> bytes_placed{0};
-  std::atomic<size_t> tensors_done{0};
+  std::atomic<uint64_t> bytes_read{0};  // placed bytes and tensors done: `tensors`
   std::atomic<bool> finished{false};
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   std::atomic<double> final_seconds{-1};  // set when finished
@@ -181,7 +175,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // dequantized with them, else null.
   const std::byte* ScalesOf(uint32_t t) const {
     const TensorPlan& tp = plan.tensors[t];
-    return UsesScales(tp.conversion) ? tensors[tp.scale].data : nullptr;
+    return UsesScales(tp.conversion) ? tensors.data(tp.scale) : nullptr;
   }
   // Quantized weight `t`'s quant state on its device, for a device that decodes
   // (ConversionSite::kDevice; device_quant.h), its upload counted as work in flight.
@@ -191,7 +185,7 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   std::byte* ReadDestination(uint64_t id) const {
     const ReadChunk& chunk = plan.reads[id];
     const uint32_t t = chunk.tensors.front();
-    return tensors[t].data + (chunk.offset - checkpoint.tensors()[plan.tensors[t].source].offset);
+    return tensors.data(t) + (chunk.offset - checkpoint.tensors()[plan.tensors[t].source].offset);
   }
   // The staged bytes of chunk `id` in staging slot `slot` (at the file offset's phase).
   const std::byte* StagedBytes(uint64_t id, size_t slot) const {
@@ -216,7 +210,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   void Fail(Status status);
   void MaybeFinish();
 
-  std::vector<uint32_t> plan_index_;  // per checkpoint tensor: its plan.tensors index, or ~0
   const LoadHooks hooks_;           // LoaderOptions::hooks (testing)
   bool first_read_back_ = false;    // LoadStage::kMidStream asked
   const size_t workers_count_;  // threads in `workers`
@@ -245,9 +238,6 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   WorkInFlight in_flight_;
   bool stopping_ = false;
   Status error_;
-  // planning::CheckPlanFor's verdict (a plan is used only with the checkpoint it was made for,
-  // and only when it can be carried out as it is), acted on by Start().
-  const Status plan_error_;
 };
 
 }  // namespace loadstone

@@ -177,9 +177,9 @@ std::shared_future<Tensor> LoadHandle::Tensor(std::string_view name) const {
     return missing.get_future().share();
   };
   if (!state_) return failed(NoLoad());
-  const std::optional<uint32_t> index = state_->IndexOf(name);
+  const std::optional<uint32_t> index = state_->tensors.IndexOf(name);
   if (!index) return failed(Status::NotFound(fmt::format("no tensor '{}' in this load", name)));
-  return state_->tensors[*index].future;
+  return state_->tensors.future(*index);
 }
 
 Status LoadHandle::OnTensor(std::function<void(const loadstone::Tensor&)> callback) {
@@ -197,7 +197,7 @@ Status LoadHandle::OnDone(std::function<void(Status)> callback) {
 Status LoadHandle::OnTensorReady(std::string_view name,
                                  std::function<void(Status, loadstone::Tensor)> callback) {
   if (!state_) return NoLoad();
-  const std::optional<uint32_t> index = state_->IndexOf(name);
+  const std::optional<uint32_t> index = state_->tensors.IndexOf(name);
   if (!index) return Status::NotFound(fmt::format("no tensor '{}' in this load", name));
   state_->callbacks.AddTensorWaiter(*index, std::move(callback));
   return Status::OK();
@@ -210,7 +210,9 @@ std::vector<Tensor> LoadHandle::Tensors() const {
     return out;
   }
   out.reserve(state_->tensors.size());
-  for (const auto& slot : state_->tensors) out.push_back(slot.future.get());
+  for (uint32_t t = 0; t < state_->tensors.size(); ++t) {
+    out.push_back(state_->tensors.future(t).get());
+  }
   return out;
 }
 

@@ -127,7 +127,7 @@ void LoadHandle::State::OnReadDone(uint64_t id, Status status) {
   if (!staged) return AdvanceChunk(id);
   for (uint32_t t : chunk.tensors) {
     const TensorPlan& tp = plan.tensors[t];
-    if (UsesScales(tp.conversion) && !tensors[tp.scale].done) {
+    if (UsesScales(tp.conversion) && !tensors.done(tp.scale)) {
       // The scales' read was issued before this one (plan.cc): it is in flight or being placed.
       waiting_for_scales_[tp.scale].push_back(id);
       return;

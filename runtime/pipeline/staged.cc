@@ -40,7 +40,7 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     }
     if (Unpacks(plan.tensors[t].conversion)) {
       auto quant = DeviceQuant(t);
-      auto job = quant.ok() ? placer_.QuantJob(chunk, t, tensors[t].data, staged, *quant)
+      auto job = quant.ok() ? placer_.QuantJob(chunk, t, tensors.data(t), staged, *quant)
                             : Result<device::PlaceJob>(quant.status());
       const auto [lo, hi] = PieceOf(chunk, src);
       if (!job.ok()) {  // after this loop: the chunk's other tensors still read its slot
@@ -54,7 +54,7 @@ void LoadHandle::State::DispatchStaged(uint64_t id) {
     }
     const auto [lo, hi] = PieceOf(chunk, src);
     SubmitDevicePiece(id, t,
-                      placer_.DeviceJob(chunk, t, tensors[t].data, ScalesOf(t), staged), hi - lo,
+                      placer_.DeviceJob(chunk, t, tensors.data(t), ScalesOf(t), staged), hi - lo,
                       nullptr);
   }
   if (cpu_pieces) {
@@ -96,8 +96,8 @@ void LoadHandle::State::PrepareForDevice(uint64_t id, size_t slot, uint32_t t) {
       return;
     }
     device::PlaceJob job =
-        decode ? self.placer_.DequantizedJob(t, self.tensors[t].data, *plain, lo)
-               : self.placer_.DeviceJobFrom(t, self.tensors[t].data, self.ScalesOf(t),
+        decode ? self.placer_.DequantizedJob(t, self.tensors.data(t), *plain, lo)
+               : self.placer_.DeviceJobFrom(t, self.tensors.data(t), self.ScalesOf(t),
                                             plain->data(), lo, lo + plain->size());
     self.SubmitDevicePiece(id, t, std::move(job), hi - lo, std::move(plain));
   });
@@ -185,7 +185,7 @@ Status LoadHandle::State::PlaceCpuPieces(uint64_t id, const std::byte* staged) {
     if (DeviceOf(t) >= 0) continue;  // a device piece: its device does it
     const TensorInfo& src = checkpoint.tensors()[plan.tensors[t].source];
     const auto [lo, hi] = PieceOf(chunk, src);
-    Status status = placer_.PlaceOnCpu(t, tensors[t].data, ScalesOf(t),
+    Status status = placer_.PlaceOnCpu(t, tensors.data(t), ScalesOf(t),
                                        staged + (lo - chunk.offset), lo, hi);
     if (!status.ok()) return status.WithContext(fmt::format("placing tensor '{}'", src.name));
   }

@@ -36,7 +36,7 @@ void LoadHandle::State::Start() {
 
 void LoadHandle::State::Begin() {
   trace.NameThread("event loop");
-  if (!plan_error_.ok()) return Fail(plan_error_);
+  if (!plan_error.ok()) return Fail(plan_error);
   // Files that changed since Open are found before any byte is read or mapped from them.
   for (uint32_t f = 0; f < checkpoint.files().size(); ++f) {
     if (Status s = CheckFileSize(f, 0); !s.ok()) return Fail(s);
@@ -57,7 +57,7 @@ void LoadHandle::State::Begin() {
   SizeStaging();
 
   for (uint32_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].remaining == 0 && !tensors[i].done) {
+    if (tensors.empty(i)) {
       if (Status s = EnsureDestination(i); !s.ok()) return Fail(s);
       Advance(i, 0);
     }
