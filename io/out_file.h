@@ -43,6 +43,15 @@ class OutFile {
   // atomic); `path` is untouched until Commit() renames the whole file over it. Closed or
   // destroyed without Commit(), the file is removed: `path` appears whole or not at all.
   Status OpenReplacing(const std::string& path) {
+    std::string temp;
+    LOADSTONE_RETURN_IF_ERROR(OpenBeside(path, &temp));
+    temp_ = std::move(temp);
+    return Status::OK();
+  }
+  // Creates a new file beside `path` (".NAME.XXXXXX" in the same folder), never one that exists,
+  // and names it in `*created`; `path` is untouched. Unlike OpenReplacing, the file stays when
+  // closed: the caller renames it over `path`, or removes it.
+  Status OpenBeside(const std::string& path, std::string* created) {
     path_ = path;
     offset_ = 0;
     const size_t slash = path.rfind('/');
@@ -52,7 +61,7 @@ class OutFile {
     fd_ = ::mkostemp(temp.data(), O_CLOEXEC);
     if (fd_ < 0) return ErrnoStatus(errno, "cannot create a file beside", path);
     ::fchmod(fd_, 0644);  // as Open asks for it (mkostemp makes 0600)
-    temp_ = std::move(temp);
+    *created = std::move(temp);
     return Status::OK();
   }
   Status Write(std::span<const std::byte> bytes) {

@@ -32,16 +32,24 @@ std::vector<const OffloadPlan*> InSourceOrder(const LoadPlan& plan) {
   return out;
 }
 
-// Writes tensor `name`'s NAME.dat through `fill` (which appends its `nbytes` bytes), beside the
-// final name: WriteAll renames every file once all are written, so that a failure never leaves
-// an existing NAME.dat half-rewritten.
+// A NAME.dat written under a new name beside it (never a file that existed), renamed over it
+// once every file is written (RenameWritten), else removed.
+struct WrittenFile {
+  std::string temp, path;
+};
+using WrittenFiles = std::vector<WrittenFile>;
+
+// Writes tensor `name`'s NAME.dat through `fill` (which appends its `nbytes` bytes), into a new
+// file beside the final name: RenameWritten renames every file once all are written, so that a
+// failure never leaves an existing NAME.dat half-rewritten, nor touches a file it did not make.
 Status WriteDat(const std::string& folder, const std::string& name, uint64_t nbytes,
-                const std::function<Status(io::OutFile&)>& fill, std::vector<std::string>* written,
+                const std::function<Status(io::OutFile&)>& fill, WrittenFiles* written,
                 OffloadSummary* summary) {
-  const std::string path = io::OffloadDataPath(folder, name) + ".tmp";
+  const std::string path = io::OffloadDataPath(folder, name);
   io::OutFile out;
-  LOADSTONE_RETURN_IF_ERROR(out.Open(path));
-  written->push_back(path);
+  std::string temp;
+  LOADSTONE_RETURN_IF_ERROR(out.OpenBeside(path, &temp));
+  written->push_back({std::move(temp), path});
   LOADSTONE_RETURN_IF_ERROR(fill(out));
   LOADSTONE_RETURN_IF_ERROR(out.Close());
   ++summary->written;
@@ -50,8 +58,8 @@ Status WriteDat(const std::string& folder, const std::string& name, uint64_t nby
 }
 
 // One batch of tensors to write, loading into host memory (StartBatch), then written as NAME.dat
-// files (FinishBatch). WriteAll starts the next batch's load before it writes this one's, so the
-// reads of one overlap the writes of the other.
+// files (FinishBatch). BatchedWrites starts the next batch's load before it writes this one's,
+// so the reads of one overlap the writes of the other.
 struct PendingBatch {
   std::unordered_set<std::string_view> names;
   LoadHandle load;
@@ -76,7 +84,7 @@ Result<PendingBatch> StartBatch(Loader& loader, const Checkpoint& checkpoint,
 }
 
 Status FinishBatch(PendingBatch& pending, const std::string& folder, const OffloadOptions& options,
-                   std::vector<std::string>* written, OffloadSummary* summary) {
+                   WrittenFiles* written, OffloadSummary* summary) {
   LoadHandle& load = pending.load;
   if (options.cancelled) {
     while (load.Done().wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
@@ -123,7 +131,7 @@ bool CopiedAsStored(const OffloadPlan& o, const TensorInfo& t) {
 }
 
 Status CopyAsStored(SourceFiles& sources, const TensorInfo& t, const std::string& folder,
-                    std::vector<std::string>* written, OffloadSummary* summary) {
+                    WrittenFiles* written, OffloadSummary* summary) {
   LOADSTONE_ASSIGN_OR_RETURN(const io::File* source, sources.Get(t.file));
   summary->bytes_read += t.nbytes;
   return WriteDat(
@@ -165,7 +173,7 @@ Status MergeIndex(const std::string& folder, const nlohmann::ordered_json& entri
 class BatchedWrites {
  public:
   BatchedWrites(Loader& loader, const Checkpoint& checkpoint, const std::string& folder,
-                const OffloadOptions& options, std::vector<std::string>* written,
+                const OffloadOptions& options, WrittenFiles* written,
                 OffloadSummary* summary)
       : loader_(loader), checkpoint_(checkpoint), folder_(folder), options_(options),
         written_(written), summary_(summary) {}
@@ -214,19 +222,18 @@ class BatchedWrites {
   const Checkpoint& checkpoint_;
   const std::string& folder_;
   const OffloadOptions& options_;
-  std::vector<std::string>* written_;
+  WrittenFiles* written_;
   OffloadSummary* summary_;
   std::vector<const OffloadPlan*> batch_;
   uint64_t batch_bytes_ = 0;
   std::optional<PendingBatch> loading_;  // loads while the batch before it is written
 };
 
-// Each written NAME.dat.tmp renamed to its NAME.dat; then none is left for the caller to remove.
-Status RenameWritten(std::vector<std::string>* written) {
-  for (const std::string& tmp : *written) {
-    const std::string path = tmp.substr(0, tmp.size() - 4);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      return io::ErrnoStatus(errno, fmt::format("cannot rename '{}' to", tmp), path);
+// Each written file renamed to its NAME.dat; then none is left for the caller to remove.
+Status RenameWritten(WrittenFiles* written) {
+  for (const WrittenFile& file : *written) {
+    if (::rename(file.temp.c_str(), file.path.c_str()) != 0) {
+      return io::ErrnoStatus(errno, fmt::format("cannot rename '{}' to", file.temp), file.path);
     }
   }
   written->clear();  // in place now: a failure of the index after leaves them
@@ -235,7 +242,7 @@ Status RenameWritten(std::vector<std::string>* written) {
 
 Status WriteAll(Loader& loader, const Checkpoint& checkpoint, const LoadPlan& plan,
                 const std::vector<const OffloadPlan*>& order, const OffloadOptions& options,
-                std::vector<std::string>* written, OffloadSummary* summary) {
+                WrittenFiles* written, OffloadSummary* summary) {
   const std::string& folder = plan.offload_folder;
   std::error_code ec;
   fs::create_directories(folder, ec);
@@ -286,11 +293,11 @@ Result<OffloadSummary> WriteOffload(Loader& loader, const Checkpoint& checkpoint
     return summary;
   }
   const std::vector<const OffloadPlan*> order = InSourceOrder(plan);  // Plan checked the names
-  std::vector<std::string> written;
+  WrittenFiles written;
   Status s = WriteAll(loader, checkpoint, plan, order, options, &written, &summary);
   if (!s.ok()) {
     std::error_code ec;
-    for (const std::string& path : written) fs::remove(path, ec);
+    for (const WrittenFile& file : written) fs::remove(file.temp, ec);
     return s;
   }
   return summary;

@@ -2,8 +2,8 @@
 // the plan's, settled for this load at its start, then at its turn (routes.h) —, the staging slot
 // it holds while staged, its parts still being placed, and the routes taken, counted. Also how a
 // read is named: in errors (the file, the byte range, its first tensors) and in the trace. Used
-// on the load's event loop; Label, Args and Error also on a worker that holds the read (its
-// record does not change while a worker has it).
+// on the load's event loop; Label, Args and Error also on a worker that holds the read (they read
+// its route, which does not change while a worker has it).
 #ifndef LOADSTONE_RUNTIME_PIPELINE_CHUNK_TABLE_H_
 #define LOADSTONE_RUNTIME_PIPELINE_CHUNK_TABLE_H_
 

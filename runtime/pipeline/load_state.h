@@ -141,8 +141,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State> {
   // are not the staging slot's (a relayout's output).
   void SubmitDevicePiece(uint64_t chunk, uint32_t t, device::PlaceJob job,
                          uint64_t file_bytes, std::shared_ptr<std::vector<std::byte>> keep);
-  // A device piece the CPU prepares first, on a worker, then SubmitDevicePiece: a strided or
-  // big-endian tensor's relayout, a quantized weight's decode for a device that cannot decode.
+  // A device piece the CPU prepares first, on a worker, then SubmitDevicePiece (conversion site
+  // kCpuThenDevice): a strided or big-endian tensor's relayout, or a quantized weight's decode.
   void PrepareForDevice(uint64_t chunk, size_t slot, uint32_t t);
   void ConvertStaged(uint64_t chunk, size_t slot);  // runs on a worker thread
   // ConvertStaged's pieces of an unshared chunk, staged at `staged`: each CPU tensor's, converted

@@ -1,6 +1,7 @@
-// Starting a load, on the loop thread: the plan and the files checked, the reader opened, the
-// planned devices resolved, each read's route for this load, fresh pages and the staging pool
-// sized.
+// Starting a load, on the loop thread: the plan's verdict (CheckPlanFor, made when the load was
+// made) acted on, the files checked, the reader opened, the planned devices resolved, each
+// read's route and each tensor's conversion site for this load, fresh pages and the staging
+// pool sized.
 #include <asio/post.hpp>
 #include <unistd.h>
 

@@ -65,9 +65,10 @@ Status CheckConversionSites(const Checkpoint& checkpoint, const LoadPlan& plan) 
     if (site == with || site == without) continue;
     return Status::InvalidArgument(fmt::format(
         "this plan cannot be loaded: tensor '{}' is planned to be converted on site '{}', but "
-        "its conversion, layout and device make it '{}'; plan it again with Plan()",
+        "its conversion, layout and device make it '{}'{}; plan it again with Plan()",
         checkpoint.tensors()[plan.tensors[t].source].name, ConversionSiteName(site),
-        ConversionSiteName(with)));
+        ConversionSiteName(with),
+        with == without ? "" : fmt::format(" (or '{}')", ConversionSiteName(without))));
   }
   return Status::OK();
 }

@@ -331,8 +331,11 @@ int RunBench(const BenchArgs& args) {
   if (Status s = RunRounds(args, ckpt, methods, seed, order, measured); !s.ok()) {
     return ReportError(s);
   }
-  const auto& results = doc["results"] = Results(methods, measured);
-  const auto& ratios = doc["ratios"] = Ratios(args, methods, measured);
+  doc["results"] = Results(methods, measured);
+  doc["ratios"] = Ratios(args, methods, measured);
+  // Taken once every key is in: an insertion into an ordered_json may move the others.
+  const auto& results = doc["results"];
+  const auto& ratios = doc["ratios"];
   if (args.json) {
     std::cout << doc.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return 0;

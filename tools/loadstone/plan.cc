@@ -200,10 +200,10 @@ void PrintHuman(const DevicePlan& plan, const std::string& source, const PlanOpt
   PrintHeader(plan, source, o, load_plan != nullptr);
   PrintDeviceMap(plan);
   if (load_plan == nullptr) return;
-  // "staged when cold" and "fresh pages" are settled as each read's turn comes (load --json
-  // reports the route each took).
   PrintDiskAndPinned(*load_plan);
   PrintQuantized(*load_plan, checkpoint_tensors);
+  // "staged when cold" and "fresh pages" are settled as each read's turn comes (load --json
+  // reports the route each took).
   PrintReads(*load_plan);
 }
 

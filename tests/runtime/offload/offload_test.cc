@@ -237,6 +237,46 @@ TEST_CASE("offload: a write that fails leaves the folder as it was and the Loade
   CHECK(Checkpoint::Open(dir.Path("off")).ok());
 }
 
+// The user's own files beside the ones written, named as a writer's scratch files might be, are
+// neither truncated nor removed, whether the write fails or succeeds.
+TEST_CASE("offload: files the write did not make are left as they were", "[offload]") {
+  TempDir dir;
+  auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
+  REQUIRE(ckpt.ok());
+  const LoadPlan plan = PlanWithDisk(*ckpt, dir.Path("off"));
+  fs::create_directories(dir.Path("off"));
+  const std::vector<std::string> mine = {"blocks.1.w.dat.tmp", "blocks.1.ids.dat.tmp",
+                                         ".blocks.1.w.dat", "notes.txt"};
+  for (const std::string& name : mine) std::ofstream(dir.Path("off/" + name)) << "mine: " << name;
+  auto unchanged = [&] {
+    for (const std::string& name : mine) {
+      INFO(name);
+      std::ifstream in(dir.Path("off/" + name));
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      CHECK(text == "mine: " + name);
+    }
+  };
+  Loader loader;
+  struct rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;  // blocks.1.w.dat (8 KiB) fails, after others were written
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  auto failed = WriteOffload(loader, *ckpt, plan);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+  REQUIRE_FALSE(failed.ok());
+  unchanged();
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir.Path("off"))) ++files;
+  CHECK(files == mine.size());  // nothing of the failed write is left
+  auto written = WriteOffload(loader, *ckpt, plan);
+  REQUIRE(written.ok());
+  CHECK(written->written == 7);
+  unchanged();
+  CHECK(Checkpoint::Open(dir.Path("off")).ok());
+}
+
 TEST_CASE("offload: a cancelled write (Ctrl-C) leaves the folder as it was", "[offload]") {
   TempDir dir;
   auto ckpt = Checkpoint::Open(kFixtures + "/model/pytorch_model.bin");
