@@ -64,6 +64,12 @@ class OutFile {
     *created = std::move(temp);
     return Status::OK();
   }
+  // Writes into `fd` (owned from now on) as into a file created for `path`, which errors name.
+  void Adopt(int fd, const std::string& path) {
+    fd_ = fd;
+    path_ = path;
+    offset_ = 0;
+  }
   Status Write(std::span<const std::byte> bytes) {
     while (!bytes.empty()) {
       ssize_t n = ::write(fd_, bytes.data(), bytes.size());

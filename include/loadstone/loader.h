@@ -285,6 +285,7 @@ class Loader {
   std::shared_ptr<const Platform> platform() const;
 
  private:
+  friend struct LoaderAccess;  // runtime/pipeline/load_hooks.h: the hooks, for loadstone's parts
   struct Impl;  // runtime/pipeline/loader.cc
   std::unique_ptr<Impl> impl_;
 };

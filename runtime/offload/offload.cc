@@ -15,6 +15,7 @@
 #include "io/file.h"
 #include "io/formats/offload_folder.h"
 #include "io/out_file.h"
+#include "runtime/pipeline/load_hooks.h"
 
 namespace loadstone {
 namespace {
@@ -37,7 +38,11 @@ std::vector<const OffloadPlan*> InSourceOrder(const LoadPlan& plan) {
 struct WrittenFile {
   std::string temp, path;
 };
-using WrittenFiles = std::vector<WrittenFile>;
+// The NAME.dat files of one WriteOffload call, written so far.
+struct WrittenFiles {
+  const LoadHooks* hooks = nullptr;  // the Loader's (LoadHooks::create_offload_file), or null
+  std::vector<WrittenFile> files;
+};
 
 // Writes tensor `name`'s NAME.dat through `fill` (which appends its `nbytes` bytes), into a new
 // file beside the final name: RenameWritten renames every file once all are written, so that a
@@ -47,9 +52,16 @@ Status WriteDat(const std::string& folder, const std::string& name, uint64_t nby
                 OffloadSummary* summary) {
   const std::string path = io::OffloadDataPath(folder, name);
   io::OutFile out;
-  std::string temp;
-  LOADSTONE_RETURN_IF_ERROR(out.OpenBeside(path, &temp));
-  written->push_back({std::move(temp), path});
+  const int given = written->hooks && written->hooks->create_offload_file
+                        ? written->hooks->create_offload_file(path)
+                        : -1;
+  if (given >= 0) {
+    out.Adopt(given, path);
+  } else {
+    std::string temp;
+    LOADSTONE_RETURN_IF_ERROR(out.OpenBeside(path, &temp));
+    written->files.push_back({std::move(temp), path});
+  }
   LOADSTONE_RETURN_IF_ERROR(fill(out));
   LOADSTONE_RETURN_IF_ERROR(out.Close());
   ++summary->written;
@@ -231,12 +243,12 @@ class BatchedWrites {
 
 // Each written file renamed to its NAME.dat; then none is left for the caller to remove.
 Status RenameWritten(WrittenFiles* written) {
-  for (const WrittenFile& file : *written) {
+  for (const WrittenFile& file : written->files) {
     if (::rename(file.temp.c_str(), file.path.c_str()) != 0) {
       return io::ErrnoStatus(errno, fmt::format("cannot rename '{}' to", file.temp), file.path);
     }
   }
-  written->clear();  // in place now: a failure of the index after leaves them
+  written->files.clear();  // in place now: a failure of the index after leaves them
   return Status::OK();
 }
 
@@ -293,11 +305,11 @@ Result<OffloadSummary> WriteOffload(Loader& loader, const Checkpoint& checkpoint
     return summary;
   }
   const std::vector<const OffloadPlan*> order = InSourceOrder(plan);  // Plan checked the names
-  WrittenFiles written;
+  WrittenFiles written{LoaderAccess::Hooks(loader)};
   Status s = WriteAll(loader, checkpoint, plan, order, options, &written, &summary);
   if (!s.ok()) {
     std::error_code ec;
-    for (const WrittenFile& file : written) fs::remove(file.temp, ec);
+    for (const WrittenFile& file : written.files) fs::remove(file.temp, ec);
     return s;
   }
   return summary;

@@ -31,6 +31,16 @@ struct LoadHooks {
   // Asked as a load opens fresh pages: true refuses them, as a kernel without userfaultfd
   // (vm.unprivileged_userfaultfd = 0) would. Unset: never.
   std::function<bool()> refuse_userfaultfd;
+  // Asked as disk offload (WriteOffload) creates the file it writes NAME.dat `path` through: a
+  // descriptor to write into instead, which the write then owns (a test gives /dev/full, whose
+  // writes fail with ENOSPC as a full disk's do); -1: the file is created as usual. Unset: never.
+  std::function<int(const std::string& path)> create_offload_file;
+};
+
+// What loadstone's own parts (disk offload) may ask of a Loader beyond its public face.
+struct LoaderAccess {
+  // LoaderOptions::hooks of `loader`; null when none were given.
+  static const LoadHooks* Hooks(const Loader& loader);
 };
 
 }  // namespace loadstone

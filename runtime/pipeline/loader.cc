@@ -96,6 +96,10 @@ struct Loader::Impl {
 Loader::Loader(const LoaderOptions& options) : impl_(std::make_unique<Impl>(options)) {}
 Loader::~Loader() = default;
 
+const LoadHooks* LoaderAccess::Hooks(const Loader& loader) {
+  return loader.impl_->options.hooks.get();
+}
+
 std::shared_ptr<const Platform> Loader::platform() const {
   return impl_->options.platform ? impl_->options.platform : Platform::Default();
 }
