@@ -9,11 +9,15 @@ cold = every file fdatasync'ed and dropped from the page cache (POSIX_FADV_DONTN
 run, warm = every file read through the page cache before it; then --settle seconds (default 1)
 before the run: on a VM that hands freed memory back to its host, a warm run right after
 another one's 3.6 GiB was freed can take half the speed, whichever binary (bench/README.md).
-Prints one JSON document: each run's GB/s, the medians, and new/old per mode (higher is
-faster). Only the standard library.
+With --pin (warm runs only), the model's files are held in the page cache (mapped and mlock'ed)
+for the whole run, so that a VM reclaiming page cache behind the runs (DAMON's kdamond) cannot
+turn a warm run partly cold. Prints one JSON document: each run's GB/s, the medians, and
+new/old per mode (higher is faster). Only the standard library.
 """
 import argparse
+import ctypes
 import json
+import mmap
 import os
 import random
 import statistics
@@ -45,6 +49,31 @@ def warm(files):
                 pass
 
 
+class Pinned:
+    """The files mapped shared and mlock'ed (libc's mmap and mlock): resident in the page cache
+    while this process lives."""
+
+    def __init__(self, files):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        for f in files:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    continue
+                addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+                if addr in (None, ctypes.c_void_p(-1).value):
+                    raise OSError(ctypes.get_errno(), f"cannot map {f}")
+                if libc.mlock(addr, size) != 0:
+                    raise OSError(ctypes.get_errno(), f"mlock of {f} ({size} bytes) refused")
+            finally:
+                os.close(fd)
+
+
 def run(binary, model, extra):
     out = subprocess.run([binary, "load", model, "--json", *extra], capture_output=True,
                          text=True, check=True).stdout
@@ -60,11 +89,18 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--modes", default="cold,warm", help="cold, warm or both (comma-separated)")
     ap.add_argument("--settle", type=float, default=1.0, help="seconds of quiet before each run")
+    ap.add_argument("--pin", action="store_true",
+                    help="warm runs only: hold the files in the page cache (mlock) throughout")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args()
+    if args.pin and "cold" in args.modes.split(","):
+        ap.error("--pin holds the files in the page cache: give --modes warm")
     rng = random.Random(args.seed)
     files = files_of(args.model)
     modes = args.modes.split(",")
+    if args.pin:
+        warm(files)
+        Pinned(files)
     runs = {mode: {"old": [], "new": []} for mode in modes}
     for _ in range(args.rounds):
         for mode in modes:
@@ -76,7 +112,8 @@ def main():
                 binary = args.old if which == "old" else args.new
                 runs[mode][which].append(run(binary, args.model, args.extra))
     doc = {"old": args.old, "new": args.new, "model": args.model, "rounds": args.rounds,
-           "seed": args.seed, "settle": args.settle, "extra": args.extra, "gbps": runs}
+           "seed": args.seed, "settle": args.settle, "pin": args.pin, "extra": args.extra,
+           "gbps": runs}
     for mode in runs:
         old, new = statistics.median(runs[mode]["old"]), statistics.median(runs[mode]["new"])
         doc[f"{mode}_median_gbps"] = {"old": old, "new": new}
