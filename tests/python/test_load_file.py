@@ -112,3 +112,19 @@ def loadstone_fixture(name):
 
 def test_the_reference_version():
     assert safetensors.__version__ == "0.8.0"
+
+
+def test_the_plan_says_where_each_conversion_runs_and_what_memory_each_tensor_gets(tmp_path):
+    path = tmp_path / "m.safetensors"
+    safetensors.torch.save_file({"half": torch.ones(4, dtype=torch.float16),
+                                 "full": torch.zeros(4, dtype=torch.float32)}, str(path))
+    ckpt = loadstone._core.Checkpoint.open(str(path))
+    cpu = {t["name"]: t for t in loadstone._core.plan(ckpt, dtype="f32").tensors}
+    assert (cpu["half"]["conversion"], cpu["half"]["conversion_site"]) == ("cast", "cpu")
+    assert (cpu["full"]["conversion"], cpu["full"]["conversion_site"]) == ("none", "none")
+    # Small tensors: the cast one staged into the arena, the other in its read's shared buffer.
+    assert (cpu["half"]["memory"], cpu["full"]["memory"]) == ("arena", "shared")
+    on_gpu = loadstone._core.plan(ckpt, dtype="f32", device_map="cuda:0")
+    gpu = {t["name"]: t for t in on_gpu.tensors}
+    assert gpu["half"]["conversion_site"] == "device" and gpu["half"]["memory"] == "device"
+    assert gpu["full"]["conversion_site"] == "none"
