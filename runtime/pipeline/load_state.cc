@@ -1,14 +1,12 @@
 #include "runtime/pipeline/load_state.h"
 
 #include <asio/post.hpp>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <thread>
 
 #include <fmt/format.h>
 
-#include "io/posix_error.h"
 #include "runtime/plan/check_plan.h"
 
 namespace loadstone {
@@ -48,10 +46,8 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
                          : std::max(1u, std::thread::hardware_concurrency())),
       destinations_(checkpoint, plan, devices, options.host_memory_limit, loader_options.direct_io,
                     options.destination),
-      placer_(checkpoint, plan, destinations_),
-      window_(plan.reads.size(), static_cast<size_t>(std::max(loader_options.queue_depth, 1)) * 2),
-      chunks_(checkpoint, plan),
-      device_quant_(checkpoint, plan) {
+      read_(Context(), loader_options, hooks_),
+      placement_(Context(), read_, devices) {
   if (options.on_tensor) callbacks.Add(options.on_tensor);
   if (options.on_progress) {  // after each tensor, with the progress then (this State outlives it)
     callbacks.Add([this](const loadstone::Tensor&) { options.on_progress(Snapshot()); },
@@ -62,7 +58,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
 Progress LoadHandle::State::Snapshot() const {
   Progress p;
   p.bytes_total = plan.read_bytes;
-  p.bytes_read = bytes_read.load();
+  p.bytes_read = read_.bytes_read();
   p.bytes_to_place = plan.placed_bytes;
   p.bytes_placed = tensors.bytes_placed();
   p.tensors_total = tensors.size();
@@ -77,55 +73,30 @@ Progress LoadHandle::State::Snapshot() const {
   return p;
 }
 
-Status LoadHandle::State::CheckFileSize(uint32_t file, uint64_t needed) const {
-  const CheckpointFile& f = checkpoint.files()[file];
-  uint64_t now = 0;
-  if (window_.open()) {  // the file read, even if another has been renamed over its path since
-    LOADSTONE_ASSIGN_OR_RETURN(now, window_.reader().SizeNow(file));
-  } else {
-    struct stat st;
-    if (::stat(f.path.c_str(), &st) != 0) return io::ErrnoStatus(errno, "cannot stat", f.path);
-    now = static_cast<uint64_t>(st.st_size);
-  }
-  if (now == f.bytes || (needed != 0 && now >= needed)) return Status::OK();
-  // The first tensor the file no longer holds, for the message.
-  const TensorInfo* lost = nullptr;
-  for (const TensorInfo& t : checkpoint.tensors()) {
-    if (t.file == file && t.offset + t.nbytes > now && (!lost || t.offset < lost->offset)) lost = &t;
-  }
-  return Status::Corruption(fmt::format(
-      "'{}' is {} bytes, {} when the checkpoint was opened: it changed{}; open the checkpoint "
-      "again (and do not rewrite a file while it loads)",
-      f.path, now, f.bytes,
-      lost ? fmt::format(", and tensor '{}' (bytes {}..{}) is past its end", lost->name,
-                         lost->offset, lost->offset + lost->nbytes)
-           : std::string()));
+pipeline::StageContext LoadHandle::State::Context() {
+  return {*this,   loop,    workers, workers_count_, checkpoint,
+          plan,    tensors, destinations_, trace};
 }
 
-Status LoadHandle::State::CheckMappedFile(uint32_t file) const {
-  Status changed = destinations_.CheckMapped(file);
-  if (changed.ok()) return changed;
-  Status size = CheckFileSize(file, 0);
-  return size.ok() ? changed : size;
+void LoadHandle::State::OnLoop(std::function<void()> event) {
+  asio::post(loop, [self = shared_from_this(), event = std::move(event)] {
+    event();
+    self->Schedule();
+  });
 }
 
-Status LoadHandle::State::EnsureDestination(uint32_t t) {
-  return tensors.Ensure(t, destinations_);
-}
-
-Status LoadHandle::State::EnsureSharedBuffer(uint64_t id) {
-  const Status s = tensors.EnsureShared(plan.reads[id], destinations_);
-  return s.ok() ? s : chunks_.Error(id, s);
+void LoadHandle::State::Note(std::string_view note) {
+  std::lock_guard lock(callbacks_mu);
+  backend_description += "; ";
+  backend_description += note;
 }
 
 void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   if (!tensors.Place(index, source_bytes)) return;
   const TensorPlan& tp = plan.tensors[index];
   const TensorInfo& src = checkpoint.tensors()[tp.source];
-  // Its quant state on the device is held by its jobs alone from now: freed with the last.
-  device_quant_.Release(index);
   std::shared_ptr<const loadstone::Tensor::HostCopier> copier;
-  const int device = DeviceOf(index);
+  const int device = destinations_.DeviceOf(index);
   if (device >= 0) {
     copier = std::make_shared<const loadstone::Tensor::HostCopier>(
         [device = devices[device], data = tensors.data(index),
@@ -136,9 +107,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   tensors.Resolve(index, TensorAccess::Make(tensor_names, src, static_cast<size_t>(device + 1),
                                             tp.dtype, tensors.buffer(index), tensors.data(index),
                                             tp.nbytes, std::move(copier), Unpacks(tp.conversion)));
-  if (auto waiting = waiting_for_scales_.extract(index)) {
-    for (uint64_t id : waiting.mapped()) DispatchStaged(id);
-  }
+  placement_.Whole(index);
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
   callbacks.Deliver(index, tensors.future(index));
 }
@@ -146,7 +115,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
 void LoadHandle::State::AdvanceChunk(uint64_t id) {
   const ReadChunk& chunk = plan.reads[id];
   for (uint32_t t : chunk.tensors) {
-    if (DeviceOf(t) >= 0) continue;  // a device piece: its job's completion counts it
+    if (destinations_.DeviceOf(t) >= 0) continue;  // a device piece: its job's completion counts it
     const auto [lo, hi] = pipeline::PieceOf(chunk, checkpoint.tensors()[plan.tensors[t].source]);
     Advance(t, hi - lo);
   }
@@ -155,18 +124,18 @@ void LoadHandle::State::AdvanceChunk(uint64_t id) {
 void LoadHandle::State::Fail(Status status) {
   if (error_.ok()) error_ = std::move(status);
   stopping_ = true;
-  window_.Cancel();
+  read_.Cancel();
 }
 
 void LoadHandle::State::RequestCancel() {
-  OnLoop([](State& self) {
-    if (!self.finished) self.Fail(Status::Cancelled("the load was cancelled"));
+  OnLoop([this] {
+    if (!finished) Fail(Status::Cancelled("the load was cancelled"));
   });
 }
 
 void LoadHandle::State::Schedule() {
   if (finished) return;
-  if (!stopping_) Pump();
+  if (!stopping_) read_.Pump();
   MaybeFinish();
 }
 
@@ -175,18 +144,13 @@ void LoadHandle::State::CancelIfAskedAt(LoadStage stage) {
 }
 
 void LoadHandle::State::MaybeFinish() {
-  if (finished || window_.in_flight() != 0 || !in_flight_.idle() ||
-      staging_.preparing() != 0) {
-    return;
-  }
+  if (finished || !read_.idle() || !placement_.idle()) return;
   if (!stopping_ && !tensors.all_done()) return;
   final_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   finished = true;
-  if (window_.open()) {  // nothing in flight: closes the ring and the files now
-    const io::ReaderStats stats = window_.Close();
+  if (auto stats = read_.Close(placement_.conversions_moved())) {  // closes the ring and files
     std::lock_guard lock(callbacks_mu);
-    read_stats = {stats.direct_bytes, stats.buffered_bytes, stats.bounced_bytes, stats.resubmits,
-                  chunks_.counts(), conversions_moved_};
+    read_stats = *stats;
   }
   destinations_.CloseFreshPages();  // every placed tensor is whole: unregisters their pages
   destinations_.CloseMappedFiles();
@@ -195,7 +159,6 @@ void LoadHandle::State::MaybeFinish() {
     result = Status::Corruption("the load ended with tensors not in place");  // a bug, never OK
   }
   if (!result.ok()) tensors.FailRest(result);
-  staging_.Clear();
   trace.Instant(result.ok() ? "done" : "failed", "load");
   // Done() resolves after the load's last callback has returned (or failed the load).
   callbacks.Close(result, [self = shared_from_this()](Status status) {

@@ -2,8 +2,8 @@
 // planned (a copy, a cast, a float8 block dequantization; into fresh pages through FreshPages,
 // Destinations::Fresh), and each device piece described as a device job. It reads the plan, the
 // catalog and the memory it is given, and keeps no state of its own: the workers call Place, the
-// event loop DeviceJob (LoadHandle::State does the posting, the counting and the waiting for
-// float8 scales).
+// event loop DeviceJob (the placement stage, placement_stage.h, does the posting, the counting
+// and the waiting for scales).
 #ifndef LOADSTONE_RUNTIME_PIPELINE_PLACER_H_
 #define LOADSTONE_RUNTIME_PIPELINE_PLACER_H_
 

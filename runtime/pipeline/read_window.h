@@ -1,7 +1,7 @@
 // The read window of one load: its reader (io_uring, else pread) and the reader's completion
 // eventfd watched on the load's event loop, and the plan's reads issued in order while fewer than
 // a limit are in flight (backpressure: the reader's queue depth, twice over). Used on the event
-// loop only; what each read is for stays with the caller (LoadHandle::State::Pump, OnReadDone).
+// loop only; what each read is for stays with the caller (ReadStage, read_stage.h).
 #ifndef LOADSTONE_RUNTIME_PIPELINE_READ_WINDOW_H_
 #define LOADSTONE_RUNTIME_PIPELINE_READ_WINDOW_H_
 

@@ -3,7 +3,7 @@
 // or holding one chunk. Host slots are huge pages that the workers allocate (and first-touch)
 // ahead of use; device staging (pinned, from the first GPU the load uses) is allocated on first
 // use. Used on the load's event-loop thread only; the caller posts the preparations, since it
-// owns the load's lifetime (LoadHandle::State::PrepareSlots).
+// owns the load's lifetime (ReadStage::PrepareSlots).
 #ifndef LOADSTONE_RUNTIME_PIPELINE_STAGING_POOL_H_
 #define LOADSTONE_RUNTIME_PIPELINE_STAGING_POOL_H_
 

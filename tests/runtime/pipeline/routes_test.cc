@@ -93,7 +93,7 @@ TEST_CASE("routes: at its turn, where the bytes are settles the route taken") {
   CHECK(RouteAtTurn(ReadRoute::kFreshPages, {.cached = false, .cold = true}) == ReadRoute::kStaged);
   CHECK(RouteAtTurn(ReadRoute::kStagedWhenCold, {.cold = true}) == ReadRoute::kStaged);
   CHECK(RouteAtTurn(ReadRoute::kStagedWhenCold, {}) == ReadRoute::kInPlace);
-  // `cached` is asked of reads into the caller's memory (reads.cc): a worker copies those.
+  // `cached` is asked of reads into the caller's memory (ReadStage::Pump): a worker copies those.
   CHECK(RouteAtTurn(ReadRoute::kStagedWhenCold, {.cached = true}) == ReadRoute::kPageCacheCopy);
   CHECK(RouteAtTurn(ReadRoute::kInPlace, {.cached = true}) == ReadRoute::kPageCacheCopy);
   CHECK(RouteAtTurn(ReadRoute::kInPlace, {}) == ReadRoute::kInPlace);
