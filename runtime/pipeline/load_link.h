@@ -1,9 +1,10 @@
 // What a load's two stages (read_stage.h, placement_stage.h) may ask of the load that owns them,
 // and the parts of it they share. The load (LoadHandle::State, load_state.h) implements LoadLink:
 // an event a stage posts runs on the load's event loop and then the load's one scheduler decides
-// what runs next — a stage records what happened and returns, it never issues reads or finishes
-// the load itself. Everything here is used on the event loop, except Hold and OnLoop, which the
-// workers and the devices call too.
+// what runs next — a stage records what happened and returns: no event issues reads or finishes
+// the load itself (only the scheduler calls ReadStage::Pump and the finish rule). Everything here
+// is used on the event loop, except OnLoop and CancelIfAskedAt, which the workers and the devices
+// call too.
 #ifndef LOADSTONE_RUNTIME_PIPELINE_LOAD_LINK_H_
 #define LOADSTONE_RUNTIME_PIPELINE_LOAD_LINK_H_
 
@@ -33,7 +34,6 @@ class LoadLink {
   // posted it) outlives the event. Thread-safe.
   virtual void OnLoop(std::function<void()> event) = 0;
   // Keeps the load, and its stages, alive while held: for work posted to the workers or a device.
-  // Thread-safe.
   virtual std::shared_ptr<const void> Hold() = 0;
   // Records the load's first error and stops it: no more reads are issued; work in flight ends.
   virtual void Fail(Status status) = 0;

@@ -95,6 +95,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   if (!tensors.Place(index, source_bytes)) return;
   const TensorPlan& tp = plan.tensors[index];
   const TensorInfo& src = checkpoint.tensors()[tp.source];
+  placement_.Placed(index);
   std::shared_ptr<const loadstone::Tensor::HostCopier> copier;
   const int device = destinations_.DeviceOf(index);
   if (device >= 0) {
@@ -107,7 +108,7 @@ void LoadHandle::State::Advance(uint32_t index, uint64_t source_bytes) {
   tensors.Resolve(index, TensorAccess::Make(tensor_names, src, static_cast<size_t>(device + 1),
                                             tp.dtype, tensors.buffer(index), tensors.data(index),
                                             tp.nbytes, std::move(copier), Unpacks(tp.conversion)));
-  placement_.Whole(index);
+  placement_.Resolved(index);
   trace.Instant(fmt::format("ready {}", src.name), "tensor");
   callbacks.Deliver(index, tensors.future(index));
 }
@@ -159,6 +160,7 @@ void LoadHandle::State::MaybeFinish() {
     result = Status::Corruption("the load ended with tensors not in place");  // a bug, never OK
   }
   if (!result.ok()) tensors.FailRest(result);
+  read_.FreeStaging();
   trace.Instant(result.ok() ? "done" : "failed", "load");
   // Done() resolves after the load's last callback has returned (or failed the load).
   callbacks.Close(result, [self = shared_from_this()](Status status) {

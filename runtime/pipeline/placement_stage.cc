@@ -67,8 +67,7 @@ void PlacementStage::OnStaged(uint64_t id) {
   Dispatch(id);
 }
 
-void PlacementStage::Whole(uint32_t t) {
-  device_quant_.Release(t);
+void PlacementStage::Resolved(uint32_t t) {
   if (auto waiting = waiting_for_scales_.extract(t)) {
     for (uint64_t id : waiting.mapped()) Dispatch(id);
   }

@@ -40,9 +40,11 @@ class PlacementStage {
   // Staged read `id` is whole: its pieces are placed now, or once the scales of a weight in it
   // are in place (the scales' read was issued before it: in flight or being placed).
   void OnStaged(uint64_t id);
-  // Tensor `t` is whole: its quant state on the device is held by its jobs alone from now
-  // (freed with the last), and the reads waiting for it as a weight's scales go on.
-  void Whole(uint32_t t);
+  // Tensor `t` is whole, before its future resolves: its quant state on the device is held by
+  // its jobs alone from now (freed with the last).
+  void Placed(uint32_t t) { device_quant_.Release(t); }
+  // Tensor `t` is whole and handed out: the reads waiting for it as a weight's scales go on.
+  void Resolved(uint32_t t);
 
   // Nothing of this stage in flight.
   bool idle() const { return in_flight_.idle(); }

@@ -337,7 +337,6 @@ std::optional<ReadStats> ReadStage::Close(uint64_t conversions_moved) {
     out = ReadStats{s.direct_bytes,   s.buffered_bytes,  s.bounced_bytes,
                     s.resubmits,      chunks_.counts(),  conversions_moved};
   }
-  staging_.Clear();
   return out;
 }
 

@@ -5,7 +5,8 @@
 // page-cache copies. A read that is back goes on by its route: in place or copied from the page
 // cache, its tensors advance; mapped, they advance as it is issued; staged, the placement stage
 // takes it (LoadLink::Staged). Used on the load's event loop, except CopyCached and the slots'
-// preparation, which run on a worker.
+// preparation, which run on a worker, and what a worker that holds a read asks of it
+// (StagedBytes, ReadDestination, chunks()'s Label, Args and Error, CheckFileSize).
 #ifndef LOADSTONE_RUNTIME_PIPELINE_READ_STAGE_H_
 #define LOADSTONE_RUNTIME_PIPELINE_READ_STAGE_H_
 
@@ -70,8 +71,9 @@ class ReadStage {
   bool idle() const;
   void Cancel() { window_.Cancel(); }  // reads in flight end with Cancelled
   // At the load's end (REQUIRES: idle()): the reader's figures and the routes taken, the ring
-  // and the files closed now; nothing when the reader never opened. Then the slots are freed.
+  // and the files closed now; nothing when the reader never opened. FreeStaging: every slot.
   std::optional<ReadStats> Close(uint64_t conversions_moved);
+  void FreeStaging() { staging_.Clear(); }
 
  private:
   // Takes a free staging slot (allocating it on first use) for read `id` and points `request`
