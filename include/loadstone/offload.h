@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "loadstone/checkpoint.h"
-#include "loadstone/devices.h"
+#include "loadstone/device_map.h"
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
 #include "loadstone/status.h"

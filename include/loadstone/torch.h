@@ -38,7 +38,6 @@
 
 #include "loadstone/checkpoint.h"
 #include "loadstone/device_map.h"
-#include "loadstone/devices.h"
 #include "loadstone/dtype.h"
 #include "loadstone/loader.h"
 #include "loadstone/offload.h"

@@ -8,7 +8,7 @@
 
 #include <Python.h>
 
-#include "loadstone/devices.h"
+#include "loadstone/device_map.h"
 
 namespace nb = nanobind;
 

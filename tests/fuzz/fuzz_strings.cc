@@ -3,7 +3,6 @@
 // a model-description JSON.
 #include "fuzz_input.h"
 #include "loadstone/device_map.h"
-#include "loadstone/devices.h"
 #include "runtime/device_map/budgets.h"
 #include "runtime/device_map/modes.h"
 
