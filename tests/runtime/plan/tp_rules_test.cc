@@ -1,0 +1,124 @@
+// Tensor-parallel sharding rules against transformers itself: tests/fixtures/tp/cases.json
+// (make_tp_fixtures.py) holds, for small Llama / Qwen2 / Qwen3 models and a plan given by hand,
+// the model's merged plan, each parameter's style and the elements transformers' loader gives
+// every rank of 2, 3 and 4.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/plan/tp_rules.h"
+
+namespace loadstone::planning {
+namespace {
+
+const nlohmann::json& Cases() {
+  static const nlohmann::json cases = [] {
+    std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/cases.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    return nlohmann::json::parse(text.str());
+  }();
+  return cases;
+}
+
+// The model's plan as loadstone builds it: the config's base plan (or the built-in one for its
+// model type), merged as transformers merges a causal LM's.
+TpPlan PlanOf(const nlohmann::json& model) {
+  if (model["name"] == "by-hand") {  // the plan given whole, as a user gives one
+    nlohmann::ordered_json given = nlohmann::ordered_json::object();
+    for (const auto& entry : model["tp_plan"]) given[entry[0].get<std::string>()] = entry[1];
+    auto plan = TpPlan::FromJson(given.dump());
+    REQUIRE(plan.ok());
+    return *plan;
+  }
+  auto base = DefaultBaseTpPlan(model["model_type"].get<std::string>());
+  REQUIRE(base.has_value());
+  auto plan = TpPlan::ForCausalLm(*base, "model.", /*embeddings_are_embedding=*/true);
+  REQUIRE(plan.ok());
+  return *plan;
+}
+
+TEST_CASE("layer numbers become wildcards as transformers makes them") {
+  for (const auto& pair : Cases()["wildcards"]) {
+    CHECK(WildcardName(pair[0].get<std::string>()) == pair[1].get<std::string>());
+  }
+}
+
+TEST_CASE("the built-in base plans and the merged plans are transformers' own") {
+  for (const auto& model : Cases()["models"]) {
+    INFO(model["name"]);
+    if (model["name"] != "by-hand") {
+      auto base = DefaultBaseTpPlan(model["model_type"].get<std::string>());
+      REQUIRE(base.has_value());
+      REQUIRE(base->entries().size() == model["base_model_tp_plan"].size());
+      for (const auto& [key, style] : base->entries()) {
+        INFO(key);
+        auto theirs = ParseTpStyle(model["base_model_tp_plan"][key].get<std::string>());
+        REQUIRE(theirs.ok());
+        CHECK(*theirs == style);
+      }
+    }
+    const TpPlan plan = PlanOf(model);
+    REQUIRE(plan.entries().size() == model["tp_plan"].size());
+    for (size_t i = 0; i < plan.entries().size(); ++i) {
+      CHECK(plan.entries()[i].first == model["tp_plan"][i][0].get<std::string>());
+      CHECK(plan.entries()[i].second == *ParseTpStyle(model["tp_plan"][i][1].get<std::string>()));
+    }
+  }
+}
+
+TEST_CASE("every rank holds the elements transformers gives it, parameter by parameter") {
+  size_t checked = 0;
+  for (const auto& model : Cases()["models"]) {
+    const TpPlan plan = PlanOf(model);
+    for (const auto& param : model["parameters"]) {
+      const std::string name = param["name"];
+      INFO(model["name"] << " " << name);
+      const auto style = plan.Lookup(name);
+      REQUIRE(style.has_value() == !param["style"].is_null());
+      if (!style) continue;
+      CHECK(*style == *ParseTpStyle(param["style"].get<std::string>()));
+      const std::vector<int64_t> shape = param["shape"];
+      for (const auto& [world_text, ranks] : param["ranks"].items()) {
+        const int world = std::stoi(world_text);
+        for (int rank = 0; rank < world; ++rank) {
+          INFO("rank " << rank << " of " << world);
+          auto runs = TpElementRuns(*style, name, shape, rank, world);
+          REQUIRE(runs.ok());
+          std::vector<ElementRun> theirs;
+          for (const auto& run : ranks[rank]) theirs.push_back({run[0], run[1]});
+          CHECK(*runs == theirs);
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked > 300);
+}
+
+TEST_CASE("what transformers cannot split is refused, naming the tensor and the way out") {
+  const std::vector<int64_t> odd = {10, 8};
+  auto packed = TpElementRuns(TpStyle::kPackedColwise, "m.gate_up_proj.weight", odd, 1, 4);
+  REQUIRE(!packed.ok());
+  CHECK(packed.status().message().find("m.gate_up_proj.weight") != std::string::npos);
+  CHECK(packed.status().message().find("replicate") != std::string::npos);
+  const std::vector<int64_t> flat = {8};
+  CHECK(!TpElementRuns(TpStyle::kEmbeddingColwise, "e.weight", flat, 0, 2).ok());
+  CHECK(!TpElementRuns(TpStyle::kColwise, "q.weight", flat, 2, 2).ok());
+  CHECK(ParseTpStyle("grouped_gemm").status().code() == StatusCode::kUnsupported);
+  CHECK(ParseTpStyle("colwize").status().message().find("colwise_gather_output") !=
+        std::string::npos);
+  CHECK(!TpPlan::FromJson(R"(["colwise"])").ok());
+  // Tail ranks of a dimension shorter than the world hold nothing (torch.chunk).
+  const std::vector<int64_t> two = {2, 3};
+  auto empty = TpElementRuns(TpStyle::kColwise, "k.weight", two, 3, 4);
+  REQUIRE(empty.ok());
+  CHECK(empty->empty());
+}
+
+}  // namespace
+}  // namespace loadstone::planning
