@@ -32,8 +32,8 @@ const std::byte* PlacementStage::ScalesOf(uint32_t t) const {
   return UsesScales(tp.conversion) ? context_.tensors.data(tp.scale) : nullptr;
 }
 
-const std::string& PlacementStage::NameOf(uint32_t t) const {
-  return context_.checkpoint.tensors()[context_.plan.tensors[t].source].name;
+const TensorInfo& PlacementStage::SourceOf(uint32_t t) const {
+  return context_.checkpoint.tensors()[context_.plan.tensors[t].source];
 }
 
 void PlacementStage::SiteConversions() {
@@ -91,7 +91,7 @@ void PlacementStage::Dispatch(uint64_t id) {
     } else if (Unpacks(context_.plan.tensors[t].conversion)) {
       SubmitQuantPiece(id, t, staged);
     } else {
-      const auto [lo, hi] = PieceOf(chunk, context_.checkpoint.tensors()[context_.plan.tensors[t].source]);
+      const auto [lo, hi] = PieceOf(chunk, SourceOf(t));
       SubmitDevicePiece(id, t,
                         placer_.DeviceJob(chunk, t, context_.tensors.data(t), ScalesOf(t), staged),
                         hi - lo, nullptr);
@@ -108,7 +108,7 @@ void PlacementStage::Dispatch(uint64_t id) {
 
 void PlacementStage::SubmitQuantPiece(uint64_t id, uint32_t t, const std::byte* staged) {
   const ReadChunk& chunk = context_.plan.reads[id];
-  const auto [lo, hi] = PieceOf(chunk, context_.checkpoint.tensors()[context_.plan.tensors[t].source]);
+  const auto [lo, hi] = PieceOf(chunk, SourceOf(t));
   auto quant = DeviceQuant(t);
   auto job = quant.ok() ? placer_.QuantJob(chunk, t, context_.tensors.data(t), staged, *quant)
                         : Result<device::PlaceJob>(quant.status());
@@ -129,7 +129,7 @@ Result<std::shared_ptr<const device::QuantDecode>> PlacementStage::DeviceQuant(u
         --in_flight_.quant_uploads;
         if (status.ok()) return;
         context_.load.Fail(status.WithContext(
-            fmt::format("copying the quant state of tensor '{}' to {}", NameOf(t),
+            fmt::format("copying the quant state of tensor '{}' to {}", SourceOf(t).name,
                         context_.plan.device_of(t).ToString())));
       });
     };
@@ -139,7 +139,7 @@ Result<std::shared_ptr<const device::QuantDecode>> PlacementStage::DeviceQuant(u
 
 void PlacementStage::PrepareForDevice(uint64_t id, uint32_t t, const std::byte* staged) {
   const ReadChunk& chunk = context_.plan.reads[id];
-  const auto [lo, hi] = PieceOf(chunk, context_.checkpoint.tensors()[context_.plan.tensors[t].source]);
+  const auto [lo, hi] = PieceOf(chunk, SourceOf(t));
   const bool decode = Unpacks(context_.plan.tensors[t].conversion);
   auto plain = std::make_shared<std::vector<std::byte>>();
   const std::byte* from = staged + (lo - chunk.offset);
@@ -167,7 +167,8 @@ void PlacementStage::SubmitDevicePiece(uint64_t id, uint32_t t, device::PlaceJob
                  bytes = job.bytes](const device::JobTiming& at) {
       const TensorPlan& p = context_.plan.tensors[t];
       const std::string track = context_.plan.device_of(t).ToString();
-      const std::string args = fmt::format(R"({{"tensor":{}}})", nlohmann::json(NameOf(t)).dump());
+      const std::string args =
+          fmt::format(R"({{"tensor":{}}})", nlohmann::json(SourceOf(t).name).dump());
       context_.trace.SpanOnTrack(fmt::format("h2d {} B", bytes), "device", track + " copy",
                                  at.copy_begin, at.copy_end, args);
       if (at.kernel_end > at.kernel_begin) {
@@ -191,7 +192,7 @@ void PlacementStage::OnDevicePieceDone(uint64_t id, uint32_t t, uint64_t bytes, 
   --in_flight_.device_pieces;
   if (!status.ok()) {
     context_.load.Fail(status.WithContext(fmt::format(
-        "placing tensor '{}' on {}", NameOf(t), context_.plan.device_of(t).ToString())));
+        "placing tensor '{}' on {}", SourceOf(t).name, context_.plan.device_of(t).ToString())));
   } else if (!context_.load.stopping()) {
     context_.load.Advance(t, bytes);
   }
@@ -202,10 +203,12 @@ Status PlacementStage::PlaceCpuPieces(uint64_t id, const std::byte* staged) {
   const ReadChunk& chunk = context_.plan.reads[id];
   for (uint32_t t : chunk.tensors) {
     if (DeviceOf(t) >= 0) continue;  // a device piece: its device does it
-    const auto [lo, hi] = PieceOf(chunk, context_.checkpoint.tensors()[context_.plan.tensors[t].source]);
+    const auto [lo, hi] = PieceOf(chunk, SourceOf(t));
     Status status = placer_.PlaceOnCpu(t, context_.tensors.data(t), ScalesOf(t),
                                        staged + (lo - chunk.offset), lo, hi);
-    if (!status.ok()) return status.WithContext(fmt::format("placing tensor '{}'", NameOf(t)));
+    if (!status.ok()) {
+      return status.WithContext(fmt::format("placing tensor '{}'", SourceOf(t).name));
+    }
   }
   return Status::OK();
 }

@@ -77,7 +77,7 @@ class PlacementStage {
   // The memory of tensor `t`'s scales (float8 scales, a bitsandbytes absmax) when it is
   // dequantized with them, else null.
   const std::byte* ScalesOf(uint32_t t) const;
-  const std::string& NameOf(uint32_t t) const;
+  const TensorInfo& SourceOf(uint32_t t) const;  // tensor `t`'s catalog entry
 
   const StageContext context_;
   ReadStage& reads_;

@@ -308,7 +308,8 @@ Status ReadStage::CheckFileSize(uint32_t file, uint64_t needed) const {
   // The first tensor the file no longer holds, for the message.
   const TensorInfo* lost = nullptr;
   for (const TensorInfo& t : checkpoint.tensors()) {
-    if (t.file == file && t.offset + t.nbytes > now && (!lost || t.offset < lost->offset)) lost = &t;
+    const bool cut = t.file == file && t.offset + t.nbytes > now;
+    if (cut && (!lost || t.offset < lost->offset)) lost = &t;
   }
   return Status::Corruption(fmt::format(
       "'{}' is {} bytes, {} when the checkpoint was opened: it changed{}; open the checkpoint "

@@ -48,7 +48,9 @@ class ReadStage {
   void Pump();
   // Calls `handler` on the loop once reads may be back (ReadWindow::Arm); then OnCompletions
   // hands each on by its route.
-  void Arm(std::function<void(const asio::error_code&)> handler) { window_.Arm(std::move(handler)); }
+  void Arm(std::function<void(const asio::error_code&)> handler) {
+    window_.Arm(std::move(handler));
+  }
   void OnCompletions();
 
   // The staged bytes of read `id` (at its file offset's phase in its slot). REQUIRES: staged.
