@@ -163,11 +163,14 @@ Result<TpPlan> TpPlan::ForCausalLm(const TpPlan& base, std::string_view base_pre
                                    bool embeddings_are_embedding) {
   TpPlan out;
   LOADSTONE_RETURN_IF_ERROR(out.Add("lm_head", TpStyle::kColwise));  // colwise_gather_output
-  if (!base.empty() && embeddings_are_embedding && !base.Find("embed_tokens")) {
-    LOADSTONE_RETURN_IF_ERROR(
-        out.Add(fmt::format("{}embed_tokens", base_prefix), TpStyle::kEmbeddingRowwise));
+  // {"embed_tokens": "embedding_rowwise", **base}: first, with the base's style if it names it.
+  const TpStyle* named = base.Find("embed_tokens");
+  if (!base.empty() && (embeddings_are_embedding || named)) {
+    LOADSTONE_RETURN_IF_ERROR(out.Add(fmt::format("{}embed_tokens", base_prefix),
+                                      named ? *named : TpStyle::kEmbeddingRowwise));
   }
   for (const auto& [key, style] : base.entries()) {
+    if (key == "embed_tokens") continue;
     LOADSTONE_RETURN_IF_ERROR(out.Add(fmt::format("{}{}", base_prefix, key), style));
   }
   return out;
@@ -195,6 +198,35 @@ std::optional<TpStyle> TpPlan::Lookup(std::string_view name) const {
   if (dot == std::string::npos) return std::nullopt;
   if (const TpStyle* s = Find(std::string_view(generic).substr(0, dot))) return *s;
   return std::nullopt;
+}
+
+Result<TpPlan> TpPlanFromConfig(std::string_view config_json,
+                                std::span<const std::string> names) {
+  const auto config = nlohmann::ordered_json::parse(config_json, nullptr, false);
+  if (config.is_discarded() || !config.is_object()) {
+    return Status::InvalidArgument("config.json is not a JSON object");
+  }
+  const std::string type = config.value("model_type", std::string());
+  TpPlan base;
+  if (auto given = config.find("base_model_tp_plan"); given != config.end() && !given->is_null()) {
+    auto parsed = TpPlan::FromJson(given->dump());
+    if (!parsed.ok()) return parsed.status().WithContext("config.json's base_model_tp_plan");
+    base = std::move(*parsed);
+  } else if (auto known = DefaultBaseTpPlan(type)) {
+    base = std::move(*known);
+  } else {
+    return Status::NotFound(fmt::format(
+        "no tensor-parallel plan is known for model type '{}' (config.json has no "
+        "base_model_tp_plan); give one with --tp-plan FILE.json",
+        type));
+  }
+  const bool prefixed = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+    return n.starts_with("model.");
+  });
+  const std::string prefix = prefixed ? "model." : "";
+  const std::string embeddings = prefix + "embed_tokens.weight";
+  const bool embedding = std::find(names.begin(), names.end(), embeddings) != names.end();
+  return TpPlan::ForCausalLm(base, prefix, embedding);
 }
 
 std::optional<TpPlan> DefaultBaseTpPlan(std::string_view model_type) {
@@ -227,7 +259,8 @@ Result<std::vector<ElementRun>> TpElementRuns(TpStyle style, std::string_view na
                                               int world) {
   if (world < 1 || rank < 0 || rank >= world) {
     return Status::InvalidArgument(fmt::format(
-        "tensor '{}': rank {} of a world of {} (a rank is 0 .. world size - 1)", name, rank, world));
+        "tensor '{}': rank {} of a world of {} (a rank is 0 .. world size - 1)", name, rank,
+        world));
   }
   LOADSTONE_ASSIGN_OR_RETURN(const Cut cut, CutOf(style, name, shape, rank, world));
   uint64_t numel = 1;

@@ -46,10 +46,11 @@ class TpPlan {
   // A JSON object {"model.layers.*.self_attn.q_proj": "colwise", ...}, keys as given.
   // Errors: InvalidArgument (not an object of strings, an unknown style, a key twice).
   static Result<TpPlan> FromJson(std::string_view json);
-  // A causal LM's plan as transformers merges it: `head` (the head's own plan: "lm_head" →
-  // colwise_gather_output for *ForCausalLM), then, when `base` is not empty, "embed_tokens" →
-  // embedding_rowwise unless `base` names it, then `base` (config's base_model_tp_plan), the
-  // base entries' keys prefixed with `base_prefix` ("model." when the names have it, else "").
+  // A causal LM's plan as transformers merges it: the head's own ("lm_head" →
+  // colwise_gather_output), then, when `base` is not empty, "embed_tokens" (the base's style
+  // when it names it, else embedding_rowwise when the embeddings are an nn.Embedding), then the
+  // rest of `base` (config's base_model_tp_plan); the base keys prefixed with `base_prefix`
+  // ("model." when the names have it, else "").
   static Result<TpPlan> ForCausalLm(const TpPlan& base, std::string_view base_prefix,
                                     bool embeddings_are_embedding);
 
@@ -69,6 +70,14 @@ class TpPlan {
 // The built-in `base_model_tp_plan` of a transformers model type ("llama", "qwen2", "qwen3",
 // ...) when its config.json does not carry one; none for a type loadstone does not know.
 std::optional<TpPlan> DefaultBaseTpPlan(std::string_view model_type);
+
+// The plan transformers uses for a causal LM whose config.json is `config_json` and whose tensors
+// are named `names`: the config's `base_model_tp_plan` when it has one (it replaces the model
+// type's), else DefaultBaseTpPlan of its model_type; the base keys under "model." when the
+// tensors' names are; merged as ForCausalLm (embeddings: "model.embed_tokens.weight" present).
+// Errors: InvalidArgument (config.json not an object, a bad plan in it), NotFound (no plan known
+// for the model type: the message says to give one).
+Result<TpPlan> TpPlanFromConfig(std::string_view config_json, std::span<const std::string> names);
 
 // torch.chunk's part `rank` of `world` of a dimension of `n`: [first, end), empty past the end.
 std::pair<uint64_t, uint64_t> ChunkOf(uint64_t n, int rank, int world);

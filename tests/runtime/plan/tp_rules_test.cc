@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,19 +16,24 @@
 namespace loadstone::planning {
 namespace {
 
-const nlohmann::json& Cases() {
-  static const nlohmann::json cases = [] {
+const nlohmann::ordered_json& Cases() {
+  static const nlohmann::ordered_json cases = [] {
     std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/cases.json");
     std::stringstream text;
     text << in.rdbuf();
-    return nlohmann::json::parse(text.str());
+    return nlohmann::ordered_json::parse(text.str());
   }();
   return cases;
 }
 
-// The model's plan as loadstone builds it: the config's base plan (or the built-in one for its
-// model type), merged as transformers merges a causal LM's.
-TpPlan PlanOf(const nlohmann::json& model) {
+// The model's config.json as it is on disk: its model type and, for the case that carries one,
+// its own base_model_tp_plan (config.json files written by transformers leave it out).
+bool CarriesPlan(const nlohmann::ordered_json& model) {
+  return model["name"] == "llama-config-plan";
+}
+
+// The model's plan as loadstone builds it from its config.json and its tensors' names.
+TpPlan PlanOf(const nlohmann::ordered_json& model) {
   if (model["name"] == "by-hand") {  // the plan given whole, as a user gives one
     nlohmann::ordered_json given = nlohmann::ordered_json::object();
     for (const auto& entry : model["tp_plan"]) given[entry[0].get<std::string>()] = entry[1];
@@ -35,9 +41,11 @@ TpPlan PlanOf(const nlohmann::json& model) {
     REQUIRE(plan.ok());
     return *plan;
   }
-  auto base = DefaultBaseTpPlan(model["model_type"].get<std::string>());
-  REQUIRE(base.has_value());
-  auto plan = TpPlan::ForCausalLm(*base, "model.", /*embeddings_are_embedding=*/true);
+  nlohmann::ordered_json config = {{"model_type", model["model_type"]}};
+  if (CarriesPlan(model)) config["base_model_tp_plan"] = model["base_model_tp_plan"];
+  std::vector<std::string> names;
+  for (const auto& param : model["parameters"]) names.push_back(param["name"]);
+  auto plan = TpPlanFromConfig(config.dump(), names);
   REQUIRE(plan.ok());
   return *plan;
 }
@@ -51,7 +59,7 @@ TEST_CASE("layer numbers become wildcards as transformers makes them") {
 TEST_CASE("the built-in base plans and the merged plans are transformers' own") {
   for (const auto& model : Cases()["models"]) {
     INFO(model["name"]);
-    if (model["name"] != "by-hand") {
+    if (model["name"] != "by-hand" && !CarriesPlan(model)) {
       auto base = DefaultBaseTpPlan(model["model_type"].get<std::string>());
       REQUIRE(base.has_value());
       REQUIRE(base->entries().size() == model["base_model_tp_plan"].size());
@@ -113,6 +121,12 @@ TEST_CASE("what transformers cannot split is refused, naming the tensor and the 
   CHECK(ParseTpStyle("colwize").status().message().find("colwise_gather_output") !=
         std::string::npos);
   CHECK(!TpPlan::FromJson(R"(["colwise"])").ok());
+  const std::vector<std::string> names = {"model.layers.0.mlp.w1.weight"};
+  auto unknown = TpPlanFromConfig(R"({"model_type": "phi9"})", names);
+  CHECK(unknown.status().code() == StatusCode::kNotFound);
+  CHECK(unknown.status().message().find("--tp-plan") != std::string::npos);
+  CHECK(!TpPlanFromConfig(R"({"model_type": "llama", "base_model_tp_plan": {"x": "sideways"}})",
+                          names).ok());
   // Tail ranks of a dimension shorter than the world hold nothing (torch.chunk).
   const std::vector<int64_t> two = {2, 3};
   auto empty = TpElementRuns(TpStyle::kColwise, "k.weight", two, 3, 4);
