@@ -6,7 +6,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(LOADSTONE_PARTS loadstone_base loadstone_io loadstone_convert loadstone_sim loadstone_device loadstone_device_map loadstone_plan
-  loadstone_pipeline loadstone_offload)
+  loadstone_pipeline loadstone_offload loadstone_dist_core)
 if(LOADSTONE_HAVE_CUDA)
   list(APPEND LOADSTONE_PARTS loadstone_cuda)
 endif()

@@ -314,6 +314,10 @@ struct PlanOptions : DeviceMapOptions {
   // one read: into one shared buffer where they need no conversion (ReadChunk::shared_buffer),
   // else through staging.
   uint64_t coalesce_below = 1ULL << 20;
+  // The most bytes between two coalesced tensors (read with them), up to 4096: what lies between
+  // two storages of a PyTorch archive. A tensor-parallel rank's reads set 0: the gaps in its
+  // catalog are other ranks' parts (loadstone/tensor_parallel.h, RankPlanOptions).
+  uint64_t coalesce_gap = 4096;
   ReadRouteOptions routes;
 };
 

@@ -53,12 +53,12 @@ ReadRoute RouteOf(const LoadPlan& plan, uint32_t t) {
 // Small tensors (`small`, sorted by file offset) coalesced with their file neighbours: those
 // that can share a buffer (unconverted, CPU, no 64-byte alignment asked) into shared reads,
 // the others into staged reads; a read grows while the next tensor follows it in the same file,
-// at most kCoalesceGap bytes after its end (the gap is read too: a PyTorch archive puts a zip
-// header between storages), and the read stays within max_chunk. Only reads made here grow: a
+// at most `gap` bytes after its end (PlanOptions::coalesce_gap; the gap is read too: a PyTorch
+// archive puts a zip header between storages), and the read stays within max_chunk. Only reads made here grow: a
 // large tensor's last piece keeps its own priority (a float8 weight's pieces then never go
 // before its scales).
 void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint32_t>& small,
-                   uint64_t max_chunk, LoadPlan* plan,
+                   uint64_t max_chunk, uint64_t gap, LoadPlan* plan,
                    std::vector<std::pair<uint32_t, ReadChunk>>* keyed) {
   const size_t first_small = keyed->size();
   for (uint32_t i : small) {
@@ -69,7 +69,7 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
       auto& [key, last] = keyed->back();
       const uint64_t end = last.offset + last.length;
       if (last.route == ReadRoute::kStaged && last.shared_buffer == share &&
-          last.file == src.file && src.offset >= end && src.offset - end <= kCoalesceGap &&
+          last.file == src.file && src.offset >= end && src.offset - end <= gap &&
           src.offset + src.nbytes - last.offset <= max_chunk) {
         plan->read_bytes += src.offset - end;
         last.length = src.offset + src.nbytes - last.offset;
@@ -264,7 +264,8 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
     const TensorInfo& y = infos[plan.tensors[b].source];
     return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
   });
-  CoalesceSmall(infos, small, options.max_chunk, &plan, &keyed);
+  CoalesceSmall(infos, small, options.max_chunk, std::min(options.coalesce_gap, kCoalesceGap),
+                &plan, &keyed);
   std::stable_sort(keyed.begin(), keyed.end(),
                    [](const auto& a, const auto& b) { return a.first < b.first; });
   plan.reads.reserve(keyed.size());

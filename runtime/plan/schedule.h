@@ -16,7 +16,8 @@ namespace loadstone::planning {
 inline constexpr uint64_t kMaxRelayoutSpan = 256ULL << 20;
 
 // Small tensors this far apart in their file or closer are read together, the gap with them
-// (LoadPlan::read_bytes counts it): what lies between two storages of a PyTorch archive.
+// (LoadPlan::read_bytes counts it): what lies between two storages of a PyTorch archive. The most
+// PlanOptions::coalesce_gap may allow.
 inline constexpr uint64_t kCoalesceGap = 4096;
 
 // Priority order (indices into `infos`): shard order, then natural name order within a shard

@@ -254,19 +254,21 @@ std::pair<uint64_t, uint64_t> ChunkOf(uint64_t n, int rank, int world) {
   return {std::min(r * size, n), std::min((r + 1) * size, n)};
 }
 
-Result<std::vector<ElementRun>> TpElementRuns(TpStyle style, std::string_view name,
-                                              std::span<const int64_t> shape, int rank,
-                                              int world) {
+Result<TpPart> TpPartOf(TpStyle style, std::string_view name, std::span<const int64_t> shape,
+                        int rank, int world) {
   if (world < 1 || rank < 0 || rank >= world) {
     return Status::InvalidArgument(fmt::format(
         "tensor '{}': rank {} of a world of {} (a rank is 0 .. world size - 1)", name, rank,
         world));
   }
   LOADSTONE_ASSIGN_OR_RETURN(const Cut cut, CutOf(style, name, shape, rank, world));
+  TpPart part;
   uint64_t numel = 1;
-  for (int64_t d : shape) numel *= static_cast<uint64_t>(d);
-  std::vector<ElementRun> runs;
-  auto add = [&runs](uint64_t first, uint64_t count) {
+  for (int64_t d : shape) {
+    numel *= static_cast<uint64_t>(d);
+    part.shape.push_back(static_cast<uint64_t>(d));
+  }
+  auto add = [&runs = part.runs](uint64_t first, uint64_t count) {
     if (count == 0) return;
     if (!runs.empty() && runs.back().first + runs.back().count == first) {
       runs.back().count += count;
@@ -276,17 +278,28 @@ Result<std::vector<ElementRun>> TpElementRuns(TpStyle style, std::string_view na
   };
   if (cut.dim < 0) {
     add(0, numel);
-    return runs;
+    return part;
   }
   uint64_t outer = 1;
   uint64_t inner = 1;
   for (int d = 0; d < cut.dim; ++d) outer *= static_cast<uint64_t>(shape[d]);
   for (size_t d = cut.dim + 1; d < shape.size(); ++d) inner *= static_cast<uint64_t>(shape[d]);
   const uint64_t along = static_cast<uint64_t>(shape[cut.dim]);
+  part.dim = cut.dim;
+  part.intervals = cut.intervals;
+  part.shape[cut.dim] = 0;
+  for (const auto& [lo, hi] : cut.intervals) part.shape[cut.dim] += hi - lo;
   for (uint64_t o = 0; o < outer; ++o) {
     for (const auto& [lo, hi] : cut.intervals) add((o * along + lo) * inner, (hi - lo) * inner);
   }
-  return runs;
+  return part;
+}
+
+Result<std::vector<ElementRun>> TpElementRuns(TpStyle style, std::string_view name,
+                                              std::span<const int64_t> shape, int rank,
+                                              int world) {
+  LOADSTONE_ASSIGN_OR_RETURN(TpPart part, TpPartOf(style, name, shape, rank, world));
+  return std::move(part.runs);
 }
 
 }  // namespace loadstone::planning

@@ -90,6 +90,23 @@ struct ElementRun {
   friend bool operator==(const ElementRun&, const ElementRun&) = default;
 };
 
+// What rank `rank` of `world` holds of a parameter: its shape there and its elements, as runs of
+// the full tensor's (row-major) elements in increasing order, adjacent runs merged — the whole
+// tensor when replicated.
+struct TpPart {
+  std::vector<uint64_t> shape;
+  std::vector<ElementRun> runs;
+  // The split dimension (-1: whole) and the intervals of it the rank holds, in order: the part is,
+  // for each index of the dimensions before `dim`, those intervals.
+  int dim = -1;
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+};
+
+// Rank `rank` of `world`'s part of parameter `name` (its last name component decides "bias") of
+// `shape` under `style`. Errors: as TpElementRuns.
+Result<TpPart> TpPartOf(TpStyle style, std::string_view name, std::span<const int64_t> shape,
+                        int rank, int world);
+
 // The elements rank `rank` of `world` holds of parameter `name` (its last name component decides
 // "bias") of `shape` under `style`, as runs in increasing order, adjacent runs merged; the whole
 // tensor when replicated. Errors: InvalidArgument naming the parameter for a rank or world out of

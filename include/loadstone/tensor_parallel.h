@@ -1,0 +1,130 @@
+// Tensor-parallel loading: what one rank of a group reads of a checkpoint, and how the ranks'
+// reads become each rank's tensors. Sharding follows Hugging Face transformers' tp_plan (its
+// styles and patterns, torch.chunk splits): docs/distributed.md.
+//
+//   loadstone::ParallelOptions par;
+//   par.world_size = 4; par.rank = 1; par.tp = 4;          // plan: config.json's, or tp_plan_json
+//   auto share = loadstone::ShareOf(*ckpt, par);            // pure data, no I/O
+//   auto plan = loadstone::Plan(share->reads, loadstone::RankPlanOptions(plan_options));
+//   auto handle = loader.Load(share->reads, *plan);
+//   handle.Done().get();
+//   auto tensors = loadstone::AssembleShare(*share, handle.Tensors(), exchange);
+//
+// No byte of a split tensor is read by two ranks of a group. A tensor whose every rank's part is
+// one contiguous range of the file (a column-wise split of a row-major weight, an embedding's
+// rows, a 1-D chunk) is read as that range and is the rank's tensor as it lands. Any other split
+// (row-wise: a strided piece of every row) is read as one contiguous block of elements per rank
+// (disjoint, a few large reads), and the ranks exchange what each needs of
+// the others' blocks in one all-to-all per bucket (Exchange: c10d's, loadstone/dist.h).
+// Replicated tensors are read whole by every rank.
+#ifndef LOADSTONE_TENSOR_PARALLEL_H_
+#define LOADSTONE_TENSOR_PARALLEL_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loadstone/checkpoint.h"
+#include "loadstone/loader.h"
+#include "loadstone/plan.h"
+#include "loadstone/status.h"
+
+namespace loadstone {
+
+// The rank and its group: world_size ranks, tensor-parallel groups of `tp` consecutive ranks
+// (transformers' device mesh with tp innermost: tp rank = rank % tp), each group loading the
+// whole model once.
+struct ParallelOptions {
+  int world_size = 1;
+  int rank = 0;
+  int tp = 1;
+  // transformers' tp_plan as a JSON object of full names ({"model.layers.*.self_attn.q_proj":
+  // "colwise", "lm_head": "colwise_gather_output", ...}), used as given. Empty: the plan
+  // transformers would use for the checkpoint's config.json (its base_model_tp_plan, else the
+  // model type's built-in one, with the embeddings' and the head's entries).
+  std::string tp_plan_json;
+  // Bytes of one exchange bucket: the split tensors exchanged together in one all-to-all hold at
+  // most this many bytes in total (a larger tensor goes alone).
+  uint64_t bucket_bytes = 256ULL << 20;
+};
+
+// A run of `count` elements of the full tensor (row-major) from element `first`.
+struct ElementRange {
+  uint64_t first = 0;
+  uint64_t count = 0;
+  friend bool operator==(const ElementRange&, const ElementRange&) = default;
+};
+
+// One tensor of a rank's share.
+struct TensorShard {
+  std::string name;
+  // transformers' style name from the plan ("colwise", "rowwise", ...); empty when no rule
+  // applies (the tensor is replicated).
+  std::string style;
+  std::vector<uint64_t> full_shape;
+  std::vector<uint64_t> shape;  // this rank's part
+  // The split dimension (-1: whole) and, for every rank of the group, the intervals of it that
+  // rank holds; its part is, for each index of the dimensions before `dim`, those intervals in
+  // order.
+  int dim = -1;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> cuts;
+  // Exchanged: every rank r of the group reads elements [blocks[r].first, blocks[r].second) of
+  // the full tensor (row-major; the elements split evenly: n·r/tp .. n·(r+1)/tp), as a 1-D
+  // tensor of that name in `reads`, and the parts are made by the exchange. Otherwise this rank
+  // reads its part as it is (`reads` has a tensor of this name and shape, unless it is empty).
+  bool exchanged = false;
+  std::vector<std::pair<uint64_t, uint64_t>> blocks;
+};
+
+struct RankShare {
+  ParallelOptions options;
+  int tp_rank = 0;   // rank within its group
+  int group = 0;     // which group (rank / tp)
+  // What this rank reads, as a catalog over the checkpoint's files (Checkpoint::WithTensors):
+  // its part or row block of each tensor, under the tensor's own name; plan and load this.
+  Checkpoint reads;
+  std::vector<TensorShard> tensors;  // the checkpoint's order
+  uint64_t read_bytes = 0;        // file bytes this rank reads
+  uint64_t split_bytes = 0;       // file bytes of the split tensors (whole), per group
+  uint64_t replicated_bytes = 0;  // file bytes of the tensors every rank reads whole
+};
+
+// Rank options.rank's share of `checkpoint`. Errors: InvalidArgument (a rank, world size or tp
+// that does not fit: tp must divide world_size; a bad tp_plan_json; a style that does not fit a
+// tensor's shape), NotFound (no plan given and none known for the config's model type, or no
+// config.json), Unsupported (a split tensor that is quantized, packed or not stored
+// contiguous and little-endian, naming it).
+Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& options);
+
+// The options to plan a rank's reads (RankShare::reads) with: `options` with no gap read between
+// two coalesced tensors (PlanOptions::coalesce_gap 0), since the gaps of a rank's catalog hold the
+// other ranks' parts. The plan then reads exactly RankShare::read_bytes.
+PlanOptions RankPlanOptions(PlanOptions options);
+
+// Moves bytes between the ranks of one tensor-parallel group. Implemented over c10d process
+// groups (loadstone/dist.h); one call at a time, made by every rank of the group in the same
+// order.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual int rank() const = 0;  // within the group
+  virtual int size() const = 0;
+  // All-to-all: send_counts[q] bytes of `send` (in rank order) go to rank q, recv_counts[r]
+  // bytes from rank r land in `recv` (in rank order). Counts to and from itself are 0.
+  virtual Status AllToAll(std::span<const std::byte> send, std::span<const uint64_t> send_counts,
+                          std::span<std::byte> recv, std::span<const uint64_t> recv_counts) = 0;
+};
+
+// This rank's tensors (share.tensors' order, each of its part's shape) from `loaded` (the load of
+// share.reads, on the CPU) and, for exchanged tensors, the group's exchange. A tensor read as
+// its part is returned as loaded (no copy). `exchange` may be null when nothing is exchanged.
+// Errors: InvalidArgument (a loaded tensor missing, not on the CPU or not of its part's size; an
+// exchange needed and none given, or one that does not fit the group), the exchange's error.
+Result<std::vector<Tensor>> AssembleShare(const RankShare& share,
+                                          const std::vector<Tensor>& loaded, Exchange* exchange);
+
+}  // namespace loadstone
+
+#endif  // LOADSTONE_TENSOR_PARALLEL_H_

@@ -1,0 +1,168 @@
+// ShareOf (include/loadstone/tensor_parallel.h): each tensor's split under the tensor-parallel
+// plan (tp_rules.h) and the part or row block this rank reads, as a catalog over the same files.
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "io/formats/json_util.h"
+#include "io/formats/limits.h"
+#include "loadstone/tensor_parallel.h"
+#include "runtime/plan/tp_rules.h"
+
+namespace loadstone {
+namespace {
+
+using planning::TpPlan;
+
+Status CheckOptions(const ParallelOptions& o) {
+  if (o.world_size < 1 || o.tp < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return Status::InvalidArgument(fmt::format(
+        "rank {} of a world of {} with tensor-parallel degree {}: the world size and the degree "
+        "are at least 1 and a rank is 0 .. world size - 1",
+        o.rank, o.world_size, o.tp));
+  }
+  if (o.world_size % o.tp != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "tensor-parallel degree {} does not divide the world size {}: give a --tp that does",
+        o.tp, o.world_size));
+  }
+  if (o.bucket_bytes == 0) return Status::InvalidArgument("exchange bucket of 0 bytes");
+  return Status::OK();
+}
+
+Result<TpPlan> PlanFor(const Checkpoint& checkpoint, const ParallelOptions& options) {
+  if (!options.tp_plan_json.empty()) {
+    auto plan = TpPlan::FromJson(options.tp_plan_json);
+    if (!plan.ok()) return plan.status().WithContext("the tensor-parallel plan given");
+    return plan;
+  }
+  const std::string& path = checkpoint.config().path;
+  if (path.empty()) {
+    return Status::NotFound(
+        "the checkpoint has no config.json to take a tensor-parallel plan from: give one "
+        "(--tp-plan FILE.json, ParallelOptions::tp_plan_json)");
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(const std::string text,
+                             io::ReadSmallFile(path, "config.json", io::kMaxConfigBytes,
+                                               "kMaxConfigBytes"));
+  std::vector<std::string> names;
+  names.reserve(checkpoint.tensors().size());
+  for (const TensorInfo& t : checkpoint.tensors()) names.push_back(t.name);
+  auto plan = planning::TpPlanFromConfig(text, names);
+  if (!plan.ok()) return plan.status().WithContext(path);
+  return plan;
+}
+
+// Elements [first, end) of a plain tensor, as a 1-D tensor of the view.
+TensorInfo ElementsOf(const TensorInfo& t, uint64_t first, uint64_t end) {
+  TensorInfo part = t;
+  const uint64_t elem = t.nbytes / t.numel();
+  part.shape = {end - first};
+  part.offset += first * elem;
+  part.nbytes = (end - first) * elem;
+  return part;
+}
+
+Status CheckSplittable(const Checkpoint& checkpoint, const TensorInfo& t, std::string_view style) {
+  std::string_view why;
+  if (t.packed) {
+    why = "it is packed (quantized blocks)";
+  } else if (checkpoint.Dequantizes(t)) {
+    why = "it is a float8 weight with scales";
+  } else if (!t.plain_layout()) {
+    why = "its file bytes are not contiguous little-endian (a strided or big-endian archive "
+          "tensor)";
+  }
+  if (why.empty()) return Status::OK();
+  return Status::Unsupported(fmt::format(
+      "tensor '{}': its tensor-parallel rule '{}' splits it, and loadstone does not split a "
+      "tensor when {} yet; load it with --tp 1 or give a plan that replicates it",
+      t.name, style, why));
+}
+
+// The split of `t` under `style` across the group, and the part of it rank `me` reads.
+Result<TensorShard> ShardOf(const Checkpoint& checkpoint, const TensorInfo& t,
+                            planning::TpStyle style, int me, int tp,
+                            std::vector<TensorInfo>& reads) {
+  const std::string style_name(planning::TpStyleName(style));
+  TensorShard shard{t.name, style_name, t.shape, t.shape};
+  const std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+  bool contiguous = true;
+  for (int r = 0; r < tp; ++r) {
+    auto part = planning::TpPartOf(style, t.name, shape, r, tp);
+    if (!part.ok()) return part.status();
+    contiguous = contiguous && part->runs.size() <= 1;
+    if (r == me) shard.shape = part->shape;
+    shard.dim = part->dim;
+    shard.cuts.push_back(std::move(part->intervals));
+  }
+  if (shard.dim < 0) {  // the style leaves it whole (a row-wise bias, a 1-D packed_rowwise)
+    shard.style.clear();
+    shard.cuts.clear();
+    reads.push_back(t);
+    return shard;
+  }
+  LOADSTONE_RETURN_IF_ERROR(CheckSplittable(checkpoint, t, style_name));
+  if (contiguous) {  // one run each: the part's first element and its shape say where it is
+    auto part = planning::TpPartOf(style, t.name, shape, me, tp);
+    if (!part.ok()) return part.status();
+    if (part->runs.empty()) return shard;
+    const uint64_t elem = t.nbytes / t.numel();
+    TensorInfo read = t;
+    read.shape = shard.shape;
+    read.offset += part->runs[0].first * elem;
+    read.nbytes = part->runs[0].count * elem;
+    reads.push_back(std::move(read));
+    return shard;
+  }
+  if (t.numel() < static_cast<uint64_t>(tp)) {
+    return Status::Unsupported(fmt::format(
+        "tensor '{}': its rule '{}' splits {} elements over {} ranks, fewer than one each to "
+        "read; give a plan that replicates it",
+        t.name, style_name, t.numel(), tp));
+  }
+  shard.exchanged = true;
+  const uint64_t n = t.numel();
+  const auto w = static_cast<uint64_t>(tp);
+  for (uint64_t r = 0; r < w; ++r) shard.blocks.emplace_back(n * r / w, n * (r + 1) / w);
+  reads.push_back(ElementsOf(t, shard.blocks[me].first, shard.blocks[me].second));
+  return shard;
+}
+
+}  // namespace
+
+PlanOptions RankPlanOptions(PlanOptions options) {
+  options.coalesce_gap = 0;
+  return options;
+}
+
+Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& options) {
+  LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
+  RankShare share{options, options.rank % options.tp, options.rank / options.tp, checkpoint};
+  TpPlan plan;
+  if (options.tp > 1) {
+    LOADSTONE_ASSIGN_OR_RETURN(plan, PlanFor(checkpoint, options));
+  }
+  std::vector<TensorInfo> reads;
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    const std::optional<planning::TpStyle> style = plan.Lookup(t.name);
+    if (!style || *style == planning::TpStyle::kReplicate) {
+      share.tensors.push_back({t.name, "", t.shape, t.shape});
+      share.replicated_bytes += t.nbytes;
+      reads.push_back(t);
+      continue;
+    }
+    auto shard = ShardOf(checkpoint, t, *style, share.tp_rank, options.tp, reads);
+    if (!shard.ok()) return shard.status();
+    (shard->dim < 0 ? share.replicated_bytes : share.split_bytes) += t.nbytes;
+    share.tensors.push_back(std::move(*shard));
+  }
+  for (const TensorInfo& t : reads) share.read_bytes += t.nbytes;
+  auto view = checkpoint.WithTensors(std::move(reads));
+  if (!view.ok()) return view.status().WithContext("a tensor-parallel rank's reads");
+  share.reads = std::move(*view);
+  return share;
+}
+
+}  // namespace loadstone
