@@ -10,7 +10,8 @@ packages=(
   libasio-dev liburing-dev libfmt-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
 )
 if [ "${1:-}" != "--cli" ]; then
-  packages+=(git python3 python3-venv python3-dev catch2 libtorch-dev)
+  # libgloo-dev: the headers c10d's ProcessGroupGloo.hpp includes (the distributed face).
+  packages+=(git python3 python3-venv python3-dev catch2 libtorch-dev libgloo-dev)
 fi
 
 missing=()

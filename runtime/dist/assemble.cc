@@ -67,9 +67,10 @@ Tensor NewPart(const TensorShard& s, DType dtype, uint64_t elem) {
   uint64_t numel = 1;
   for (uint64_t d : s.shape) numel *= d;
   const uint64_t nbytes = numel * elem;
-  std::shared_ptr<std::byte> memory(
-      static_cast<std::byte*>(::operator new[](std::max<uint64_t>(nbytes, 1), std::align_val_t{64})),
-      [](std::byte* p) { ::operator delete[](p, std::align_val_t{64}); });
+  void* raw = ::operator new[](std::max<uint64_t>(nbytes, 1), std::align_val_t{64});
+  std::shared_ptr<std::byte> memory(static_cast<std::byte*>(raw), [](std::byte* p) {
+    ::operator delete[](p, std::align_val_t{64});
+  });
   std::byte* data = memory.get();
   return Tensor(s.name, dtype, s.shape, "cpu", std::move(memory), data, nbytes);
 }

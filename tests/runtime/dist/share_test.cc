@@ -162,7 +162,7 @@ void CheckAgainstTransformers(const std::string& name, int world, const std::str
   CHECK(any.split_bytes > 0);
 }
 
-TEST_CASE("tensor parallel: each rank of 2, 3, 4 holds what transformers gives it (sharded Llama)") {
+TEST_CASE("tensor parallel: each rank of 2, 3, 4 holds transformers' part (sharded Llama)") {
   for (int world : {2, 3, 4}) {
     CheckAgainstTransformers("llama", world, "", DType::kF32);
   }
@@ -214,7 +214,8 @@ TEST_CASE("tensor parallel: options that do not fit, a plan that does not parse,
   auto share = ShareOf(*ckpt, par);
   REQUIRE_FALSE(share.ok());
   CHECK(share.status().code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(share.status().message()), Catch::Contains("does not divide the world size 4"));
+  CHECK_THAT(std::string(share.status().message()),
+             Catch::Contains("does not divide the world size 4"));
   par.tp = 4;
   par.rank = 4;
   CHECK(ShareOf(*ckpt, par).status().code() == StatusCode::kInvalidArgument);
@@ -234,7 +235,8 @@ TEST_CASE("tensor parallel: options that do not fit, a plan that does not parse,
   REQUIRE(handle.Done().get().ok());
   auto tensors = AssembleShare(*share, handle.Tensors(), nullptr);
   REQUIRE_FALSE(tensors.ok());
-  CHECK_THAT(std::string(tensors.status().message()), Catch::Contains("needs an exchange of its group"));
+  CHECK_THAT(std::string(tensors.status().message()),
+             Catch::Contains("needs an exchange of its group"));
 }
 
 }  // namespace

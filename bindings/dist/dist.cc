@@ -1,0 +1,229 @@
+// The distributed face (include/loadstone/dist.h) over c10d: a TCPStore rendezvous and Gloo
+// process groups, the tensor-parallel exchange as one alltoall_base per bucket.
+#include "loadstone/dist.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <exception>
+#include <string_view>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+namespace loadstone {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs `body`, turning c10d's exceptions (a timeout, a peer gone) into an IOError that says what
+// this rank waited for.
+template <typename F>
+auto Guarded(std::string_view what, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    return Status::IOError(fmt::format("{}: c10d: {}", what, e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return Status::IOError(fmt::format("{}: c10d: {}", what, e.what()));
+  }
+}
+
+c10::intrusive_ptr<c10d::ProcessGroupGloo> NewGloo(c10::intrusive_ptr<c10d::Store> store,
+                                                   int rank, int size,
+                                                   std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(std::move(store), rank, size, options);
+}
+
+at::Tensor Bytes(const std::byte* data, uint64_t n) {
+  static std::byte none{};
+  return torch::from_blob(const_cast<std::byte*>(n == 0 ? &none : data),
+                          {static_cast<int64_t>(n)}, torch::kUInt8);
+}
+
+class GlooExchange : public Exchange {
+ public:
+  GlooExchange(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, int rank, int size,
+               std::chrono::milliseconds timeout)
+      : group_(std::move(group)), rank_(rank), size_(size), timeout_(timeout) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  uint64_t received() const { return received_; }
+
+  Status AllToAll(std::span<const std::byte> send, std::span<const uint64_t> send_counts,
+                  std::span<std::byte> recv, std::span<const uint64_t> recv_counts) override {
+    std::vector<int64_t> out_splits(recv_counts.begin(), recv_counts.end());
+    std::vector<int64_t> in_splits(send_counts.begin(), send_counts.end());
+    return Guarded(fmt::format("tensor-parallel all-to-all of rank {} of {}", rank_, size_), [&] {
+      at::Tensor out = Bytes(recv.data(), recv.size());
+      at::Tensor in = Bytes(send.data(), send.size());
+      group_->alltoall_base(out, in, out_splits, in_splits)->wait(timeout_);
+      for (uint64_t c : recv_counts) received_ += c;
+      return Status::OK();
+    });
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  uint64_t received_ = 0;
+};
+
+class GlooGroups : public ProcessGroups {
+ public:
+  GlooGroups(GroupOptions options, c10::intrusive_ptr<c10d::ProcessGroupGloo> world,
+             std::unique_ptr<GlooExchange> tp)
+      : options_(std::move(options)), world_(std::move(world)), tp_(std::move(tp)) {}
+
+  Exchange& exchange() override { return *tp_; }
+  const GroupOptions& options() const override { return options_; }
+  uint64_t received() const { return tp_->received(); }
+
+  Result<std::vector<uint64_t>> AllGather(uint64_t value) override {
+    return Guarded(fmt::format("rank {} waiting for the other {} ranks", options_.rank,
+                               options_.world_size - 1),
+                   [&]() -> Result<std::vector<uint64_t>> {
+                     std::vector<at::Tensor> in = {torch::tensor(
+                         {static_cast<int64_t>(value)}, torch::kInt64)};
+                     std::vector<std::vector<at::Tensor>> out(1);
+                     for (int r = 0; r < options_.world_size; ++r) {
+                       out[0].push_back(torch::empty({1}, torch::kInt64));
+                     }
+                     world_->allgather(out, in)->wait(options_.timeout);
+                     std::vector<uint64_t> values;
+                     for (const at::Tensor& t : out[0]) {
+                       values.push_back(static_cast<uint64_t>(t.item<int64_t>()));
+                     }
+                     return values;
+                   });
+  }
+
+ private:
+  GroupOptions options_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> world_;
+  std::unique_ptr<GlooExchange> tp_;
+};
+
+Result<int> EnvInt(const char* name, int fallback, int lo, int hi) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  int value = 0;
+  const std::string_view s(text);
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || end != s.data() + s.size() || value < lo || value > hi) {
+    return Status::InvalidArgument(fmt::format(
+        "environment variable {}='{}' is not a number from {} to {}", name, s, lo, hi));
+  }
+  return value;
+}
+
+// A hash of what every rank must agree on: each tensor's name, dtype, shape, offset and size.
+uint64_t CatalogHash(const Checkpoint& checkpoint) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
+  };
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    mix(t.name.data(), t.name.size() + 1);
+    const auto dtype = static_cast<int>(t.dtype);
+    mix(&dtype, sizeof dtype);
+    for (uint64_t d : t.shape) mix(&d, sizeof d);
+    mix(&t.offset, sizeof t.offset);
+    mix(&t.nbytes, sizeof t.nbytes);
+  }
+  return h >> 1;  // fits an int64 for the all-gather
+}
+
+}  // namespace
+
+Result<GroupOptions> GroupOptionsFromEnvironment(GroupOptions o) {
+  LOADSTONE_ASSIGN_OR_RETURN(o.world_size, EnvInt("WORLD_SIZE", o.world_size, 1, 1 << 20));
+  LOADSTONE_ASSIGN_OR_RETURN(o.rank, EnvInt("RANK", o.rank, 0, (1 << 20) - 1));
+  LOADSTONE_ASSIGN_OR_RETURN(o.master_port, EnvInt("MASTER_PORT", o.master_port, 1, 65535));
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
+    o.master_addr = addr;
+  }
+  return o;
+}
+
+Result<std::unique_ptr<ProcessGroups>> ProcessGroups::Connect(const GroupOptions& options,
+                                                              int tp) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size ||
+      tp < 1 || options.world_size % tp != 0) {
+    return Status::InvalidArgument(fmt::format(
+        "rank {} of a world of {} in tensor-parallel groups of {}: a rank is 0 .. world size - 1 "
+        "and the degree divides the world size",
+        options.rank, options.world_size, tp));
+  }
+  const std::string where = fmt::format("rank {} of {} meeting at {}:{}", options.rank,
+                                        options.world_size, options.master_addr,
+                                        options.master_port);
+  return Guarded(where, [&]() -> Result<std::unique_ptr<ProcessGroups>> {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(options.master_port);
+    store_options.isServer = options.rank == 0;
+    store_options.numWorkers = options.world_size;
+    store_options.timeout = options.timeout;
+    auto store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
+    auto world = NewGloo(c10::make_intrusive<c10d::PrefixStore>("world", store), options.rank,
+                         options.world_size, options.timeout);
+    const int group = options.rank / tp;
+    auto tp_group = NewGloo(
+        c10::make_intrusive<c10d::PrefixStore>(fmt::format("tp{}", group), store),
+        options.rank % tp, tp, options.timeout);
+    auto exchange =
+        std::make_unique<GlooExchange>(std::move(tp_group), options.rank % tp, tp, options.timeout);
+    return std::unique_ptr<ProcessGroups>(
+        std::make_unique<GlooGroups>(options, std::move(world), std::move(exchange)));
+  });
+}
+
+Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
+                          const ParallelOptions& par, const PlanOptions& options,
+                          ProcessGroups& groups) {
+  LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> hashes,
+                             groups.AllGather(CatalogHash(checkpoint)));
+  for (size_t r = 1; r < hashes.size(); ++r) {
+    if (hashes[r] != hashes[0]) {
+      return Status::InvalidArgument(fmt::format(
+          "rank {} opened a checkpoint that differs from rank 0's (its tensors' names, dtypes, "
+          "shapes or offsets): every rank must load the same files",
+          r));
+    }
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(RankShare share, ShareOf(checkpoint, par));
+  LOADSTONE_ASSIGN_OR_RETURN(LoadPlan plan, Plan(share.reads, RankPlanOptions(options)));
+  const auto start = Clock::now();
+  LoadHandle handle = loader.Load(share.reads, plan);
+  const Status status = handle.Done().get();
+  const auto loaded = Clock::now();
+  // Every rank says whether it has its share before any waits in an exchange for a rank that
+  // will never come.
+  LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> failed, groups.AllGather(status.ok() ? 0 : 1));
+  LOADSTONE_RETURN_IF_ERROR(status);
+  for (size_t r = 0; r < failed.size(); ++r) {
+    if (failed[r] != 0) {
+      return Status::IOError(fmt::format(
+          "rank {} failed to load its share (its own error says why); rank {} stops too", r,
+          par.rank));
+    }
+  }
+  auto* gloo = dynamic_cast<GlooGroups*>(&groups);
+  const uint64_t before = gloo != nullptr ? gloo->received() : 0;
+  LOADSTONE_ASSIGN_OR_RETURN(std::vector<Tensor> tensors,
+                             AssembleShare(share, handle.Tensors(), &groups.exchange()));
+  RankLoad out{std::move(share), std::move(plan), std::move(tensors), handle.read_stats()};
+  out.received_bytes = gloo != nullptr ? gloo->received() - before : 0;
+  out.load_seconds = std::chrono::duration<double>(loaded - start).count();
+  out.exchange_seconds = std::chrono::duration<double>(Clock::now() - loaded).count();
+  return out;
+}
+
+}  // namespace loadstone

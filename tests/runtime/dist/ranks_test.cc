@@ -1,0 +1,175 @@
+// Tensor-parallel loading across processes over c10d (loadstone/dist.h): W forked ranks meet at a
+// TCPStore on 127.0.0.1 and exchange over Gloo; each writes what it holds (per tensor: the
+// values, as indices) to a file the parent checks against transformers' own parts
+// (tests/fixtures/tp/cases.json). Faults: a rank that dies, a rank with another checkpoint —
+// every other rank ends with an error within its timeout, none hangs (the parent kills what
+// outlives a bound).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "loadstone/dist.h"
+#include "testing/temp_dir.h"
+
+namespace loadstone {
+namespace {
+
+const std::string kModels = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/models/";
+
+// A port no earlier run of this test holds: from the process id, in the dynamic range.
+int FreshPort(int salt) { return 20000 + (getpid() * 7 + salt * 101) % 20000; }
+
+// What one rank does (in its own process): load its share, write a JSON report.
+void RunRank(const std::string& model, int world, int rank, int port, const std::string& out) {
+  nlohmann::json report;
+  GroupOptions g;
+  g.world_size = world;
+  g.rank = rank;
+  g.master_port = port;
+  g.timeout = std::chrono::seconds(8);
+  auto groups = ProcessGroups::Connect(g, world);
+  Status status = groups.status();
+  if (status.ok()) {
+    auto ckpt = Checkpoint::Open(model);
+    status = ckpt.status();
+    if (status.ok()) {
+      Loader loader;
+      ParallelOptions par;
+      par.world_size = world;
+      par.rank = rank;
+      par.tp = world;
+      auto loaded = LoadRank(loader, *ckpt, par, PlanOptions(), **groups);
+      status = loaded.status();
+      if (loaded.ok()) {
+        report["read_bytes"] = loaded->read_stats.direct_bytes + loaded->read_stats.buffered_bytes;
+        report["share_read_bytes"] = loaded->share.read_bytes;
+        report["received_bytes"] = loaded->received_bytes;
+        for (const Tensor& t : loaded->tensors) {
+          std::vector<float> values(t.nbytes() / 4);
+          if (t.nbytes() > 0) std::memcpy(values.data(), t.data(), t.nbytes());
+          report["tensors"][t.name()] = values;
+        }
+      }
+    }
+  }
+  report["status"] = status.ToString();
+  std::ofstream(out) << report.dump();
+}
+
+struct Ranks {
+  std::vector<nlohmann::json> reports;
+  double seconds = 0;
+};
+
+// Forks `world` ranks, rank r loading models[r]; `dies`: that rank exits before it connects.
+Ranks RunGroup(const std::vector<std::string>& models, int salt, int dies = -1) {
+  const int world = static_cast<int>(models.size());
+  testing::TempDir dir;
+  const int port = FreshPort(salt);
+  std::vector<pid_t> pids;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      if (r != dies) RunRank(models[r], world, r, port, dir.path() + "/" + std::to_string(r));
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  // Bounded: whatever is still running after 60 s is killed (and the test fails below).
+  for (pid_t pid : pids) {
+    int status = 0;
+    for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    }
+  }
+  Ranks out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(dir.path() + "/" + std::to_string(r));
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    out.reports.push_back(s.empty() ? nlohmann::json() : nlohmann::json::parse(s));
+  }
+  return out;
+}
+
+const nlohmann::json& Llama() {
+  static const nlohmann::json model = [] {
+    std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/cases.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    const nlohmann::json cases = nlohmann::json::parse(text.str());
+    for (const auto& m : cases["models"]) {
+      if (m["name"] == "llama") return m;
+    }
+    return nlohmann::json();
+  }();
+  return model;
+}
+
+TEST_CASE("ranks over c10d: 2 and 4 processes hold what transformers gives each rank") {
+  for (int world : {2, 4}) {
+    const Ranks ranks = RunGroup(std::vector<std::string>(world, kModels + "llama"), world);
+    uint64_t received = 0;
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& report = ranks.reports[r];
+      INFO("rank " << r << " of " << world << ": " << report.dump().substr(0, 300));
+      REQUIRE(report.is_object());
+      REQUIRE(report["status"] == "OK");
+      CHECK(report["read_bytes"] == report["share_read_bytes"]);
+      received += report["received_bytes"].get<uint64_t>();
+      for (const auto& param : Llama()["parameters"]) {
+        std::vector<float> expected;
+        if (param["style"].is_null()) continue;
+        for (const auto& run : param["ranks"][std::to_string(world)][r]) {
+          for (uint64_t k = 0; k < run[1].get<uint64_t>(); ++k) {
+            expected.push_back(static_cast<float>(run[0].get<uint64_t>() + k));
+          }
+        }
+        CHECK(report["tensors"][param["name"].get<std::string>()].get<std::vector<float>>() ==
+              expected);
+      }
+    }
+    CHECK(received > 0);  // the row-wise parts came over Gloo
+  }
+}
+
+TEST_CASE("ranks over c10d: a rank that dies, a rank with another checkpoint: all end, with why") {
+  const std::string llama = kModels + "llama";
+  Ranks ranks = RunGroup({llama, llama, llama}, 7, /*dies=*/1);
+  CHECK(ranks.seconds < 40);
+  for (int r : {0, 2}) {
+    INFO("rank " << r << ": " << ranks.reports[r].dump());
+    REQUIRE(ranks.reports[r].is_object());
+    CHECK(ranks.reports[r]["status"] != "OK");
+  }
+  ranks = RunGroup({llama, kModels + "by-hand"}, 11);
+  for (int r : {0, 1}) {
+    INFO("rank " << r << ": " << ranks.reports[r].dump());
+    REQUIRE(ranks.reports[r].is_object());
+    CHECK_THAT(ranks.reports[r]["status"].get<std::string>(),
+               Catch::Contains("differs from rank 0's"));
+  }
+}
+
+}  // namespace
+}  // namespace loadstone
