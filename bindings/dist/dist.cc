@@ -200,6 +200,14 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
   }
   LOADSTONE_ASSIGN_OR_RETURN(RankShare share, ShareOf(checkpoint, par));
   LOADSTONE_ASSIGN_OR_RETURN(LoadPlan plan, Plan(share.reads, RankPlanOptions(options)));
+  for (const Device& device : plan.targets) {
+    if (device.type != Device::Type::kCpu || !plan.offloaded.empty()) {
+      return Status::Unsupported(fmt::format(
+          "a tensor-parallel load places its parts on the CPU for now (Gloo), and the device map "
+          "sends some to {}: give --device-map cpu",
+          plan.offloaded.empty() ? device.ToString() : "disk"));
+    }
+  }
   const auto start = Clock::now();
   LoadHandle handle = loader.Load(share.reads, plan);
   const Status status = handle.Done().get();
@@ -227,3 +235,10 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
 }
 
 }  // namespace loadstone
+
+extern "C" const loadstone::DistApi* loadstone_dist_api() {
+  static const loadstone::DistApi api{loadstone::kDistApiVersion,
+                                      &loadstone::GroupOptionsFromEnvironment,
+                                      &loadstone::ProcessGroups::Connect, &loadstone::LoadRank};
+  return &api;
+}

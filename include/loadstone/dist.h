@@ -77,6 +77,23 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
                           const ParallelOptions& par, const PlanOptions& options,
                           ProcessGroups& groups);
 
+// The entry points above, for a program that loads libloadstone_dist.so (and with it LibTorch)
+// only when a distributed load is asked for — the `loadstone` CLI: dlopen the library (beside
+// libloadstone.so) and call loadstone_dist_api(). `version` is kDistApiVersion of the header the
+// library was built with; a program checks it before using the rest.
+inline constexpr uint32_t kDistApiVersion = 1;
+struct DistApi {
+  uint32_t version = kDistApiVersion;
+  Result<GroupOptions> (*group_options_from_environment)(GroupOptions defaults);
+  Result<std::unique_ptr<ProcessGroups>> (*connect)(const GroupOptions& options, int tp);
+  Result<RankLoad> (*load_rank)(Loader& loader, const Checkpoint& checkpoint,
+                                const ParallelOptions& par, const PlanOptions& options,
+                                ProcessGroups& groups);
+};
+
 }  // namespace loadstone
+
+// The symbol to look up with dlsym: the library's DistApi.
+extern "C" const loadstone::DistApi* loadstone_dist_api();
 
 #endif  // LOADSTONE_DIST_H_

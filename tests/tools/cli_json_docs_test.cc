@@ -210,6 +210,19 @@ TEST_CASE("cli json: inspect of .bin and GGUF files, and convert, print what doc
   CheckAgainstDocs("convert", {file.out, folder.out});
 }
 
+#ifdef LOADSTONE_TEST_DIST
+TEST_CASE("cli json: a tensor-parallel rank's load prints what docs/cli.md documents",
+          "[tools][docs]") {
+  const auto run = RunCli("launch -n 2 -- load " + std::string(LOADSTONE_SOURCE_DIR) +
+                          "/tests/fixtures/tp/models/llama --tp 2 --json");
+  INFO(run.err);
+  REQUIRE(run.code == 0);
+  const json doc = json::parse(run.out);
+  REQUIRE(doc["ranks"].size() == 2);
+  CheckAgainstDocs("load-rank", {doc["ranks"][0].dump(), doc["ranks"][1].dump()});
+}
+#endif
+
 TEST_CASE("cli json: bench prints what docs/cli.md documents", "[tools][docs]") {
   Model m;
   const auto bench = RunCli("bench " + m.path + " --repeat 1 --settle 0 --json");

@@ -16,6 +16,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code, const std::string& argv0);
 void AddLoadCommand(CLI::App& app, int* exit_code);
 void AddBenchCommand(CLI::App& app, int* exit_code);
 void AddConvertCommand(CLI::App& app, int* exit_code);
+void AddLaunchCommand(CLI::App& app, int* exit_code);
 
 }  // namespace loadstone::cli
 

@@ -1,5 +1,8 @@
 #include "tools/loadstone/format.h"
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -74,6 +77,24 @@ std::string Wrapped(std::string_view text, size_t width, std::string_view indent
   }
   if (line.size() > indent.size()) out += line + "\n";
   return out;
+}
+
+Result<uint32_t> Crc32(const loadstone::Tensor& t) {
+  std::vector<std::byte> host;
+  const std::byte* p = t.data();
+  if (t.device() != "cpu") {
+    host.resize(t.nbytes());
+    LOADSTONE_RETURN_IF_ERROR(t.CopyToHost(host));
+    p = host.data();
+  }
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (uint64_t left = t.nbytes(); left > 0;) {
+    const uInt n = static_cast<uInt>(std::min<uint64_t>(left, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(p), n);
+    p += n;
+    left -= n;
+  }
+  return static_cast<uint32_t>(crc);
 }
 
 }  // namespace loadstone::cli

@@ -36,6 +36,9 @@ std::string ReadSources(const ReadStats& stats);
 // (`plan --json` for the planned routes, `load --json` for those taken).
 nlohmann::ordered_json RoutesJson(const RouteCounts& counts);
 
+// zlib's CRC-32 of the tensor's bytes, copied back from its device when it is not on the host.
+Result<uint32_t> Crc32(const loadstone::Tensor& t);
+
 }  // namespace loadstone::cli
 
 #endif  // LOADSTONE_TOOLS_FORMAT_H_

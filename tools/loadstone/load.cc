@@ -2,7 +2,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <atomic>
 #include <cerrno>
@@ -20,6 +19,7 @@
 #include "loadstone/offload.h"
 #include "tools/loadstone/commands.h"
 #include "tools/loadstone/format.h"
+#include "tools/loadstone/load_rank.h"
 #include "tools/loadstone/plan_flags.h"
 #include "tools/loadstone/progress_bar.h"
 
@@ -29,30 +29,12 @@ namespace {
 struct LoadArgs {
   PlanFlags flags;
   ReadFlags read;
+  RankFlags rank;
   bool json = false;
   std::string trace;
   bool trace_given = false;  // --trace was given, perhaps as ''
   bool overwrite = false;
 };
-
-// zlib's CRC-32 of the tensor's bytes, copied back from its device when it is not on the host.
-Result<uint32_t> Crc32(const loadstone::Tensor& t) {
-  std::vector<std::byte> host;
-  const std::byte* p = t.data();
-  if (t.device() != "cpu") {
-    host.resize(t.nbytes());
-    LOADSTONE_RETURN_IF_ERROR(t.CopyToHost(host));
-    p = host.data();
-  }
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (uint64_t left = t.nbytes(); left > 0;) {
-    const uInt n = static_cast<uInt>(std::min<uint64_t>(left, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(p), n);
-    p += n;
-    left -= n;
-  }
-  return static_cast<uint32_t>(crc);
-}
 
 // The trace file must be writable before the load starts, not found unwritable at its end; an
 // existing one is replaced only with --overwrite. Nothing is created here: the trace appears,
@@ -277,6 +259,14 @@ void PrintHuman(const LoadHandle& load, const Progress& progress, const LoadPlan
 }
 
 int RunLoad(const LoadArgs& args) {
+  if (args.rank.asked()) {
+    if (args.trace_given) {
+      return ReportError(Status::Unsupported(
+          "--trace with a tensor-parallel load (--tp, --world-size, --rank): not yet; trace a "
+          "load of one rank without them"));
+    }
+    return RunRankLoad(args.flags, args.read, args.rank, args.json);
+  }
   auto setup = Prepare(args);
   if (!setup.ok()) return ReportError(setup.status());
   const Checkpoint& checkpoint = *setup->in.checkpoint;
@@ -329,6 +319,7 @@ void AddLoadCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("load", "Stream a checkpoint into memory");
   args->flags.Register(cmd, /*path_required=*/true);
   args->read.Register(cmd);
+  args->rank.Register(cmd);
   cmd->add_flag("--json", args->json, "Print one JSON document (with CRC-32 per tensor)");
   cmd->add_option("--trace", args->trace,
                   "Write a Chrome trace-event JSON of the load (open it in Perfetto)")

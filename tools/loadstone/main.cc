@@ -33,6 +33,7 @@ int Run(int argc, char** argv) {
   loadstone::cli::AddLoadCommand(app, &exit_code);
   loadstone::cli::AddBenchCommand(app, &exit_code);
   loadstone::cli::AddConvertCommand(app, &exit_code);
+  loadstone::cli::AddLaunchCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -53,7 +53,9 @@ void RunRank(const std::string& model, int world, int rank, int port, const std:
       auto loaded = LoadRank(loader, *ckpt, par, PlanOptions(), **groups);
       status = loaded.status();
       if (loaded.ok()) {
-        report["read_bytes"] = loaded->read_stats.direct_bytes + loaded->read_stats.buffered_bytes;
+        uint64_t requested = 0;  // read or copied from the page cache, as the reader counts
+        for (const RouteCount& c : loaded->read_stats.routes) requested += c.bytes;
+        report["read_bytes"] = requested;
         report["share_read_bytes"] = loaded->share.read_bytes;
         report["received_bytes"] = loaded->received_bytes;
         for (const Tensor& t : loaded->tensors) {
