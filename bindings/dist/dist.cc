@@ -18,6 +18,19 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Parts are made on the CPU (Gloo): a plan that places anything elsewhere is refused.
+Status CheckOnCpu(const LoadPlan& plan) {
+  std::string where = plan.offloaded.empty() ? "" : "disk";
+  for (const Device& device : plan.targets) {
+    if (device.type != Device::Type::kCpu) where = device.ToString();
+  }
+  if (where.empty()) return Status::OK();
+  return Status::Unsupported(fmt::format(
+      "a tensor-parallel load places its parts on the CPU for now (Gloo), and the device map "
+      "sends some to {}: give --device-map cpu",
+      where));
+}
+
 // Runs `body`, turning c10d's exceptions (a timeout, a peer gone) into an IOError that says what
 // this rank waited for.
 template <typename F>
@@ -31,11 +44,16 @@ auto Guarded(std::string_view what, F&& body) -> decltype(body()) {
   }
 }
 
+// Gloo's ops are bounded by `timeout` (its own); ranks that meet on a loopback address talk over
+// loopback, others over the interface Gloo picks (GLOO_SOCKET_IFNAME, else the hostname's).
 c10::intrusive_ptr<c10d::ProcessGroupGloo> NewGloo(c10::intrusive_ptr<c10d::Store> store,
                                                    int rank, int size,
-                                                   std::chrono::milliseconds timeout) {
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+                                                   const GroupOptions& group) {
+  auto options = c10d::ProcessGroupGloo::Options::create(group.timeout);
+  const bool loopback = group.master_addr.starts_with("127.") || group.master_addr == "localhost";
+  options->devices.push_back(loopback
+                                 ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                 : c10d::ProcessGroupGloo::createDefaultDevice());
   return c10::make_intrusive<c10d::ProcessGroupGloo>(std::move(store), rank, size, options);
 }
 
@@ -47,9 +65,8 @@ at::Tensor Bytes(const std::byte* data, uint64_t n) {
 
 class GlooExchange : public Exchange {
  public:
-  GlooExchange(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, int rank, int size,
-               std::chrono::milliseconds timeout)
-      : group_(std::move(group)), rank_(rank), size_(size), timeout_(timeout) {}
+  GlooExchange(c10::intrusive_ptr<c10d::ProcessGroupGloo> group, int rank, int size)
+      : group_(std::move(group)), rank_(rank), size_(size) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   uint64_t received() const { return received_; }
@@ -61,7 +78,9 @@ class GlooExchange : public Exchange {
     return Guarded(fmt::format("tensor-parallel all-to-all of rank {} of {}", rank_, size_), [&] {
       at::Tensor out = Bytes(recv.data(), recv.size());
       at::Tensor in = Bytes(send.data(), send.size());
-      group_->alltoall_base(out, in, out_splits, in_splits)->wait(timeout_);
+      // No timeout here: Gloo's own (Options) ends the op, and only then may the buffers, which
+      // it does not own, be freed.
+      group_->alltoall_base(out, in, out_splits, in_splits)->wait();
       for (uint64_t c : recv_counts) received_ += c;
       return Status::OK();
     });
@@ -71,7 +90,6 @@ class GlooExchange : public Exchange {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
   int rank_;
   int size_;
-  std::chrono::milliseconds timeout_;
   uint64_t received_ = 0;
 };
 
@@ -95,7 +113,7 @@ class GlooGroups : public ProcessGroups {
                      for (int r = 0; r < options_.world_size; ++r) {
                        out[0].push_back(torch::empty({1}, torch::kInt64));
                      }
-                     world_->allgather(out, in)->wait(options_.timeout);
+                     world_->allgather(out, in)->wait();  // Gloo's timeout bounds it
                      std::vector<uint64_t> values;
                      for (const at::Tensor& t : out[0]) {
                        values.push_back(static_cast<uint64_t>(t.item<int64_t>()));
@@ -123,22 +141,73 @@ Result<int> EnvInt(const char* name, int fallback, int lo, int hi) {
   return value;
 }
 
-// A hash of what every rank must agree on: each tensor's name, dtype, shape, offset and size.
-uint64_t CatalogHash(const Checkpoint& checkpoint) {
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](const void* data, size_t n) {
+// FNV-1a over values.
+class Hash {
+ public:
+  void Mix(const void* data, size_t n) {
     const auto* bytes = static_cast<const uint8_t*>(data);
-    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ULL;
-  };
-  for (const TensorInfo& t : checkpoint.tensors()) {
-    mix(t.name.data(), t.name.size() + 1);
-    const auto dtype = static_cast<int>(t.dtype);
-    mix(&dtype, sizeof dtype);
-    for (uint64_t d : t.shape) mix(&d, sizeof d);
-    mix(&t.offset, sizeof t.offset);
-    mix(&t.nbytes, sizeof t.nbytes);
+    for (size_t i = 0; i < n; ++i) h_ = (h_ ^ bytes[i]) * 1099511628211ULL;
   }
-  return h >> 1;  // fits an int64 for the all-gather
+  void Mix(uint64_t v) { Mix(&v, sizeof v); }
+  void Mix(std::string_view s) { Mix(s.data(), s.size()), Mix(s.size()); }
+  // Never 0 (0 says "failed" in the all-gathers below), and fits an int64.
+  uint64_t value() const { return (h_ >> 1) | 1; }
+
+ private:
+  uint64_t h_ = 1469598103934665603ULL;
+};
+
+// What every rank must agree on before it reads: each tensor's name, dtype, shape and offset.
+uint64_t CatalogHash(const Checkpoint& checkpoint) {
+  Hash h;
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    h.Mix(t.name);
+    h.Mix(static_cast<uint64_t>(t.dtype));
+    for (uint64_t d : t.shape) h.Mix(d);
+    h.Mix(t.offset);
+    h.Mix(t.nbytes);
+  }
+  return h.value();
+}
+
+// ... and before it exchanges: every tensor's split, the buckets and the dtypes loaded (a rank
+// with another --tp-plan, config.json, --dtype or bucket size would send what others do not
+// expect).
+uint64_t SplitHash(const RankShare& share, const LoadPlan& plan) {
+  Hash h;
+  h.Mix(share.options.bucket_bytes);
+  for (const TensorShard& s : share.tensors) {
+    h.Mix(s.name);
+    h.Mix(static_cast<uint64_t>(s.dim + 1));
+    h.Mix(static_cast<uint64_t>(s.exchanged));
+    for (const auto& cut : s.cuts) {
+      for (const auto& [lo, hi] : cut) h.Mix(lo), h.Mix(hi);
+    }
+  }
+  for (const TensorPlan& t : plan.tensors) {
+    h.Mix(share.reads.tensors()[t.source].name);
+    h.Mix(static_cast<uint64_t>(t.dtype));
+  }
+  return h.value();
+}
+
+// Every rank's `value` (0: it failed); an error naming the first rank that failed or differs
+// from rank 0, `own` when this rank failed.
+Status Agree(ProcessGroups& groups, const Status& own, uint64_t value, std::string_view what) {
+  LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> all, groups.AllGather(own.ok() ? value : 0));
+  LOADSTONE_RETURN_IF_ERROR(own);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == 0) {
+      return Status::IOError(fmt::format(
+          "rank {} failed ({}; its own error says why); rank {} stops too", r, what,
+          groups.options().rank));
+    }
+    if (all[r] != all[0]) {
+      return Status::InvalidArgument(fmt::format(
+          "rank {}'s {} differs from rank 0's: every rank must be given the same", r, what));
+    }
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -173,13 +242,13 @@ Result<std::unique_ptr<ProcessGroups>> ProcessGroups::Connect(const GroupOptions
     store_options.timeout = options.timeout;
     auto store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
     auto world = NewGloo(c10::make_intrusive<c10d::PrefixStore>("world", store), options.rank,
-                         options.world_size, options.timeout);
+                         options.world_size, options);
     const int group = options.rank / tp;
     auto tp_group = NewGloo(
         c10::make_intrusive<c10d::PrefixStore>(fmt::format("tp{}", group), store),
-        options.rank % tp, tp, options.timeout);
+        options.rank % tp, tp, options);
     auto exchange =
-        std::make_unique<GlooExchange>(std::move(tp_group), options.rank % tp, tp, options.timeout);
+        std::make_unique<GlooExchange>(std::move(tp_group), options.rank % tp, tp);
     return std::unique_ptr<ProcessGroups>(
         std::make_unique<GlooGroups>(options, std::move(world), std::move(exchange)));
   });
@@ -188,46 +257,27 @@ Result<std::unique_ptr<ProcessGroups>> ProcessGroups::Connect(const GroupOptions
 Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
                           const ParallelOptions& par, const PlanOptions& options,
                           ProcessGroups& groups) {
-  LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> hashes,
-                             groups.AllGather(CatalogHash(checkpoint)));
-  for (size_t r = 1; r < hashes.size(); ++r) {
-    if (hashes[r] != hashes[0]) {
-      return Status::InvalidArgument(fmt::format(
-          "rank {} opened a checkpoint that differs from rank 0's (its tensors' names, dtypes, "
-          "shapes or offsets): every rank must load the same files",
-          r));
-    }
-  }
-  LOADSTONE_ASSIGN_OR_RETURN(RankShare share, ShareOf(checkpoint, par));
-  LOADSTONE_ASSIGN_OR_RETURN(LoadPlan plan, Plan(share.reads, RankPlanOptions(options)));
-  for (const Device& device : plan.targets) {
-    if (device.type != Device::Type::kCpu || !plan.offloaded.empty()) {
-      return Status::Unsupported(fmt::format(
-          "a tensor-parallel load places its parts on the CPU for now (Gloo), and the device map "
-          "sends some to {}: give --device-map cpu",
-          plan.offloaded.empty() ? device.ToString() : "disk"));
-    }
-  }
+  LOADSTONE_RETURN_IF_ERROR(Agree(groups, Status::OK(), CatalogHash(checkpoint),
+                                  "checkpoint (its tensors' names, dtypes, shapes or offsets)"));
+  Result<RankShare> share = ShareOf(checkpoint, par);
+  Result<LoadPlan> plan = share.ok() ? Plan(share->reads, RankPlanOptions(options))
+                                     : Result<LoadPlan>(share.status());
+  Status planned = plan.ok() ? CheckOnCpu(*plan) : plan.status();
+  LOADSTONE_RETURN_IF_ERROR(Agree(
+      groups, planned, planned.ok() ? SplitHash(*share, *plan) : 0,
+      "tensor-parallel split (from --tp-plan or config.json, --dtype and the bucket size)"));
   const auto start = Clock::now();
-  LoadHandle handle = loader.Load(share.reads, plan);
+  LoadHandle handle = loader.Load(share->reads, *plan);
   const Status status = handle.Done().get();
   const auto loaded = Clock::now();
   // Every rank says whether it has its share before any waits in an exchange for a rank that
   // will never come.
-  LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> failed, groups.AllGather(status.ok() ? 0 : 1));
-  LOADSTONE_RETURN_IF_ERROR(status);
-  for (size_t r = 0; r < failed.size(); ++r) {
-    if (failed[r] != 0) {
-      return Status::IOError(fmt::format(
-          "rank {} failed to load its share (its own error says why); rank {} stops too", r,
-          par.rank));
-    }
-  }
+  LOADSTONE_RETURN_IF_ERROR(Agree(groups, status, 1, "loading its share"));
   auto* gloo = dynamic_cast<GlooGroups*>(&groups);
   const uint64_t before = gloo != nullptr ? gloo->received() : 0;
   LOADSTONE_ASSIGN_OR_RETURN(std::vector<Tensor> tensors,
-                             AssembleShare(share, handle.Tensors(), &groups.exchange()));
-  RankLoad out{std::move(share), std::move(plan), std::move(tensors), handle.read_stats()};
+                             AssembleShare(*share, handle.Tensors(), &groups.exchange()));
+  RankLoad out{std::move(*share), std::move(*plan), std::move(tensors), handle.read_stats()};
   out.received_bytes = gloo != nullptr ? gloo->received() - before : 0;
   out.load_seconds = std::chrono::duration<double>(loaded - start).count();
   out.exchange_seconds = std::chrono::duration<double>(Clock::now() - loaded).count();

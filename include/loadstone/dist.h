@@ -7,7 +7,7 @@
 //   group.world_size = 4; group.rank = r; group.master_port = 29500;
 //   auto groups = loadstone::ProcessGroups::Connect(group, /*tp=*/4);
 //   loadstone::ParallelOptions par{4, r, 4};
-//   auto rank = loadstone::LoadRank(loader, *ckpt, par, plan_options, &(*groups)->exchange());
+//   auto rank = loadstone::LoadRank(loader, *ckpt, par, plan_options, **groups);
 //
 // Every call that waits on other ranks is bounded by GroupOptions::timeout: a rank that dies, a
 // store that does not answer or a rank whose checkpoint differs ends every rank's call with an
@@ -70,9 +70,12 @@ struct RankLoad {
 };
 
 // Loads rank par.rank's share of `checkpoint` and makes its tensors: ShareOf, Plan with
-// RankPlanOptions(options), the load, then AssembleShare over `groups`' exchange. Before reading,
-// the ranks compare their checkpoints' fingerprints: a rank with a different checkpoint fails
-// every rank (InvalidArgument naming the ranks). Errors: those of the steps.
+// RankPlanOptions(options), the load, then AssembleShare over `groups`' exchange. The ranks agree
+// at each step, every rank failing with the first cause: before planning on their catalogs
+// (every tensor's name, dtype, shape and offset: InvalidArgument naming a rank with another
+// checkpoint), before reading on their splits and loaded dtypes (another plan, --dtype or bucket
+// size), before exchanging on having their shares (IOError naming a rank that failed). A device
+// map that places anything off the CPU is Unsupported. Errors: also those of the steps.
 Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
                           const ParallelOptions& par, const PlanOptions& options,
                           ProcessGroups& groups);

@@ -94,8 +94,9 @@ Status ExchangeBucket(const std::vector<Exchanged>& bucket, Exchange& exchange) 
   uint64_t send_total = 0;
   uint64_t recv_total = 0;
   for (int q = 0; q < n; ++q) send_total += send_counts[q], recv_total += recv_counts[q];
-  std::vector<std::byte> send(send_total);
-  std::vector<std::byte> recv(recv_total);
+  // Every byte of both is written before it is read: no zero-fill.
+  std::unique_ptr<std::byte[]> send(new std::byte[std::max<uint64_t>(send_total, 1)]);
+  std::unique_ptr<std::byte[]> recv(new std::byte[std::max<uint64_t>(recv_total, 1)]);
   uint64_t at = 0;
   for (int q = 0; q < n; ++q) {
     for (const Exchanged& x : bucket) {
@@ -106,18 +107,19 @@ Status ExchangeBucket(const std::vector<Exchanged>& bucket, Exchange& exchange) 
         continue;
       }
       ForEachPiece(*x.shard, x.layout, me, q, [&](uint64_t src, uint64_t, uint64_t c) {
-        std::memcpy(send.data() + at, x.block + src * x.elem, c * x.elem);
+        std::memcpy(send.get() + at, x.block + src * x.elem, c * x.elem);
         at += c * x.elem;
       });
     }
   }
-  LOADSTONE_RETURN_IF_ERROR(exchange.AllToAll(send, send_counts, recv, recv_counts));
+  LOADSTONE_RETURN_IF_ERROR(exchange.AllToAll({send.get(), send_total}, send_counts,
+                                             {recv.get(), recv_total}, recv_counts));
   at = 0;
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
     for (const Exchanged& x : bucket) {
       ForEachPiece(*x.shard, x.layout, r, me, [&](uint64_t, uint64_t dst, uint64_t c) {
-        std::memcpy(x.part + dst * x.elem, recv.data() + at, c * x.elem);
+        std::memcpy(x.part + dst * x.elem, recv.get() + at, c * x.elem);
         at += c * x.elem;
       });
     }
@@ -140,16 +142,15 @@ Status CheckExchange(const RankShare& share, const Exchange* exchange) {
                                         exchange->rank(), exchange->size())));
 }
 
-// What was loaded of `s` (null for an empty part that nothing read), on the CPU.
+// What was loaded of `s`, on the CPU.
 Result<const Tensor*> LoadedOf(const RankShare& share, const TensorShard& s,
                                const std::unordered_map<std::string_view, const Tensor*>& loaded) {
   auto it = loaded.find(s.name);
   if (it == loaded.end()) {
-    uint64_t numel = 1;
-    for (uint64_t d : s.shape) numel *= d;
-    if (numel == 0 && !s.exchanged) return nullptr;
     return Status::InvalidArgument(fmt::format(
-        "tensor '{}' of rank {}'s share was not loaded", s.name, share.options.rank));
+        "tensor '{}' of rank {}'s share was not loaded: give AssembleShare the tensors of a load "
+        "of RankShare::reads",
+        s.name, share.options.rank));
   }
   if (it->second->device() != "cpu") {
     return Status::InvalidArgument(fmt::format(
@@ -172,10 +173,6 @@ Result<std::vector<Tensor>> AssembleShare(const RankShare& share,
   uint64_t bucket_bytes = 0;
   for (const TensorShard& s : share.tensors) {
     LOADSTONE_ASSIGN_OR_RETURN(const Tensor* found, LoadedOf(share, s, by_name));
-    if (found == nullptr) {  // an empty part: nothing read
-      out.emplace_back(s.name, DType::kF32, s.shape, "cpu", nullptr, nullptr, 0);
-      continue;
-    }
     const Tensor& t = *found;
     if (!s.exchanged) {
       out.push_back(t);

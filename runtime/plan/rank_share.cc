@@ -24,7 +24,8 @@ Status CheckOptions(const ParallelOptions& o) {
   }
   if (o.world_size % o.tp != 0) {
     return Status::InvalidArgument(fmt::format(
-        "tensor-parallel degree {} does not divide the world size {}: give a --tp that does",
+        "tensor-parallel degree {} does not divide the world size {}: give a --tp that does (and "
+        "the world size with --world-size, or run the ranks with loadstone launch -n N)",
         o.tp, o.world_size));
   }
   if (o.bucket_bytes == 0) return Status::InvalidArgument("exchange bucket of 0 bytes");
@@ -57,7 +58,7 @@ Result<TpPlan> PlanFor(const Checkpoint& checkpoint, const ParallelOptions& opti
 // Elements [first, end) of a plain tensor, as a 1-D tensor of the view.
 TensorInfo ElementsOf(const TensorInfo& t, uint64_t first, uint64_t end) {
   TensorInfo part = t;
-  const uint64_t elem = t.nbytes / t.numel();
+  const uint64_t elem = static_cast<uint64_t>(DTypeBits(t.dtype)) / 8;
   part.shape = {end - first};
   part.offset += first * elem;
   part.nbytes = (end - first) * elem;
@@ -70,6 +71,8 @@ Status CheckSplittable(const Checkpoint& checkpoint, const TensorInfo& t, std::s
     why = "it is packed (quantized blocks)";
   } else if (checkpoint.Dequantizes(t)) {
     why = "it is a float8 weight with scales";
+  } else if (DTypeBits(t.dtype) % 8 != 0) {
+    why = "its elements are narrower than a byte";
   } else if (!t.plain_layout()) {
     why = "its file bytes are not contiguous little-endian (a strided or big-endian archive "
           "tensor)";
@@ -107,12 +110,17 @@ Result<TensorShard> ShardOf(const Checkpoint& checkpoint, const TensorInfo& t,
   if (contiguous) {  // one run each: the part's first element and its shape say where it is
     auto part = planning::TpPartOf(style, t.name, shape, me, tp);
     if (!part.ok()) return part.status();
-    if (part->runs.empty()) return shard;
-    const uint64_t elem = t.nbytes / t.numel();
+    // An empty part (torch.chunk left this rank nothing) is planned as a tensor of no bytes,
+    // so that it gets the dtype the load gives the others.
+    const uint64_t elem = static_cast<uint64_t>(DTypeBits(t.dtype)) / 8;
     TensorInfo read = t;
     read.shape = shard.shape;
-    read.offset += part->runs[0].first * elem;
-    read.nbytes = part->runs[0].count * elem;
+    if (!part->runs.empty()) {
+      read.offset += part->runs[0].first * elem;
+      read.nbytes = part->runs[0].count * elem;
+    } else {
+      read.nbytes = 0;
+    }
     reads.push_back(std::move(read));
     return shard;
   }

@@ -592,7 +592,7 @@ TEST_CASE("cli: options that change nothing warn on stderr and in --json, for lo
           "[tools][cli]") {
   Model m;
   TempDir dir;
-  for (const std::string command : {"load " + m.path, "plan " + m.path}) {
+  for (const std::string& command : {"load " + m.path, "plan " + m.path}) {
     CheckWarns(command, "--device-map auto --assume-gpus 2x80gb",
                "--assume-gpus 2x80gb: a lowercase 'b' means bits, as in accelerate (80gb = "
                "10000000000 bytes)");

@@ -15,40 +15,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "testing/tp_cases.h"
 #include "tools/cli_runner.h"
 
 namespace loadstone {
 namespace {
 
-const std::string kLlama = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/models/llama";
-
-nlohmann::json LlamaCase() {
-  std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/cases.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json cases = nlohmann::json::parse(text.str());
-  for (const auto& m : cases["models"]) {
-    if (m["name"] == "llama") return m;
-  }
-  return nullptr;
-}
+const std::string kLlama = testing::kTpModels + "llama";
 
 // The CRC-32 of rank r of `world`'s part of `param` (its elements are their own indices), as
 // f32 or, with bf16, the top halves (exact: every index is below 256).
 uint32_t ExpectedCrc(const nlohmann::json& param, int world, int r, bool bf16) {
-  std::vector<uint64_t> indices;
-  if (param["style"].is_null()) {
-    uint64_t n = 1;
-    for (auto d : param["shape"]) n *= d.get<uint64_t>();
-    for (uint64_t k = 0; k < n; ++k) indices.push_back(k);
-  } else {
-    for (const auto& run : param["ranks"][std::to_string(world)][r]) {
-      const uint64_t first = run[0].get<uint64_t>();
-      for (uint64_t k = 0; k < run[1].get<uint64_t>(); ++k) indices.push_back(first + k);
-    }
-  }
   std::vector<unsigned char> bytes;
-  for (uint64_t i : indices) {
+  for (uint64_t i : testing::TpIndices(param, world, r)) {
     const float f = static_cast<float>(i);
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
@@ -58,7 +37,7 @@ uint32_t ExpectedCrc(const nlohmann::json& param, int world, int r, bool bf16) {
 }
 
 void CheckRanks(const nlohmann::json& doc, int world, bool bf16) {
-  const nlohmann::json model = LlamaCase();
+  const nlohmann::json& model = testing::TpCase("llama");
   REQUIRE(doc["ranks"].size() == static_cast<size_t>(world));
   uint64_t read = 0;
   for (int r = 0; r < world; ++r) {

@@ -11,7 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+extern char** environ;
+
 #include <algorithm>
+#include <cerrno>
+#include <optional>
+#include <utility>
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -58,41 +63,72 @@ Result<int> FreePort() {
   return static_cast<int>(ntohs(addr.sin_port));
 }
 
+// The environment of rank r: this process's, with torchrun's variables set.
+std::vector<std::string> RankEnvironment(const LaunchArgs& args, int port, int r) {
+  const std::vector<std::pair<std::string, std::string>> set = {
+      {"RANK", std::to_string(r)},          {"LOCAL_RANK", std::to_string(r)},
+      {"WORLD_SIZE", std::to_string(args.ranks)}, {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", std::to_string(port)}};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const bool replaced = std::any_of(set.begin(), set.end(), [&](const auto& kv) {
+      return entry.starts_with(kv.first + "=");
+    });
+    if (!replaced) env.emplace_back(entry);
+  }
+  for (const auto& [k, v] : set) env.push_back(k + "=" + v);
+  return env;
+}
+
+// Starts rank r; everything the child needs is made before the fork.
 Status Spawn(const LaunchArgs& args, int port, int r, Rank* rank) {
+  std::vector<std::string> env = RankEnvironment(args, port, r);
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv = {const_cast<char*>("loadstone")};
+  for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   int out[2];
   int err[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-    return Status::IOError("cannot make a pipe for a rank's output");
+  if (pipe2(out, O_CLOEXEC) != 0) return Status::IOError("cannot make a pipe for a rank");
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    close(out[0]), close(out[1]);
+    return Status::IOError("cannot make a pipe for a rank");
   }
   const pid_t pid = fork();
-  if (pid < 0) return Status::IOError("cannot start a rank (fork failed)");
   if (pid == 0) {
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
-    setenv("RANK", std::to_string(r).c_str(), 1);
-    setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-    setenv("WORLD_SIZE", std::to_string(args.ranks).c_str(), 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    std::vector<char*> argv = {const_cast<char*>("loadstone")};
-    for (const std::string& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv("/proc/self/exe", argv.data());
+    execve("/proc/self/exe", argv.data(), envp.data());
     _exit(127);
   }
   close(out[1]);
   close(err[1]);
+  if (pid < 0) {
+    close(out[0]), close(err[0]);
+    return Status::IOError("cannot start a rank (fork failed)");
+  }
   rank->pid = pid;
   rank->out = out[0];
   rank->err = err[0];
   return Status::OK();
 }
 
-// Reads what is there on `fd` into the rank: stdout kept, stderr forwarded line by line.
+// Reads what is there on `fd` into the rank: stdout kept, stderr forwarded line by line (the
+// last line, unended, at the end). False at the end of its output.
 bool Drain(int fd, int r, Rank& rank, bool is_err) {
   char buffer[65536];
   const ssize_t n = read(fd, buffer, sizeof buffer);
-  if (n <= 0) return false;
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (n <= 0) {
+    if (is_err && !rank.stderr_line.empty()) {
+      std::cerr << "[rank " << r << "] " << rank.stderr_line << "\n";
+      rank.stderr_line.clear();
+    }
+    return false;
+  }
   if (!is_err) {
     rank.stdout_text.append(buffer, n);
     return true;
@@ -105,24 +141,53 @@ bool Drain(int fd, int r, Rank& rank, bool is_err) {
   return true;
 }
 
-// Waits for every rank, forwarding their output; kills them all past the timeout.
+volatile sig_atomic_t g_signal = 0;  // SIGINT or SIGTERM sent to the launcher
+
+// Reaps the ranks that have ended (their exit code, or 128 + the signal).
+void Reap(std::vector<Rank>& ranks) {
+  for (Rank& rank : ranks) {
+    int status = 0;
+    if (rank.exit_code >= 0 || waitpid(rank.pid, &status, WNOHANG) != rank.pid) continue;
+    rank.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+}
+
+void Signal(std::vector<Rank>& ranks, int sig) {
+  for (Rank& rank : ranks) {
+    if (rank.exit_code < 0) kill(rank.pid, sig);
+  }
+}
+
+// Forwards the ranks' output until every rank has ended. A signal to the launcher is sent on
+// to them; once one rank has failed, the others get 3 s to end on their own (they usually learn
+// of it from c10d), then SIGTERM, as torchrun does. False past the deadline.
 bool WaitAll(std::vector<Rank>& ranks, double timeout_s) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  std::optional<Clock::time_point> failed_at;
+  bool terminated = false;
   for (;;) {
+    Reap(ranks);
+    if (g_signal != 0) Signal(ranks, std::exchange(g_signal, 0));
+    const bool failed = std::any_of(ranks.begin(), ranks.end(),
+                                    [](const Rank& r) { return r.exit_code > 0; });
+    if (failed && !failed_at) failed_at = Clock::now();
+    if (failed_at && !terminated && Clock::now() - *failed_at > std::chrono::seconds(3)) {
+      Signal(ranks, SIGTERM);
+      terminated = true;
+    }
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;  // rank, is_err
     for (size_t r = 0; r < ranks.size(); ++r) {
       if (ranks[r].out >= 0) fds.push_back({ranks[r].out, POLLIN, 0}), who.push_back({r, false});
       if (ranks[r].err >= 0) fds.push_back({ranks[r].err, POLLIN, 0}), who.push_back({r, true});
     }
-    if (fds.empty()) break;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    if (poll(fds.data(), fds.size(), static_cast<int>(std::min<int64_t>(left.count(), 1000))) < 0) {
-      continue;  // EINTR
-    }
+    const bool ended = std::all_of(ranks.begin(), ranks.end(),
+                                   [](const Rank& r) { return r.exit_code >= 0; });
+    if (fds.empty() && ended) return true;
+    if (Clock::now() >= deadline) return false;
+    if (poll(fds.data(), fds.size(), 100) <= 0) continue;  // a timeout, EINTR
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       Rank& rank = ranks[who[i].first];
@@ -130,12 +195,6 @@ bool WaitAll(std::vector<Rank>& ranks, double timeout_s) {
       if (!Drain(fd, who[i].first, rank, who[i].second)) close(fd), fd = -1;
     }
   }
-  for (Rank& rank : ranks) {
-    int status = 0;
-    waitpid(rank.pid, &status, 0);
-    rank.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  return true;
 }
 
 int Report(const LaunchArgs& args, const std::vector<Rank>& ranks) {
@@ -177,12 +236,23 @@ int RunLaunch(const LaunchArgs& args) {
   std::vector<Rank> ranks(args.ranks);
   for (int r = 0; r < args.ranks; ++r) {
     if (Status s = Spawn(args, port, r, &ranks[r]); !s.ok()) {
-      for (int q = 0; q < r; ++q) kill(ranks[q].pid, SIGKILL), waitpid(ranks[q].pid, nullptr, 0);
+      for (int q = 0; q < r; ++q) {
+        kill(ranks[q].pid, SIGKILL), waitpid(ranks[q].pid, nullptr, 0);
+        close(ranks[q].out), close(ranks[q].err);
+      }
       return ReportError(s);
     }
   }
+  struct sigaction forward{};
+  forward.sa_handler = [](int sig) { g_signal = sig; };
+  sigaction(SIGINT, &forward, nullptr);
+  sigaction(SIGTERM, &forward, nullptr);
   if (!WaitAll(ranks, args.timeout_s)) {
-    for (Rank& rank : ranks) kill(rank.pid, SIGKILL), waitpid(rank.pid, nullptr, 0);
+    for (Rank& rank : ranks) {
+      if (rank.exit_code < 0) kill(rank.pid, SIGKILL), waitpid(rank.pid, nullptr, 0);
+      if (rank.out >= 0) close(rank.out);
+      if (rank.err >= 0) close(rank.err);
+    }
     return ReportError(Status::IOError(fmt::format(
         "the {} ranks did not all end within --timeout {} s: all were killed", args.ranks,
         args.timeout_s)));

@@ -5,15 +5,14 @@
 
 #include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "loadstone/dist.h"
 #include "tools/loadstone/format.h"
+#include "tools/loadstone/parse.h"
 
 namespace loadstone::cli {
 namespace {
@@ -39,18 +38,6 @@ Result<const DistApi*> LoadDistApi() {
         "{} is not the distributed face of this loadstone (another version): rebuild both", path));
   }
   return entry();
-}
-
-Result<std::string> ReadPlanFile(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return Status::NotFound(fmt::format("--tp-plan {}: no such file", path));
-  }
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) return Status::IOError(fmt::format("--tp-plan {}: cannot read the file", path));
-  return text.str();
 }
 
 // The group from the flags over torchrun's environment over the defaults.
@@ -133,15 +120,19 @@ void RankFlags::Register(CLI::App* cmd) {
                   "Tensor-parallel degree: each rank reads only its share (default: the world "
                   "size)")
       ->check(CLI::Range(1, 1 << 20));
+  auto given = [this](const std::string&) { dist_only_given = true; };
   cmd->add_option("--master", master,
                   "Where the ranks meet: ADDRESS:PORT of rank 0's store (else MASTER_ADDR and "
-                  "MASTER_PORT, or 127.0.0.1:29500)");
+                  "MASTER_PORT, or 127.0.0.1:29500)")
+      ->each(given);
   cmd->add_option("--tp-plan", tp_plan,
                   "A JSON file of transformers' tp_plan ({\"model.layers.*.mlp.down_proj\": "
-                  "\"rowwise\", ...}); default: from config.json");
+                  "\"rowwise\", ...}); default: from config.json")
+      ->each(given);
   cmd->add_option("--dist-timeout", timeout_s,
                   "Seconds a rank waits for the others before it fails (default 60)")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(CLI::Range(0.1, 86400.0))
+      ->each(given);
 }
 
 int RunRankLoad(const PlanFlags& flags, const ReadFlags& read, const RankFlags& rank, bool json) {
@@ -161,7 +152,7 @@ int RunRankLoad(const PlanFlags& flags, const ReadFlags& read, const RankFlags& 
   par.rank = group->rank;
   par.tp = rank.tp.value_or(group->world_size);
   if (!rank.tp_plan.empty()) {
-    auto text = ReadPlanFile(rank.tp_plan);
+    auto text = ReadFlagFile("--tp-plan", rank.tp_plan);
     if (!text.ok()) return ReportError(text.status());
     par.tp_plan_json = *text;
   }

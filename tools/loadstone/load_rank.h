@@ -23,6 +23,8 @@ struct RankFlags {
   double timeout_s = 60;
 
   void Register(CLI::App* cmd);
+  bool dist_only_given = false;   // --master, --tp-plan or --dist-timeout was given
+
   // A rank's load was asked for (--tp, --world-size or --rank given).
   bool asked() const { return world_size || rank || tp; }
 };

@@ -3,6 +3,9 @@
 #include <array>
 #include <cctype>
 #include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -165,6 +168,18 @@ Result<std::array<uint64_t, 2>> ParseBlockFlag(std::string_view text, std::strin
   return Status::InvalidArgument(fmt::format(
       "{} {}: give ROWS,COLS of one float8 scale block, two positive integers (e.g. 128,128)",
       flag, text));
+}
+
+Result<std::string> ReadFlagFile(std::string_view flag, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return Status::NotFound(fmt::format("{} {}: no such file", flag, path));
+  }
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return Status::IOError(fmt::format("{} {}: cannot read the file", flag, path));
+  return text.str();
 }
 
 }  // namespace loadstone::cli

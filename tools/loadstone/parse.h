@@ -50,6 +50,10 @@ Result<SimulatedMachine> ParseAssumeGpus(std::string_view text,
 // --fp8-block "128,128" (or "128x128"). Errors: InvalidArgument.
 Result<std::array<uint64_t, 2>> ParseBlockFlag(std::string_view text, std::string_view flag);
 
+// The whole text of the file a flag names ("--tp-plan FILE.json"). Errors: NotFound (no such
+// regular file), IOError (unreadable), each naming the flag and the path.
+Result<std::string> ReadFlagFile(std::string_view flag, const std::string& path);
+
 }  // namespace loadstone::cli
 
 #endif  // LOADSTONE_TOOLS_PARSE_H_

@@ -31,15 +31,7 @@ Result<std::optional<DeviceMap>> ExplicitMap(const std::string& value) {
   if (!value.empty() && value.front() == '{') {
     text = value;
   } else if (value.ends_with(".json")) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(value, ec)) {
-      return Status::NotFound(fmt::format("--device-map {}: no such file", value));
-    }
-    std::ifstream in(value);
-    std::stringstream s;
-    s << in.rdbuf();
-    if (!in) return Status::IOError(fmt::format("--device-map {}: cannot read the file", value));
-    text = s.str();
+    LOADSTONE_ASSIGN_OR_RETURN(text, ReadFlagFile("--device-map", value));
   } else {
     return std::optional<DeviceMap>();
   }

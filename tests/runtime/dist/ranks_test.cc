@@ -22,11 +22,12 @@
 
 #include "loadstone/dist.h"
 #include "testing/temp_dir.h"
+#include "testing/tp_cases.h"
 
 namespace loadstone {
 namespace {
 
-const std::string kModels = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/models/";
+const std::string& kModels = testing::kTpModels;
 
 // A port no earlier run of this test holds: from the process id, in the dynamic range.
 int FreshPort(int salt) { return 20000 + (getpid() * 7 + salt * 101) % 20000; }
@@ -114,20 +115,6 @@ Ranks RunGroup(const std::vector<std::string>& models, int salt, int dies = -1) 
   return out;
 }
 
-const nlohmann::json& Llama() {
-  static const nlohmann::json model = [] {
-    std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/cases.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    const nlohmann::json cases = nlohmann::json::parse(text.str());
-    for (const auto& m : cases["models"]) {
-      if (m["name"] == "llama") return m;
-    }
-    return nlohmann::json();
-  }();
-  return model;
-}
-
 TEST_CASE("ranks over c10d: 2 and 4 processes hold what transformers gives each rank") {
   for (int world : {2, 4}) {
     const Ranks ranks = RunGroup(std::vector<std::string>(world, kModels + "llama"), world);
@@ -139,13 +126,10 @@ TEST_CASE("ranks over c10d: 2 and 4 processes hold what transformers gives each 
       REQUIRE(report["status"] == "OK");
       CHECK(report["read_bytes"] == report["share_read_bytes"]);
       received += report["received_bytes"].get<uint64_t>();
-      for (const auto& param : Llama()["parameters"]) {
+      for (const auto& param : testing::TpCase("llama")["parameters"]) {
         std::vector<float> expected;
-        if (param["style"].is_null()) continue;
-        for (const auto& run : param["ranks"][std::to_string(world)][r]) {
-          for (uint64_t k = 0; k < run[1].get<uint64_t>(); ++k) {
-            expected.push_back(static_cast<float>(run[0].get<uint64_t>() + k));
-          }
+        for (uint64_t i : testing::TpIndices(param, world, r)) {
+          expected.push_back(static_cast<float>(i));
         }
         CHECK(report["tensors"][param["name"].get<std::string>()].get<std::vector<float>>() ==
               expected);

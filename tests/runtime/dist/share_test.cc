@@ -7,8 +7,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,24 +18,17 @@
 #include "loadstone/plan.h"
 #include "loadstone/tensor_parallel.h"
 #include "testing/local_exchange.h"
+#include "testing/tp_cases.h"
 
 namespace loadstone {
 namespace {
 
-const std::string kModels = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/models/";
+using testing::kTpModels;
 
 const nlohmann::json& Model(const std::string& name) {
-  static const nlohmann::json cases = [] {
-    std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/cases.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    return nlohmann::json::parse(text.str());
-  }();
-  for (const auto& m : cases["models"]) {
-    if (m["name"] == name) return m;
-  }
-  FAIL("no case " << name);
-  return cases;
+  const nlohmann::json& model = testing::TpCase(name);
+  REQUIRE(model.is_object());
+  return model;
 }
 
 // The plan of the "by-hand" case as a user gives it (--tp-plan).
@@ -84,12 +75,8 @@ std::vector<RankResult> LoadGroup(const std::string& folder, int world, const st
   testing::LocalGroup group(world);
   std::vector<RankResult> results;
   for (int r = 0; r < world; ++r) {
-    ParallelOptions par;
-    par.world_size = world;
-    par.rank = r;
-    par.tp = world;
-    par.tp_plan_json = plan;
-    par.bucket_bytes = 300;  // several buckets, even for these small models
+    // Several buckets of 300 bytes, even for these small models.
+    const ParallelOptions par{world, r, world, plan, 300};
     auto share = ShareOf(*ckpt, par);
     REQUIRE(share.ok());
     PlanOptions options;
@@ -122,7 +109,7 @@ std::vector<RankResult> LoadGroup(const std::string& folder, int world, const st
 void CheckAgainstTransformers(const std::string& name, int world, const std::string& plan,
                               DType dtype) {
   const nlohmann::json& model = Model(name);
-  const auto results = LoadGroup(kModels + name, world, plan, dtype);
+  const auto results = LoadGroup(kTpModels + name, world, plan, dtype);
   uint64_t read = 0;
   for (int r = 0; r < world; ++r) {
     const RankResult& me = results[r];
@@ -135,23 +122,15 @@ void CheckAgainstTransformers(const std::string& name, int world, const std::str
     for (const Tensor& t : me.tensors) {
       const nlohmann::json* found = nullptr;
       for (const auto& p : model["parameters"]) {
-        if (p["name"] == t.name()) found = &p;
+        if (p["name"].get<std::string>() == t.name()) found = &p;
       }
       REQUIRE(found != nullptr);
       const nlohmann::json& param = *found;
       INFO(param["name"] << " style " << param["style"]);
       CHECK(t.dtype() == dtype);
       std::vector<float> expected;
-      if (param["style"].is_null()) {
-        uint64_t n = 1;
-        for (auto d : param["shape"]) n *= d.get<uint64_t>();
-        for (uint64_t k = 0; k < n; ++k) expected.push_back(static_cast<float>(k));
-      } else {
-        for (const auto& run : param["ranks"][std::to_string(world)][r]) {
-          for (uint64_t k = 0; k < run[1].get<uint64_t>(); ++k) {
-            expected.push_back(static_cast<float>(run[0].get<uint64_t>() + k));
-          }
-        }
+      for (uint64_t i : testing::TpIndices(param, world, r)) {
+        expected.push_back(static_cast<float>(i));
       }
       CHECK(Values(t) == expected);
     }
@@ -167,6 +146,8 @@ TEST_CASE("tensor parallel: each rank of 2, 3, 4 holds transformers' part (shard
     CheckAgainstTransformers("llama", world, "", DType::kF32);
   }
   CheckAgainstTransformers("llama", 4, "", DType::kBF16);  // cast before the exchange
+  // Rank 2 of 3 holds nothing of k_proj [4, 8] (torch.chunk: 2, 2, 0 rows): still a bf16 part.
+  CheckAgainstTransformers("llama", 3, "", DType::kBF16);
 }
 
 TEST_CASE("tensor parallel: a plan given by hand, every style (packed, embedding_colwise, rep)") {
@@ -178,13 +159,9 @@ TEST_CASE("tensor parallel: a plan given by hand, every style (packed, embedding
 }
 
 TEST_CASE("tensor parallel: a column-wise part is read as one range and handed over as loaded") {
-  auto ckpt = Checkpoint::Open(kModels + "llama");
+  auto ckpt = Checkpoint::Open(kTpModels + "llama");
   REQUIRE(ckpt.ok());
-  ParallelOptions par;
-  par.world_size = 2;
-  par.rank = 1;
-  par.tp = 2;
-  auto share = ShareOf(*ckpt, par);
+  auto share = ShareOf(*ckpt, ParallelOptions{2, 1, 2});
   REQUIRE(share.ok());
   const TensorInfo* full = ckpt->Find("model.layers.0.self_attn.q_proj.weight");
   const TensorInfo* part = share->reads.Find("model.layers.0.self_attn.q_proj.weight");
@@ -206,11 +183,9 @@ TEST_CASE("tensor parallel: a column-wise part is read as one range and handed o
 }
 
 TEST_CASE("tensor parallel: options that do not fit, a plan that does not parse, no exchange") {
-  auto ckpt = Checkpoint::Open(kModels + "llama");
+  auto ckpt = Checkpoint::Open(kTpModels + "llama");
   REQUIRE(ckpt.ok());
-  ParallelOptions par;
-  par.world_size = 4;
-  par.tp = 3;
+  ParallelOptions par{4, 0, 3};
   auto share = ShareOf(*ckpt, par);
   REQUIRE_FALSE(share.ok());
   CHECK(share.status().code() == StatusCode::kInvalidArgument);
