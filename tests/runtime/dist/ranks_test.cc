@@ -33,7 +33,8 @@ const std::string& kModels = testing::kTpModels;
 int FreshPort(int salt) { return 20000 + (getpid() * 7 + salt * 101) % 20000; }
 
 // What one rank does (in its own process): load its share, write a JSON report.
-void RunRank(const std::string& model, int world, int rank, int port, const std::string& out) {
+void RunRank(const std::string& model, int world, int rank, int port, uint64_t bucket_bytes,
+             const std::string& out) {
   nlohmann::json report;
   GroupOptions g;
   g.world_size = world;
@@ -51,6 +52,7 @@ void RunRank(const std::string& model, int world, int rank, int port, const std:
       par.world_size = world;
       par.rank = rank;
       par.tp = world;
+      par.bucket_bytes = bucket_bytes;
       auto loaded = LoadRank(loader, *ckpt, par, PlanOptions(), **groups);
       status = loaded.status();
       if (loaded.ok()) {
@@ -76,8 +78,10 @@ struct Ranks {
   double seconds = 0;
 };
 
-// Forks `world` ranks, rank r loading models[r]; `dies`: that rank exits before it connects.
-Ranks RunGroup(const std::vector<std::string>& models, int salt, int dies = -1) {
+// Forks `world` ranks, rank r loading models[r]; `dies`: that rank exits before it connects;
+// `other_bucket`: that rank exchanges in buckets of 1 MiB (the others 256 MiB).
+Ranks RunGroup(const std::vector<std::string>& models, int salt, int dies = -1,
+               int other_bucket = -1) {
   const int world = static_cast<int>(models.size());
   testing::TempDir dir;
   const int port = FreshPort(salt);
@@ -87,7 +91,9 @@ Ranks RunGroup(const std::vector<std::string>& models, int salt, int dies = -1) 
     const pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      if (r != dies) RunRank(models[r], world, r, port, dir.path() + "/" + std::to_string(r));
+      const uint64_t bucket = r == other_bucket ? 1ULL << 20 : ParallelOptions().bucket_bytes;
+      const std::string out = dir.path() + "/" + std::to_string(r);
+      if (r != dies) RunRank(models[r], world, r, port, bucket, out);
       _exit(0);
     }
     pids.push_back(pid);
@@ -139,7 +145,7 @@ TEST_CASE("ranks over c10d: 2 and 4 processes hold what transformers gives each 
   }
 }
 
-TEST_CASE("ranks over c10d: a rank that dies, a rank with another checkpoint: all end, with why") {
+TEST_CASE("ranks over c10d: a rank that dies, another checkpoint, another split: all end, why") {
   const std::string llama = kModels + "llama";
   Ranks ranks = RunGroup({llama, llama, llama}, 7, /*dies=*/1);
   CHECK(ranks.seconds < 40);
@@ -154,6 +160,16 @@ TEST_CASE("ranks over c10d: a rank that dies, a rank with another checkpoint: al
     REQUIRE(ranks.reports[r].is_object());
     CHECK_THAT(ranks.reports[r]["status"].get<std::string>(),
                Catch::Contains("differs from rank 0's"));
+  }
+  // Same checkpoint, but rank 1 would cut the exchange into other buckets: the ranks' all-to-alls
+  // would not match, so every rank refuses before the first.
+  ranks = RunGroup({llama, llama}, 13, /*dies=*/-1, /*other_bucket=*/1);
+  for (int r : {0, 1}) {
+    INFO("rank " << r << ": " << ranks.reports[r].dump());
+    REQUIRE(ranks.reports[r].is_object());
+    CHECK_THAT(ranks.reports[r]["status"].get<std::string>(),
+               Catch::Contains("rank 1's tensor-parallel split") &&
+                   Catch::Contains("differs from rank 0's"));
   }
 }
 
