@@ -191,9 +191,22 @@ uint64_t SplitHash(const RankShare& share, const LoadPlan& plan) {
   return h.value();
 }
 
+// The parallel layout every rank must share.
+uint64_t LayoutHash(const ParallelOptions& par) {
+  Hash h;
+  h.Mix(static_cast<uint64_t>(par.world_size));
+  h.Mix(static_cast<uint64_t>(par.tp));
+  h.Mix(static_cast<uint64_t>(par.pp));
+  for (int n : par.pp_layers) h.Mix(static_cast<uint64_t>(n));
+  h.Mix(par.bucket_bytes);
+  return h.value();
+}
+
 // Every rank's `value` (0: it failed); an error naming the first rank that failed or differs
-// from rank 0, `own` when this rank failed.
-Status Agree(ProcessGroups& groups, const Status& own, uint64_t value, std::string_view what) {
+// from rank 0 — with `stages`, from the first rank of its own pipeline stage, since the stages
+// hold different tensors — `own` when this rank failed.
+Status Agree(ProcessGroups& groups, const Status& own, uint64_t value, std::string_view what,
+             const ParallelOptions* stages = nullptr) {
   LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> all, groups.AllGather(own.ok() ? value : 0));
   LOADSTONE_RETURN_IF_ERROR(own);
   for (size_t r = 0; r < all.size(); ++r) {
@@ -202,9 +215,13 @@ Status Agree(ProcessGroups& groups, const Status& own, uint64_t value, std::stri
           "rank {} failed ({}; its own error says why); rank {} stops too", r, what,
           groups.options().rank));
     }
-    if (all[r] != all[0]) {
+    const int tp = stages != nullptr ? stages->tp : 1;
+    const int pp = stages != nullptr ? stages->pp : 1;
+    const size_t ref = stages != nullptr ? ((static_cast<int>(r) / tp) % pp) * tp : 0;
+    if (all[r] != all[ref]) {
       return Status::InvalidArgument(fmt::format(
-          "rank {}'s {} differs from rank 0's: every rank must be given the same", r, what));
+          "rank {}'s {} differs from rank {}'s: every rank must be given the same", r, what,
+          ref));
     }
   }
   return Status::OK();
@@ -259,13 +276,15 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
                           ProcessGroups& groups) {
   LOADSTONE_RETURN_IF_ERROR(Agree(groups, Status::OK(), CatalogHash(checkpoint),
                                   "checkpoint (its tensors' names, dtypes, shapes or offsets)"));
+  LOADSTONE_RETURN_IF_ERROR(Agree(groups, Status::OK(), LayoutHash(par),
+                                  "parallel layout (--tp, --pp, --pp-layers, bucket size)"));
   Result<RankShare> share = ShareOf(checkpoint, par);
   Result<LoadPlan> plan = share.ok() ? Plan(share->reads, RankPlanOptions(options))
                                      : Result<LoadPlan>(share.status());
   Status planned = plan.ok() ? CheckOnCpu(*plan) : plan.status();
   LOADSTONE_RETURN_IF_ERROR(Agree(
       groups, planned, planned.ok() ? SplitHash(*share, *plan) : 0,
-      "tensor-parallel split (from --tp-plan or config.json, --dtype and the bucket size)"));
+      "tensor-parallel split (from --tp-plan or config.json, --dtype and the bucket size)", &par));
   const auto start = Clock::now();
   LoadHandle handle = loader.Load(share->reads, *plan);
   const Status status = handle.Done().get();

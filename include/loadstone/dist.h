@@ -84,7 +84,7 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
 // only when a distributed load is asked for — the `loadstone` CLI: dlopen the library (beside
 // libloadstone.so) and call loadstone_dist_api(). `version` is kDistApiVersion of the header the
 // library was built with; a program checks it before using the rest.
-inline constexpr uint32_t kDistApiVersion = 1;
+inline constexpr uint32_t kDistApiVersion = 2;  // 2: ParallelOptions gained pp
 struct DistApi {
   uint32_t version = kDistApiVersion;
   Result<GroupOptions> (*group_options_from_environment)(GroupOptions defaults);

@@ -33,13 +33,19 @@
 
 namespace loadstone {
 
-// The rank and its group: world_size ranks, tensor-parallel groups of `tp` consecutive ranks
-// (transformers' device mesh with tp innermost: tp rank = rank % tp), each group loading the
-// whole model once.
+// The rank and its groups: world_size ranks, tensor-parallel groups of `tp` consecutive ranks
+// (tp innermost, as transformers' and vLLM's meshes: tp rank = rank % tp), `pp` consecutive groups
+// making one pipeline (stage = (rank / tp) % pp), each pipeline loading the whole model once.
+// Stage s holds the layers vLLM gives it (get_pp_indices: layers / pp each, the remainder one each
+// to the stages before the last), the input embeddings on the first stage (and the last, when the
+// head is tied to them), every other tensor outside the layers (final norm, head) on the last.
 struct ParallelOptions {
   int world_size = 1;
   int rank = 0;
   int tp = 1;
+  int pp = 1;
+  // Layers per stage, one count per stage (vLLM's VLLM_PP_LAYER_PARTITION); empty: vLLM's split.
+  std::vector<int> pp_layers;
   // transformers' tp_plan as a JSON object of full names ({"model.layers.*.self_attn.q_proj":
   // "colwise", "lm_head": "colwise_gather_output", ...}), used as given. Empty: the plan
   // transformers would use for the checkpoint's config.json (its base_model_tp_plan, else the
@@ -80,20 +86,22 @@ struct TensorShard {
 
 struct RankShare {
   ParallelOptions options;
-  int tp_rank = 0;   // rank within its group
-  int group = 0;     // which group (rank / tp)
+  int tp_rank = 0;   // rank within its tensor-parallel group
+  int group = 0;     // which tensor-parallel group (rank / tp)
+  int stage = 0;     // its pipeline stage ((rank / tp) % pp)
+  std::pair<int, int> layers;  // the stage's layers [first, end) when pp > 1
   // What this rank reads, as a catalog over the checkpoint's files (Checkpoint::WithTensors):
   // its part or row block of each tensor, under the tensor's own name; plan and load this.
   Checkpoint reads;
-  std::vector<TensorShard> tensors;  // the checkpoint's order
+  std::vector<TensorShard> tensors;  // the stage's tensors, in the checkpoint's order
   uint64_t read_bytes = 0;        // file bytes this rank reads
-  uint64_t split_bytes = 0;       // file bytes of the split tensors (whole), per group
-  uint64_t replicated_bytes = 0;  // file bytes of the tensors every rank reads whole
+  uint64_t split_bytes = 0;       // file bytes of the stage's split tensors (whole)
+  uint64_t replicated_bytes = 0;  // file bytes of the stage's tensors every rank of it reads whole
 };
 
-// Rank options.rank's share of `checkpoint`. Errors: InvalidArgument (a rank, world size or tp
-// that does not fit: tp must divide world_size; a bad tp_plan_json; a style that does not fit a
-// tensor's shape), NotFound (no plan given and none known for the config's model type, or no
+// Rank options.rank's share of `checkpoint`. Errors: InvalidArgument (a rank, world size, tp or pp
+// that does not fit: tp × pp must divide world_size; pp_layers of another length or sum; a bad
+// tp_plan_json; a style that does not fit a tensor's shape), NotFound (no plan given and none known for the config's model type, or no
 // config.json), Unsupported (a split tensor that is quantized, packed or not stored
 // contiguous and little-endian, naming it).
 Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& options);

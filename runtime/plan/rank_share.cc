@@ -8,6 +8,7 @@
 #include "io/formats/json_util.h"
 #include "io/formats/limits.h"
 #include "loadstone/tensor_parallel.h"
+#include "runtime/plan/pp_rules.h"
 #include "runtime/plan/tp_rules.h"
 
 namespace loadstone {
@@ -16,43 +17,68 @@ namespace {
 using planning::TpPlan;
 
 Status CheckOptions(const ParallelOptions& o) {
-  if (o.world_size < 1 || o.tp < 1 || o.rank < 0 || o.rank >= o.world_size) {
+  if (o.world_size < 1 || o.tp < 1 || o.pp < 1 || o.rank < 0 || o.rank >= o.world_size) {
     return Status::InvalidArgument(fmt::format(
-        "rank {} of a world of {} with tensor-parallel degree {}: the world size and the degree "
-        "are at least 1 and a rank is 0 .. world size - 1",
-        o.rank, o.world_size, o.tp));
+        "rank {} of a world of {} with tensor-parallel degree {} and {} pipeline stages: the "
+        "world size and the degrees are at least 1 and a rank is 0 .. world size - 1",
+        o.rank, o.world_size, o.tp, o.pp));
   }
-  if (o.world_size % o.tp != 0) {
+  if (o.world_size % (static_cast<int64_t>(o.tp) * o.pp) != 0) {
     return Status::InvalidArgument(fmt::format(
-        "tensor-parallel degree {} does not divide the world size {}: give a --tp that does (and "
-        "the world size with --world-size, or run the ranks with loadstone launch -n N)",
-        o.tp, o.world_size));
+        "tensor-parallel degree {} × pipeline stages {} does not divide the world size {}: give "
+        "a --tp and --pp that do (and the world size with --world-size, or run the ranks with "
+        "loadstone launch -n N)",
+        o.tp, o.pp, o.world_size));
   }
   if (o.bucket_bytes == 0) return Status::InvalidArgument("exchange bucket of 0 bytes");
   return Status::OK();
 }
 
-Result<TpPlan> PlanFor(const Checkpoint& checkpoint, const ParallelOptions& options) {
+// The checkpoint's config.json (empty when it has none).
+Result<std::string> ConfigText(const Checkpoint& checkpoint) {
+  const std::string& path = checkpoint.config().path;
+  if (path.empty()) return std::string();
+  return io::ReadSmallFile(path, "config.json", io::kMaxConfigBytes, "kMaxConfigBytes");
+}
+
+Result<TpPlan> PlanFor(const Checkpoint& checkpoint, const ParallelOptions& options,
+                       std::string_view config, std::span<const std::string> names) {
   if (!options.tp_plan_json.empty()) {
     auto plan = TpPlan::FromJson(options.tp_plan_json);
     if (!plan.ok()) return plan.status().WithContext("the tensor-parallel plan given");
     return plan;
   }
-  const std::string& path = checkpoint.config().path;
-  if (path.empty()) {
+  if (config.empty()) {
     return Status::NotFound(
         "the checkpoint has no config.json to take a tensor-parallel plan from: give one "
         "(--tp-plan FILE.json, ParallelOptions::tp_plan_json)");
   }
-  LOADSTONE_ASSIGN_OR_RETURN(const std::string text,
-                             io::ReadSmallFile(path, "config.json", io::kMaxConfigBytes,
-                                               "kMaxConfigBytes"));
-  std::vector<std::string> names;
-  names.reserve(checkpoint.tensors().size());
-  for (const TensorInfo& t : checkpoint.tensors()) names.push_back(t.name);
-  auto plan = planning::TpPlanFromConfig(text, names);
-  if (!plan.ok()) return plan.status().WithContext(path);
+  auto plan = planning::TpPlanFromConfig(config, names);
+  if (!plan.ok()) return plan.status().WithContext(checkpoint.config().path);
   return plan;
+}
+
+// Which tensors the rank's stage holds: the stage's layers, and a test of each name.
+struct Stage {
+  planning::PpModel model;
+  std::vector<std::pair<int, int>> ranges;
+  int stage = 0;
+  bool Holds(std::string_view name) const {
+    return ranges.size() <= 1 || planning::OnStage(name, model, ranges, stage);
+  }
+};
+
+Result<Stage> StageOf(const Checkpoint& checkpoint, const ParallelOptions& options,
+                      std::string_view config, std::span<const std::string> names) {
+  Stage s;
+  s.stage = (options.rank / options.tp) % options.pp;
+  auto model = planning::PpModelOf(config, names);
+  if (!model.ok()) return model.status().WithContext(checkpoint.config().path);
+  s.model = *model;
+  LOADSTONE_ASSIGN_OR_RETURN(s.ranges,
+                             planning::PpLayerRanges(s.model.layers, options.pp,
+                                                     options.pp_layers));
+  return s;
 }
 
 // Elements [first, end) of a plain tensor, as a 1-D tensor of the view.
@@ -147,13 +173,28 @@ PlanOptions RankPlanOptions(PlanOptions options) {
 
 Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& options) {
   LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
-  RankShare share{options, options.rank % options.tp, options.rank / options.tp, checkpoint};
+  RankShare share{options, options.rank % options.tp, options.rank / options.tp, 0, {},
+                  checkpoint};
+  std::vector<std::string> names;
+  names.reserve(checkpoint.tensors().size());
+  for (const TensorInfo& t : checkpoint.tensors()) names.push_back(t.name);
+  std::string config;
+  if (options.pp > 1 || (options.tp > 1 && options.tp_plan_json.empty())) {
+    LOADSTONE_ASSIGN_OR_RETURN(config, ConfigText(checkpoint));
+  }
   TpPlan plan;
   if (options.tp > 1) {
-    LOADSTONE_ASSIGN_OR_RETURN(plan, PlanFor(checkpoint, options));
+    LOADSTONE_ASSIGN_OR_RETURN(plan, PlanFor(checkpoint, options, config, names));
+  }
+  Stage stage;
+  if (options.pp > 1) {
+    LOADSTONE_ASSIGN_OR_RETURN(stage, StageOf(checkpoint, options, config, names));
+    share.stage = stage.stage;
+    share.layers = stage.ranges[static_cast<size_t>(stage.stage)];
   }
   std::vector<TensorInfo> reads;
   for (const TensorInfo& t : checkpoint.tensors()) {
+    if (!stage.Holds(t.name)) continue;
     const std::optional<planning::TpStyle> style = plan.Lookup(t.name);
     if (!style || *style == planning::TpStyle::kReplicate) {
       share.tensors.push_back({t.name, "", t.shape, t.shape});

@@ -33,10 +33,10 @@ inline const nlohmann::json& TpCase(const std::string& name) {
 }
 
 // The element indices rank `rank` of `world` holds of `param` (an entry of a case's
-// "parameters"), in order: its runs, or every index when no rule splits it.
+// "parameters"), in order: its runs, or every index when no rule splits it (or world is 1).
 inline std::vector<uint64_t> TpIndices(const nlohmann::json& param, int world, int rank) {
   std::vector<uint64_t> out;
-  if (param["style"].is_null()) {
+  if (param["style"].is_null() || world == 1) {
     uint64_t n = 1;
     for (const auto& d : param["shape"]) n *= d.get<uint64_t>();
     for (uint64_t k = 0; k < n; ++k) out.push_back(k);

@@ -36,29 +36,50 @@ uint32_t ExpectedCrc(const nlohmann::json& param, int world, int r, bool bf16) {
   return static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), bytes.data(), bytes.size()));
 }
 
-void CheckRanks(const nlohmann::json& doc, int world, bool bf16) {
+// The launcher's document of `world` ranks in tensor-parallel groups of `tp` and `pp` stages of
+// the 2-layer llama fixture: stage 0 holds the embeddings and layer 0, stage 1 layer 1, the norm
+// and the head (vLLM's split, written out here).
+void CheckRanks(const nlohmann::json& doc, int world, bool bf16, int tp = 0, int pp = 1) {
+  if (tp == 0) tp = world;
   const nlohmann::json& model = testing::TpCase("llama");
   REQUIRE(doc["ranks"].size() == static_cast<size_t>(world));
+  auto stage_of = [pp](const std::string& name) {
+    const bool first = name.starts_with("model.embed_tokens.") ||
+                       name.starts_with("model.layers.0.");
+    return pp == 1 || first ? 0 : 1;
+  };
   uint64_t read = 0;
+  uint64_t bound = 0;
   for (int r = 0; r < world; ++r) {
     const auto& rank = doc["ranks"][r];
+    const int stage = (r / tp) % pp;
     INFO("rank " << r << " of " << world);
     REQUIRE(rank.is_object());
     CHECK(rank["rank"] == r);
+    CHECK(rank["stage"] == stage);
+    if (pp == 2) CHECK(rank["layers"] == nlohmann::json::array({stage, stage + 1}));
     CHECK(rank["requested_bytes"] == rank["share_read_bytes"]);  // the reader's count
     CHECK(rank["read_bytes"] >= rank["requested_bytes"]);  // O_DIRECT: whole blocks
     read += rank["requested_bytes"].get<uint64_t>();
+    if (r % tp == 0) {
+      bound += rank["split_bytes"].get<uint64_t>() + tp * rank["replicated_bytes"].get<uint64_t>();
+    }
     std::map<std::string, uint32_t> crcs;
     for (const auto& t : rank["tensors"]) crcs[t["name"]] = t["crc32"];
-    REQUIRE(crcs.size() == model["parameters"].size());
+    size_t on_stage = 0;
     for (const auto& param : model["parameters"]) {
-      INFO(param["name"]);
-      CHECK(crcs[param["name"]] == ExpectedCrc(param, world, r, bf16));
+      const std::string name = param["name"];
+      INFO(name);
+      if (stage_of(name) != stage) {
+        CHECK(crcs.count(name) == 0);
+        continue;
+      }
+      ++on_stage;
+      CHECK(crcs[name] == ExpectedCrc(param, tp, r % tp, bf16));
     }
+    CHECK(crcs.size() == on_stage);
   }
-  const auto& first = doc["ranks"][0];
-  CHECK(read == first["split_bytes"].get<uint64_t>() +
-                    world * first["replicated_bytes"].get<uint64_t>());
+  CHECK(read == bound);  // split tensors once, replicated ones by each rank of their stage
 }
 
 TEST_CASE("launch: 2 and 4 ranks each hold transformers' part, and read only their share") {
@@ -73,6 +94,24 @@ TEST_CASE("launch: 2 and 4 ranks each hold transformers' part, and read only the
   INFO(run.err);
   REQUIRE(run.code == 0);
   CheckRanks(nlohmann::json::parse(run.out), 2, /*bf16=*/true);
+}
+
+TEST_CASE("launch: tensor x pipeline parallel, 4 ranks as 2 stages of 2") {
+  auto run = testing::RunCli("launch -n 4 -- load " + kLlama + " --pp 2 --json");
+  INFO(run.err);
+  REQUIRE(run.code == 0);
+  CheckRanks(nlohmann::json::parse(run.out), 4, /*bf16=*/false, /*tp=*/2, /*pp=*/2);
+  run = testing::RunCli("launch -n 2 -- load " + kLlama + " --pp 2 --pp-layers 1,1");
+  INFO(run.out);
+  REQUIRE(run.code == 0);
+  CHECK_THAT(run.out, Catch::Contains("[rank 1] rank 1 of 2 (tensor-parallel rank 0 of 1, "
+                                      "stage 1 of 2: layers 1..1)"));
+  run = testing::RunCli("launch -n 2 -- load " + kLlama + " --pp 2 --pp-layers 2,1");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.err, Catch::Contains("give one count per stage (--pp-layers), adding up to 2"));
+  run = testing::RunCli("load " + kLlama + " --pp-layers 1,1");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.err, Catch::Contains("give --tp or --pp"));
 }
 
 TEST_CASE("load --world-size/--rank/--master by hand, and what a person gets wrong") {
@@ -97,6 +136,11 @@ TEST_CASE("load --world-size/--rank/--master by hand, and what a person gets wro
                         " --tp 1 --world-size 3 --dist-timeout 2");
   CHECK(run.code == 1);
   CHECK_THAT(run.err, Catch::Contains("[rank 0] error: IOError: rank 0 of 3 meeting at 127.0.0.1"));
+  // A store that does not answer: rank 1 alone, rank 0's store never started.
+  run = testing::RunCli("load " + kLlama +
+                        " --world-size 2 --rank 1 --master 127.0.0.1:9 --dist-timeout 2");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.err, Catch::Contains("rank 1 of 2 meeting at 127.0.0.1:9"));
 }
 
 }  // namespace

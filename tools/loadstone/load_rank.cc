@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <iostream>
@@ -66,11 +67,15 @@ int PrintRank(const RankLoad& r, bool json) {
   const RankShare& s = r.share;
   const uint64_t read = r.read_stats.direct_bytes + r.read_stats.buffered_bytes;
   if (!json) {
+    const std::string stage =
+        s.options.pp > 1 ? fmt::format(", stage {} of {}: layers {}..{}", s.stage, s.options.pp,
+                                       s.layers.first, s.layers.second - 1)
+                         : "";
     std::cout << fmt::format(
-        "rank {} of {} (tensor-parallel rank {} of {}): {} tensors; read {} (its share: {} of "
-        "{} split + {} replicated), received {} from its group; load {:.3f} s, exchange "
+        "rank {} of {} (tensor-parallel rank {} of {}{}): {} tensors; read {} (its share: {} "
+        "of {} split + {} replicated), received {} from its group; load {:.3f} s, exchange "
         "{:.3f} s\n",
-        s.options.rank, s.options.world_size, s.tp_rank, s.options.tp, r.tensors.size(),
+        s.options.rank, s.options.world_size, s.tp_rank, s.options.tp, stage, r.tensors.size(),
         HumanBytes(read), HumanBytes(s.read_bytes), HumanBytes(s.split_bytes),
         HumanBytes(s.replicated_bytes), HumanBytes(r.received_bytes), r.load_seconds,
         r.exchange_seconds);
@@ -81,6 +86,11 @@ int PrintRank(const RankLoad& r, bool json) {
   doc["world_size"] = s.options.world_size;
   doc["tp"] = s.options.tp;
   doc["tp_rank"] = s.tp_rank;
+  doc["pp"] = s.options.pp;
+  doc["stage"] = s.stage;
+  doc["layers"] = s.options.pp > 1 ? nlohmann::ordered_json::array({s.layers.first,
+                                                                     s.layers.second})
+                                   : nlohmann::ordered_json();
   // What came off storage (O_DIRECT reads count whole aligned blocks), and what the reads asked
   // for (read or copied out of the page cache): the share's bytes.
   doc["read_bytes"] = read;
@@ -118,8 +128,17 @@ void RankFlags::Register(CLI::App* cmd) {
       ->check(CLI::Range(0, (1 << 20) - 1));
   cmd->add_option("--tp", tp,
                   "Tensor-parallel degree: each rank reads only its share (default: the world "
-                  "size)")
+                  "size / --pp)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--pp", pp,
+                  "Pipeline stages: each stage reads only its layers, split as vLLM splits them "
+                  "(default 1)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--pp-layers", pp_layers,
+                  "Layers per stage, e.g. 4,6,6,4 (as VLLM_PP_LAYER_PARTITION; default: even, "
+                  "the remainder to the stages before the last)")
+      ->delimiter(',')
+      ->each([this](const std::string&) { dist_only_given = true; });
   auto given = [this](const std::string&) { dist_only_given = true; };
   cmd->add_option("--master", master,
                   "Where the ranks meet: ADDRESS:PORT of rank 0's store (else MASTER_ADDR and "
@@ -150,7 +169,9 @@ int RunRankLoad(const PlanFlags& flags, const ReadFlags& read, const RankFlags& 
   ParallelOptions par;
   par.world_size = group->world_size;
   par.rank = group->rank;
-  par.tp = rank.tp.value_or(group->world_size);
+  par.pp = rank.pp.value_or(1);
+  par.pp_layers = rank.pp_layers;
+  par.tp = rank.tp.value_or(std::max(1, group->world_size / par.pp));
   if (!rank.tp_plan.empty()) {
     auto text = ReadFlagFile("--tp-plan", rank.tp_plan);
     if (!text.ok()) return ReportError(text.status());

@@ -1,5 +1,5 @@
-// `loadstone load MODEL --tp T [--world-size W --rank R --master ADDR:PORT]`: one rank of a
-// tensor-parallel load (loadstone/dist.h), reading only its share. The distributed face (and with
+// `loadstone load MODEL --tp T [--pp P] [--world-size W --rank R --master ADDR:PORT]`: one rank
+// of a tensor- (and pipeline-) parallel load (loadstone/dist.h), reading only its share. The distributed face (and with
 // it LibTorch) is loaded only then, from libloadstone_dist.so beside libloadstone.so: every
 // other command starts without LibTorch.
 #ifndef LOADSTONE_TOOLS_LOAD_RANK_H_
@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -17,7 +18,9 @@ namespace loadstone::cli {
 struct RankFlags {
   std::optional<int> world_size;  // else WORLD_SIZE, else 1
   std::optional<int> rank;        // else RANK, else 0
-  std::optional<int> tp;          // else the world size
+  std::optional<int> tp;          // else the world size / pp
+  std::optional<int> pp;          // pipeline stages, else 1
+  std::vector<int> pp_layers;     // layers per stage, else vLLM's split
   std::string master;             // ADDR:PORT; else MASTER_ADDR / MASTER_PORT, 127.0.0.1:29500
   std::string tp_plan;            // FILE.json; else config.json's
   double timeout_s = 60;
@@ -25,8 +28,8 @@ struct RankFlags {
   void Register(CLI::App* cmd);
   bool dist_only_given = false;   // --master, --tp-plan or --dist-timeout was given
 
-  // A rank's load was asked for (--tp, --world-size or --rank given).
-  bool asked() const { return world_size || rank || tp; }
+  // A rank's load was asked for (--tp, --pp, --world-size or --rank given).
+  bool asked() const { return world_size || rank || tp || pp; }
 };
 
 // Runs this rank's load and prints its report (--json: one document). The exit code.

@@ -168,7 +168,7 @@ TEST_CASE("ranks over c10d: a rank that dies, another checkpoint, another split:
     INFO("rank " << r << ": " << ranks.reports[r].dump());
     REQUIRE(ranks.reports[r].is_object());
     CHECK_THAT(ranks.reports[r]["status"].get<std::string>(),
-               Catch::Contains("rank 1's tensor-parallel split") &&
+               Catch::Contains("rank 1's parallel layout") &&
                    Catch::Contains("differs from rank 0's"));
   }
 }
