@@ -8,6 +8,9 @@
 #include <string_view>
 
 #include <fmt/format.h>
+
+#include "bindings/dist/read_mode.h"
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -199,6 +202,7 @@ uint64_t LayoutHash(const ParallelOptions& par) {
   h.Mix(static_cast<uint64_t>(par.pp));
   for (int n : par.pp_layers) h.Mix(static_cast<uint64_t>(n));
   h.Mix(par.bucket_bytes);
+  h.Mix(static_cast<uint64_t>(par.read_mode));
   return h.value();
 }
 
@@ -276,15 +280,29 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
                           ProcessGroups& groups) {
   LOADSTONE_RETURN_IF_ERROR(Agree(groups, Status::OK(), CatalogHash(checkpoint),
                                   "checkpoint (its tensors' names, dtypes, shapes or offsets)"));
-  LOADSTONE_RETURN_IF_ERROR(Agree(groups, Status::OK(), LayoutHash(par),
-                                  "parallel layout (--tp, --pp, --pp-layers, bucket size)"));
-  Result<RankShare> share = ShareOf(checkpoint, par);
+  LOADSTONE_RETURN_IF_ERROR(
+      Agree(groups, Status::OK(), LayoutHash(par),
+            "parallel layout (--tp, --pp, --pp-layers, --read-mode, bucket size)"));
+  ParallelOptions first = par;
+  if (par.read_mode == ReadMode::kAuto) first.read_mode = ReadMode::kEachRank;
+  Result<RankShare> share = ShareOf(checkpoint, first);
   Result<LoadPlan> plan = share.ok() ? Plan(share->reads, RankPlanOptions(options))
                                      : Result<LoadPlan>(share.status());
   Status planned = plan.ok() ? CheckOnCpu(*plan) : plan.status();
   LOADSTONE_RETURN_IF_ERROR(Agree(
       groups, planned, planned.ok() ? SplitHash(*share, *plan) : 0,
       "tensor-parallel split (from --tp-plan or config.json, --dtype and the bucket size)", &par));
+  dist::ReadModeChoice choice;
+  if (par.read_mode == ReadMode::kAuto) {
+    LOADSTONE_ASSIGN_OR_RETURN(choice, dist::ChooseReadMode(loader, *share, options, groups));
+    if (choice.mode == ReadMode::kOnce) {
+      first.read_mode = ReadMode::kOnce;
+      share = ShareOf(checkpoint, first);
+      plan = share.ok() ? Plan(share->reads, RankPlanOptions(options))
+                        : Result<LoadPlan>(share.status());
+      LOADSTONE_RETURN_IF_ERROR(Agree(groups, plan.status(), 1, "planning to read once"));
+    }
+  }
   const auto start = Clock::now();
   LoadHandle handle = loader.Load(share->reads, *plan);
   const Status status = handle.Done().get();
@@ -300,6 +318,11 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
   out.received_bytes = gloo != nullptr ? gloo->received() - before : 0;
   out.load_seconds = std::chrono::duration<double>(loaded - start).count();
   out.exchange_seconds = std::chrono::duration<double>(Clock::now() - loaded).count();
+  out.share.options.read_mode = par.read_mode;  // as asked; share.read_mode: as taken
+  out.measured_read_bytes_per_s = choice.read_bytes_per_s;
+  out.measured_link_bytes_per_s = choice.link_bytes_per_s;
+  out.read_mode_cost = choice.cost;
+  out.probe_bytes = choice.probe_bytes;
   return out;
 }
 

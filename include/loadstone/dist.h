@@ -60,13 +60,20 @@ class ProcessGroups {
 
 // What a rank loaded: its tensors (its parts), and what moved.
 struct RankLoad {
-  RankShare share;
+  RankShare share;  // share.options as given (kAuto stays kAuto), share.read_mode as taken
   LoadPlan plan;
   std::vector<Tensor> tensors;
   ReadStats read_stats;
   uint64_t received_bytes = 0;  // bytes other ranks sent it in the exchange
   double load_seconds = 0;      // its reads, until its share was loaded
   double exchange_seconds = 0;  // the exchange (0 when nothing is exchanged)
+  // ReadMode::kAuto: what was measured (bytes a second: the group's storage, as its first rank
+  // read a sample; the slowest rank's link in an all-to-all), the model's estimates, and the
+  // bytes this rank read for it (read again by the load). share.read_mode is the mode taken.
+  double measured_read_bytes_per_s = 0;
+  double measured_link_bytes_per_s = 0;
+  ReadModeCost read_mode_cost;
+  uint64_t probe_bytes = 0;
 };
 
 // Loads rank par.rank's share of `checkpoint` and makes its tensors: ShareOf, Plan with
@@ -74,8 +81,10 @@ struct RankLoad {
 // at each step, every rank failing with the first cause: before planning on their catalogs
 // (every tensor's name, dtype, shape and offset: InvalidArgument naming a rank with another
 // checkpoint), before reading on their splits and loaded dtypes (another plan, --dtype or bucket
-// size), before exchanging on having their shares (IOError naming a rank that failed). A device
-// map that places anything off the CPU is Unsupported. Errors: also those of the steps.
+// size), before exchanging on having their shares (IOError naming a rank that failed). With
+// ReadMode::kAuto each group measures its link and storage first and takes the mode
+// EstimateReadModes finds faster. A device map that places anything off the CPU is Unsupported.
+// Errors: also those of the steps.
 Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
                           const ParallelOptions& par, const PlanOptions& options,
                           ProcessGroups& groups);

@@ -39,6 +39,15 @@ namespace loadstone {
 // Stage s holds the layers vLLM gives it (get_pp_indices: layers / pp each, the remainder one each
 // to the stages before the last), the input embeddings on the first stage (and the last, when the
 // head is tied to them), every other tensor outside the layers (final norm, head) on the last.
+// How a tensor-parallel group gets its bytes off storage.
+enum class ReadMode : uint8_t {
+  kEachRank,  // each rank reads its own parts (and a block of the strided ones); the default
+  kOnce,      // the group's first rank reads every tensor of the stage once, whole, and sends
+              // each other rank its parts (replicated tensors whole) over the group's exchange
+  kAuto,      // LoadRank chooses by EstimateReadModes, from read and link bandwidths it measures
+};
+std::string_view ReadModeName(ReadMode mode);  // "each", "once", "auto"
+
 struct ParallelOptions {
   int world_size = 1;
   int rank = 0;
@@ -54,6 +63,7 @@ struct ParallelOptions {
   // Bytes of one exchange bucket: the split tensors exchanged together in one all-to-all hold at
   // most this many bytes in total (a larger tensor goes alone).
   uint64_t bucket_bytes = 256ULL << 20;
+  ReadMode read_mode = ReadMode::kEachRank;
 };
 
 // A run of `count` elements of the full tensor (row-major) from element `first`.
@@ -90,6 +100,7 @@ struct RankShare {
   int group = 0;     // which tensor-parallel group (rank / tp)
   int stage = 0;     // its pipeline stage ((rank / tp) % pp)
   std::pair<int, int> layers;  // the stage's layers [first, end) when pp > 1
+  ReadMode read_mode = ReadMode::kEachRank;  // kEachRank or kOnce
   // What this rank reads, as a catalog over the checkpoint's files (Checkpoint::WithTensors):
   // its part or row block of each tensor, under the tensor's own name; plan and load this.
   Checkpoint reads;
@@ -97,14 +108,31 @@ struct RankShare {
   uint64_t read_bytes = 0;        // file bytes this rank reads
   uint64_t split_bytes = 0;       // file bytes of the stage's split tensors (whole)
   uint64_t replicated_bytes = 0;  // file bytes of the stage's tensors every rank of it reads whole
+  uint64_t exchanged_bytes = 0;   // file bytes of the stage's exchanged tensors (whole)
 };
 
-// Rank options.rank's share of `checkpoint`. Errors: InvalidArgument (a rank, world size, tp or pp
-// that does not fit: tp × pp must divide world_size; pp_layers of another length or sum; a bad
-// tp_plan_json; a style that does not fit a tensor's shape), NotFound (no plan given and none known for the config's model type, or no
-// config.json), Unsupported (a split tensor that is quantized, packed or not stored
-// contiguous and little-endian, naming it).
+// Rank options.rank's share of `checkpoint`. With ReadMode::kOnce, tensor-parallel rank 0 reads
+// every tensor of its stage whole (as a block of all its elements) and the others read none
+// (each tensor a block of no elements, so that it gets its dtype): every tensor is exchanged,
+// except scalars, empty tensors and replicated quantized or strided ones, which every rank
+// reads. Errors: InvalidArgument (a rank, world size, tp or pp that does not fit: tp × pp must
+// divide world_size; pp_layers of another length or sum; a bad tp_plan_json; a style that does
+// not fit a tensor's shape; kAuto, which LoadRank resolves), NotFound (no plan given and none
+// known for the config's model type, or no config.json), Unsupported (a split tensor that is
+// quantized, packed or not stored contiguous and little-endian, naming it).
 Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& options);
+
+// The cost model of the two read modes for one group, in seconds: `each` — a rank's share of
+// ReadMode::kEachRank (ShareOf) — read at `read_bytes_per_s` (what the storage gives the group's
+// ranks together) while each rank receives its exchanged parts at `link_bytes_per_s` (one rank's
+// link); once — the stage read at `read_bytes_per_s` while its first rank sends everyone else's
+// parts over its link. Reads and the exchange do not overlap today, so each is their sum.
+struct ReadModeCost {
+  double each_seconds = 0;
+  double once_seconds = 0;
+};
+ReadModeCost EstimateReadModes(const RankShare& each, double read_bytes_per_s,
+                               double link_bytes_per_s);
 
 // The options to plan a rank's reads (RankShare::reads) with: `options` with no gap read between
 // two coalesced tensors (PlanOptions::coalesce_gap 0), since the gaps of a rank's catalog hold the

@@ -1,5 +1,6 @@
 // ShareOf (include/loadstone/tensor_parallel.h): each tensor's split under the tensor-parallel
 // plan (tp_rules.h) and the part or row block this rank reads, as a catalog over the same files.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -164,7 +165,57 @@ Result<TensorShard> ShardOf(const Checkpoint& checkpoint, const TensorInfo& t,
   return shard;
 }
 
+// ReadMode::kOnce: the group's rank 0 reads all of `t` as a block, the others none of it, and the
+// exchange gives every rank its part (a replicated tensor: all of it along dim 0). Scalars, empty
+// tensors and tensors that are not plain elements (quantized, strided: never split, ShardOf
+// refuses that) are read by every rank.
+void ReadOnce(const TensorInfo& t, TensorShard& shard, int me, int tp,
+              std::vector<TensorInfo>& reads) {
+  const uint64_t n = t.numel();
+  if (tp == 1 || t.shape.empty() || n == 0 || t.packed || DTypeBits(t.dtype) % 8 != 0 ||
+      !t.plain_layout()) {
+    reads.push_back(t);
+    return;
+  }
+  if (shard.dim < 0) {
+    shard.dim = 0;
+    shard.cuts.assign(static_cast<size_t>(tp), {{0, t.shape[0]}});
+  }
+  shard.exchanged = true;
+  shard.blocks.assign(static_cast<size_t>(tp), {0, 0});
+  shard.blocks[0] = {0, n};
+  reads.push_back(ElementsOf(t, 0, me == 0 ? n : 0));
+}
+
 }  // namespace
+
+std::string_view ReadModeName(ReadMode mode) {
+  switch (mode) {
+    case ReadMode::kEachRank: return "each";
+    case ReadMode::kOnce: return "once";
+    case ReadMode::kAuto: return "auto";
+  }
+  return "?";
+}
+
+ReadModeCost EstimateReadModes(const RankShare& each, double read_bytes_per_s,
+                               double link_bytes_per_s) {
+  const double tp = each.options.tp;
+  const double split = static_cast<double>(each.split_bytes);
+  const double replicated = static_cast<double>(each.replicated_bytes);
+  const double read = std::max(read_bytes_per_s, 1.0);
+  const double link = std::max(link_bytes_per_s, 1.0);
+  ReadModeCost cost;
+  // Each rank: the group reads the split tensors once and the replicated ones tp times; a rank
+  // receives the others' share of its part of each exchanged tensor.
+  cost.each_seconds = (split + tp * replicated) / read +
+                      static_cast<double>(each.exchanged_bytes) / tp * (tp - 1) / tp / link;
+  // Once: the stage read once; its first rank sends the others their parts of the split tensors
+  // and the replicated ones whole.
+  cost.once_seconds =
+      (split + replicated) / read + (split * (tp - 1) / tp + replicated * (tp - 1)) / link;
+  return cost;
+}
 
 PlanOptions RankPlanOptions(PlanOptions options) {
   options.coalesce_gap = 0;
@@ -173,8 +224,13 @@ PlanOptions RankPlanOptions(PlanOptions options) {
 
 Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& options) {
   LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
+  if (options.read_mode == ReadMode::kAuto) {
+    return Status::InvalidArgument(
+        "ReadMode::kAuto is chosen by LoadRank from measured bandwidths (ChooseReadMode): give "
+        "ShareOf kEachRank or kOnce");
+  }
   RankShare share{options, options.rank % options.tp, options.rank / options.tp, 0, {},
-                  checkpoint};
+                  ReadMode::kEachRank, checkpoint};
   std::vector<std::string> names;
   names.reserve(checkpoint.tensors().size());
   for (const TensorInfo& t : checkpoint.tensors()) names.push_back(t.name);
@@ -192,20 +248,26 @@ Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& o
     share.stage = stage.stage;
     share.layers = stage.ranges[static_cast<size_t>(stage.stage)];
   }
+  const bool once = options.read_mode == ReadMode::kOnce;
+  share.read_mode = once ? ReadMode::kOnce : ReadMode::kEachRank;
   std::vector<TensorInfo> reads;
+  std::vector<TensorInfo> unused;  // kOnce: the reads ShardOf would give the rank
   for (const TensorInfo& t : checkpoint.tensors()) {
     if (!stage.Holds(t.name)) continue;
     const std::optional<planning::TpStyle> style = plan.Lookup(t.name);
-    if (!style || *style == planning::TpStyle::kReplicate) {
-      share.tensors.push_back({t.name, "", t.shape, t.shape});
-      share.replicated_bytes += t.nbytes;
+    TensorShard shard{t.name, "", t.shape, t.shape};
+    if (style && *style != planning::TpStyle::kReplicate) {
+      auto split = ShardOf(checkpoint, t, *style, share.tp_rank, options.tp,
+                           once ? unused : reads);
+      if (!split.ok()) return split.status();
+      shard = std::move(*split);
+    } else if (!once) {
       reads.push_back(t);
-      continue;
     }
-    auto shard = ShardOf(checkpoint, t, *style, share.tp_rank, options.tp, reads);
-    if (!shard.ok()) return shard.status();
-    (shard->dim < 0 ? share.replicated_bytes : share.split_bytes) += t.nbytes;
-    share.tensors.push_back(std::move(*shard));
+    (shard.dim < 0 ? share.replicated_bytes : share.split_bytes) += t.nbytes;
+    if (once) ReadOnce(t, shard, share.tp_rank, options.tp, reads);
+    if (shard.exchanged) share.exchanged_bytes += t.nbytes;
+    share.tensors.push_back(std::move(shard));
   }
   for (const TensorInfo& t : reads) share.read_bytes += t.nbytes;
   auto view = checkpoint.WithTensors(std::move(reads));

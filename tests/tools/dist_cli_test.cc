@@ -39,7 +39,9 @@ uint32_t ExpectedCrc(const nlohmann::json& param, int world, int r, bool bf16) {
 // The launcher's document of `world` ranks in tensor-parallel groups of `tp` and `pp` stages of
 // the 2-layer llama fixture: stage 0 holds the embeddings and layer 0, stage 1 layer 1, the norm
 // and the head (vLLM's split, written out here).
-void CheckRanks(const nlohmann::json& doc, int world, bool bf16, int tp = 0, int pp = 1) {
+// `once`: read once (every rank's document says so), as --read-once or as --read-mode auto chose.
+void CheckRanks(const nlohmann::json& doc, int world, bool bf16, int tp = 0, int pp = 1,
+                bool once = false) {
   if (tp == 0) tp = world;
   const nlohmann::json& model = testing::TpCase("llama");
   REQUIRE(doc["ranks"].size() == static_cast<size_t>(world));
@@ -61,8 +63,11 @@ void CheckRanks(const nlohmann::json& doc, int world, bool bf16, int tp = 0, int
     CHECK(rank["requested_bytes"] == rank["share_read_bytes"]);  // the reader's count
     CHECK(rank["read_bytes"] >= rank["requested_bytes"]);  // O_DIRECT: whole blocks
     read += rank["requested_bytes"].get<uint64_t>();
+    CHECK(rank["read_mode"] == (once ? "once" : "each"));
+    if (once && r % tp != 0) CHECK(rank["requested_bytes"] == 0);
     if (r % tp == 0) {
-      bound += rank["split_bytes"].get<uint64_t>() + tp * rank["replicated_bytes"].get<uint64_t>();
+      bound += rank["split_bytes"].get<uint64_t>() +
+               (once ? 1 : tp) * rank["replicated_bytes"].get<uint64_t>();
     }
     std::map<std::string, uint32_t> crcs;
     for (const auto& t : rank["tensors"]) crcs[t["name"]] = t["crc32"];
@@ -79,7 +84,8 @@ void CheckRanks(const nlohmann::json& doc, int world, bool bf16, int tp = 0, int
     }
     CHECK(crcs.size() == on_stage);
   }
-  CHECK(read == bound);  // split tensors once, replicated ones by each rank of their stage
+  // Split tensors once, replicated ones by each rank of their stage (read once: by its first).
+  CHECK(read == bound);
 }
 
 TEST_CASE("launch: 2 and 4 ranks each hold transformers' part, and read only their share") {
@@ -105,13 +111,37 @@ TEST_CASE("launch: tensor x pipeline parallel, 4 ranks as 2 stages of 2") {
   INFO(run.out);
   REQUIRE(run.code == 0);
   CHECK_THAT(run.out, Catch::Contains("[rank 1] rank 1 of 2 (tensor-parallel rank 0 of 1, "
-                                      "stage 1 of 2: layers 1..1)"));
+                                      "stage 1 of 2: layers 1..1, reading each its own)"));
   run = testing::RunCli("launch -n 2 -- load " + kLlama + " --pp 2 --pp-layers 2,1");
   CHECK(run.code == 1);
   CHECK_THAT(run.err, Catch::Contains("give one count per stage (--pp-layers), adding up to 2"));
   run = testing::RunCli("load " + kLlama + " --pp-layers 1,1");
   CHECK(run.code == 1);
   CHECK_THAT(run.err, Catch::Contains("give --tp or --pp"));
+}
+
+TEST_CASE("launch: read once, and a mode chosen from measured bandwidths") {
+  auto run = testing::RunCli("launch -n 4 -- load " + kLlama + " --tp 4 --read-once --json");
+  INFO(run.err);
+  REQUIRE(run.code == 0);
+  CheckRanks(nlohmann::json::parse(run.out), 4, /*bf16=*/false, 4, 1, /*once=*/true);
+  run = testing::RunCli("launch -n 4 -- load " + kLlama + " --pp 2 --read-mode auto --json");
+  REQUIRE(run.code == 0);
+  const auto doc = nlohmann::json::parse(run.out);
+  const bool once = doc["ranks"][0]["read_mode"] == "once";
+  CheckRanks(doc, 4, /*bf16=*/false, 2, 2, once);
+  for (const auto& rank : doc["ranks"]) {
+    CHECK(rank["measured_read_bytes_per_s"].get<double>() > 0);
+    CHECK(rank["measured_link_bytes_per_s"].get<double>() > 0);
+    // The mode taken is the one the model estimated faster.
+    CHECK(once == (rank["estimated_once_seconds"].get<double>() <
+                   rank["estimated_each_seconds"].get<double>()));
+  }
+  CHECK(doc["ranks"][0]["probe_bytes"].get<uint64_t>() > 0);  // a group's first rank measured
+  CHECK(doc["ranks"][1]["probe_bytes"] == 0);
+  run = testing::RunCli("load " + kLlama + " --read-mode sometimes --tp 2");
+  CHECK(run.code != 0);
+  CHECK_THAT(run.err, Catch::Contains("--read-mode"));
 }
 
 TEST_CASE("load --world-size/--rank/--master by hand, and what a person gets wrong") {

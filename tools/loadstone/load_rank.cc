@@ -63,24 +63,31 @@ Result<GroupOptions> GroupFrom(const DistApi& api, const RankFlags& flags) {
   return g;
 }
 
-int PrintRank(const RankLoad& r, bool json) {
+void PrintRankText(const RankLoad& r) {
   const RankShare& s = r.share;
   const uint64_t read = r.read_stats.direct_bytes + r.read_stats.buffered_bytes;
+  const std::string stage =
+      s.options.pp > 1 ? fmt::format(", stage {} of {}: layers {}..{}", s.stage, s.options.pp,
+                                     s.layers.first, s.layers.second - 1)
+                       : "";
+  std::cout << fmt::format(
+      "rank {} of {} (tensor-parallel rank {} of {}{}, reading {}): {} tensors; read {} (its "
+      "share: {} of {} split + {} replicated), received {} from its group; load {:.3f} s, "
+      "exchange {:.3f} s\n",
+      s.options.rank, s.options.world_size, s.tp_rank, s.options.tp, stage,
+      s.read_mode == ReadMode::kOnce ? "once" : "each its own", r.tensors.size(),
+      HumanBytes(read), HumanBytes(s.read_bytes), HumanBytes(s.split_bytes),
+      HumanBytes(s.replicated_bytes), HumanBytes(r.received_bytes), r.load_seconds,
+      r.exchange_seconds);
+}
+
+int PrintRank(const RankLoad& r, bool json) {
   if (!json) {
-    const std::string stage =
-        s.options.pp > 1 ? fmt::format(", stage {} of {}: layers {}..{}", s.stage, s.options.pp,
-                                       s.layers.first, s.layers.second - 1)
-                         : "";
-    std::cout << fmt::format(
-        "rank {} of {} (tensor-parallel rank {} of {}{}): {} tensors; read {} (its share: {} "
-        "of {} split + {} replicated), received {} from its group; load {:.3f} s, exchange "
-        "{:.3f} s\n",
-        s.options.rank, s.options.world_size, s.tp_rank, s.options.tp, stage, r.tensors.size(),
-        HumanBytes(read), HumanBytes(s.read_bytes), HumanBytes(s.split_bytes),
-        HumanBytes(s.replicated_bytes), HumanBytes(r.received_bytes), r.load_seconds,
-        r.exchange_seconds);
+    PrintRankText(r);
     return 0;
   }
+  const RankShare& s = r.share;
+  const uint64_t read = r.read_stats.direct_bytes + r.read_stats.buffered_bytes;
   nlohmann::ordered_json doc;
   doc["rank"] = s.options.rank;
   doc["world_size"] = s.options.world_size;
@@ -88,6 +95,14 @@ int PrintRank(const RankLoad& r, bool json) {
   doc["tp_rank"] = s.tp_rank;
   doc["pp"] = s.options.pp;
   doc["stage"] = s.stage;
+  doc["read_mode"] = ReadModeName(s.read_mode);
+  if (s.options.read_mode == ReadMode::kAuto) {
+    doc["measured_read_bytes_per_s"] = r.measured_read_bytes_per_s;
+    doc["measured_link_bytes_per_s"] = r.measured_link_bytes_per_s;
+    doc["estimated_each_seconds"] = r.read_mode_cost.each_seconds;
+    doc["estimated_once_seconds"] = r.read_mode_cost.once_seconds;
+    doc["probe_bytes"] = r.probe_bytes;
+  }
   doc["layers"] = s.options.pp > 1 ? nlohmann::ordered_json::array({s.layers.first,
                                                                      s.layers.second})
                                    : nlohmann::ordered_json();
@@ -140,6 +155,15 @@ void RankFlags::Register(CLI::App* cmd) {
       ->delimiter(',')
       ->each([this](const std::string&) { dist_only_given = true; });
   auto given = [this](const std::string&) { dist_only_given = true; };
+  cmd->add_option("--read-mode", read_mode,
+                  "each: every rank reads its own parts (default); once: each tensor-parallel "
+                  "group's first rank reads the stage once and sends the others their parts; "
+                  "auto: chosen from the measured read and link bandwidths")
+      ->check(CLI::IsMember({"each", "once", "auto"}))
+      ->each(given);
+  cmd->add_flag_callback(
+      "--read-once", [this] { read_mode = "once", dist_only_given = true; },
+      "Same as --read-mode once");
   cmd->add_option("--master", master,
                   "Where the ranks meet: ADDRESS:PORT of rank 0's store (else MASTER_ADDR and "
                   "MASTER_PORT, or 127.0.0.1:29500)")
@@ -171,6 +195,9 @@ int RunRankLoad(const PlanFlags& flags, const ReadFlags& read, const RankFlags& 
   par.rank = group->rank;
   par.pp = rank.pp.value_or(1);
   par.pp_layers = rank.pp_layers;
+  par.read_mode = rank.read_mode == "once"   ? ReadMode::kOnce
+                  : rank.read_mode == "auto" ? ReadMode::kAuto
+                                             : ReadMode::kEachRank;
   par.tp = rank.tp.value_or(std::max(1, group->world_size / par.pp));
   if (!rank.tp_plan.empty()) {
     auto text = ReadFlagFile("--tp-plan", rank.tp_plan);

@@ -21,6 +21,7 @@ struct RankFlags {
   std::optional<int> tp;          // else the world size / pp
   std::optional<int> pp;          // pipeline stages, else 1
   std::vector<int> pp_layers;     // layers per stage, else vLLM's split
+  std::string read_mode = "each";  // each, once, auto (--read-once: once)
   std::string master;             // ADDR:PORT; else MASTER_ADDR / MASTER_PORT, 127.0.0.1:29500
   std::string tp_plan;            // FILE.json; else config.json's
   double timeout_s = 60;

@@ -72,6 +72,7 @@ struct Layout {
   int world = 1;
   int tp = 1;
   int pp = 1;
+  ReadMode mode = ReadMode::kEachRank;
 };
 
 // Every rank loads its share of `folder` and each tensor-parallel group exchanges, one thread a
@@ -89,7 +90,7 @@ std::vector<RankResult> LoadGroup(const std::string& folder, Layout l, const std
   for (int r = 0; r < l.world; ++r) {
     // Several buckets of 300 bytes, even for these small models.
     const ParallelOptions par{.world_size = l.world, .rank = r, .tp = l.tp, .pp = l.pp,
-                              .tp_plan_json = plan, .bucket_bytes = 300};
+                              .tp_plan_json = plan, .bucket_bytes = 300, .read_mode = l.mode};
     auto share = ShareOf(*ckpt, par);
     REQUIRE(share.ok());
     PlanOptions options;
@@ -143,9 +144,11 @@ void CheckAgainstTransformers(const std::string& name, Layout l, const std::stri
     REQUIRE(me.status.ok());
     CHECK(me.share.stage == stage);
     read += me.share.read_bytes;
+    const bool once = l.mode == ReadMode::kOnce;
     if (r < l.tp * l.pp && tp_rank == 0) {
-      bound += me.share.split_bytes + l.tp * me.share.replicated_bytes;
+      bound += me.share.split_bytes + (once ? 1 : l.tp) * me.share.replicated_bytes;
     }
+    if (once && tp_rank != 0) CHECK(me.share.read_bytes == 0);  // the first rank reads for all
     CHECK(me.plan.read_bytes == me.share.read_bytes);  // the plan reads its share, no more
     CHECK(me.handled_bytes == me.share.read_bytes);    // and so does the reader
     size_t on_stage = 0;
@@ -170,7 +173,8 @@ void CheckAgainstTransformers(const std::string& name, Layout l, const std::stri
       CHECK(Values(t) == expected);
     }
   }
-  // Split tensors read once in each pipeline, replicated ones by every rank of their stage.
+  // Split tensors read once in each pipeline, replicated ones by every rank of their stage (read
+  // once: by its first rank only).
   CHECK(read == (l.world / (l.tp * l.pp)) * bound);
   if (l.tp > 1) CHECK(results[0].share.split_bytes > 0);
 }
@@ -202,6 +206,42 @@ TEST_CASE("tensor × pipeline parallel: each stage holds its layers, each rank i
   CheckAgainstTransformers("llama", Layout{2, 1, 2}, "", DType::kF32);
   CheckAgainstTransformers("llama", Layout{8, 2, 2}, "", DType::kBF16);  // two pipelines
   CheckAgainstTransformers("by-hand", Layout{4, 2, 2}, PlanJson(Model("by-hand")), DType::kF32);
+}
+
+TEST_CASE("read once: a group's first rank reads each tensor once and sends every part") {
+  for (int world : {2, 3, 4}) {
+    CheckAgainstTransformers("llama", Layout{world, world, 1, ReadMode::kOnce}, "", DType::kF32);
+  }
+  CheckAgainstTransformers("llama", Layout{4, 2, 2, ReadMode::kOnce}, "", DType::kBF16);
+  CheckAgainstTransformers("by-hand", Layout{4, 4, 1, ReadMode::kOnce},
+                           PlanJson(Model("by-hand")), DType::kF32);
+  auto ckpt = Checkpoint::Open(kTpModels + "llama");
+  REQUIRE(ckpt.ok());
+  auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .tp = 2,
+                                              .read_mode = ReadMode::kAuto});
+  REQUIRE_FALSE(share.ok());
+  CHECK_THAT(std::string(share.status().message()), Catch::Contains("chosen by LoadRank"));
+}
+
+TEST_CASE("read modes: the cost model takes the faster of each-rank and once") {
+  auto ckpt = Checkpoint::Open(kTpModels + "llama");
+  REQUIRE(ckpt.ok());
+  auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 4, .tp = 4});
+  REQUIRE(share.ok());
+  RankShare each = *share;  // its bytes replaced by round numbers
+  each.split_bytes = 1000;
+  each.exchanged_bytes = 400;
+  each.replicated_bytes = 500;
+  // Storage 100 B/s for the group, link 1000 B/s a rank: each reads 1000 + 4 × 500 = 3000 B
+  // (30 s) and receives 400 / 4 × 3 / 4 = 75 B (0.075 s); once reads 1500 B (15 s) and its first
+  // rank sends 750 + 1500 B (2.25 s).
+  ReadModeCost cost = EstimateReadModes(each, 100, 1000);
+  CHECK(cost.each_seconds == Approx(30.075));
+  CHECK(cost.once_seconds == Approx(17.25));
+  // A link as slow as the storage: once sends 2250 B at 100 B/s (22.5 s + 15 s): each wins.
+  cost = EstimateReadModes(each, 100, 100);
+  CHECK(cost.each_seconds == Approx(30.75));
+  CHECK(cost.once_seconds == Approx(37.5));
 }
 
 TEST_CASE("tensor parallel: a column-wise part is read as one range and handed over as loaded") {
