@@ -7,11 +7,15 @@ N ranks on 127.0.0.1 (`loadstone launch -n N`), cold (each model file's pages dr
 posix_fadvise(DONTNEED) before every run), in one shuffled loop of rounds:
   - split: `load MODEL --tp N` — each rank reads only its parts, row-wise parts exchanged over
     Gloo;
-  - whole: `load MODEL` on every rank — each rank reads the whole model, what engines do today.
+  - whole: `load MODEL` on every rank — each rank reads the whole model, what engines do today;
+  - once: `load MODEL --tp N --read-once` — rank 0 reads the model once and sends every other
+    rank its parts over Gloo.
 The time is the launcher's wall time, from start to every rank loaded (process start and the
 rendezvous included). One more split run with --json (not timed: it computes every part's
 CRC-32) gives each rank's bytes: the reads must add up to at most (split bytes + N × replicated
-bytes) × 1.01 and no rank may read more than 1.1 × the mean.
+bytes) × 1.01 and no rank may read more than 1.1 × the mean; one read-once run with --json must
+read exactly the model's bytes in all; one `--read-mode auto` run with --json records what the
+group measured, the cost model's estimates and the mode it took.
 
 The model is the 40-layer synthetic Llama of bench/run_cpu_bench.sh (made once by
 `loadstone demo --layers 40`); it has no config.json, so the plan is given: transformers' own plan
@@ -78,19 +82,25 @@ def main():
         with open(plan, "w") as f:
             json.dump(LLAMA_PLAN, f)
         split = ["load", a.model, "--tp", str(a.ranks), "--tp-plan", plan]
-        whole = ["load", a.model]
-        times = {"split": [], "whole": []}
+        modes = {"split": split, "whole": ["load", a.model], "once": split + ["--read-once"]}
+        times = {mode: [] for mode in modes}
         for _ in range(a.rounds):
-            order = ["split", "whole"]
+            order = list(modes)
             random.shuffle(order)
             for mode in order:
                 drop_cache(a.model)
-                seconds, _ = launch(a.cli, a.ranks, split if mode == "split" else whole)
+                seconds, _ = launch(a.cli, a.ranks, modes[mode])
                 times[mode].append(seconds)
                 print(f"{mode}: {seconds:.2f} s", file=sys.stderr)
-        drop_cache(a.model)
-        _, out = launch(a.cli, a.ranks, split + ["--json"])
-    docs = json.loads(out)["ranks"]
+        documents = {}
+        for mode, extra in (("split", []), ("once", ["--read-once"]),
+                            ("auto", ["--read-mode", "auto"])):
+            drop_cache(a.model)
+            _, out = launch(a.cli, a.ranks, split + extra + ["--json"])
+            documents[mode] = json.loads(out)["ranks"]
+    docs = documents["split"]
+    once = documents["once"]
+    auto = documents["auto"]
     requested = [d["requested_bytes"] for d in docs]
     from_storage = [d["read_bytes"] for d in docs]
     bound = (docs[0]["split_bytes"] + a.ranks * docs[0]["replicated_bytes"]) * 1.01
@@ -105,6 +115,8 @@ def main():
         "median_seconds": {k: statistics.median(v) for k, v in times.items()},
         "speedup_whole_over_split": statistics.median(times["whole"]) /
                                     statistics.median(times["split"]),
+        "speedup_whole_over_once": statistics.median(times["whole"]) /
+                                   statistics.median(times["once"]),
         "split_bytes": docs[0]["split_bytes"],
         "replicated_bytes": docs[0]["replicated_bytes"],
         "requested_bytes": requested,
@@ -114,6 +126,20 @@ def main():
         "reads_within_bound": sum(requested) <= bound,
         "storage_reads_within_bound": sum(from_storage) <= bound,
         "max_over_mean": max(requested) / mean,
+        "once": {
+            "requested_bytes": [d["requested_bytes"] for d in once],
+            "model_bytes": once[0]["split_bytes"] + once[0]["replicated_bytes"],
+            "reads_model_once": sum(d["requested_bytes"] for d in once) ==
+                                once[0]["split_bytes"] + once[0]["replicated_bytes"],
+            "received_bytes": [d["received_bytes"] for d in once],
+            "load_seconds": [d["load_seconds"] for d in once],
+            "exchange_seconds": [d["exchange_seconds"] for d in once],
+        },
+        "auto": {k: auto[0][k] for k in ("read_mode", "measured_read_bytes_per_s",
+                                         "measured_link_bytes_per_s", "estimated_each_seconds",
+                                         "estimated_once_seconds", "probe_bytes")},
+        "split_load_seconds": [d["load_seconds"] for d in docs],
+        "split_exchange_seconds": [d["exchange_seconds"] for d in docs],
     }
     text = json.dumps(result, indent=2)
     print(text)
