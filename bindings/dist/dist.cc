@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "bindings/dist/agree.h"
 #include "bindings/dist/read_mode.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -20,6 +21,7 @@ namespace loadstone {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using dist::Agree;
 
 // Parts are made on the CPU (Gloo): a plan that places anything elsewhere is refused.
 Status CheckOnCpu(const LoadPlan& plan) {
@@ -105,6 +107,16 @@ class GlooGroups : public ProcessGroups {
   Exchange& exchange() override { return *tp_; }
   const GroupOptions& options() const override { return options_; }
   uint64_t received() const { return tp_->received(); }
+
+  Status Broadcast(std::span<std::byte> data, int root) override {
+    return Guarded(fmt::format("rank {} in a broadcast from rank {}", options_.rank, root), [&] {
+      std::vector<at::Tensor> tensors = {Bytes(data.data(), data.size())};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      world_->broadcast(tensors, o)->wait();  // Gloo's timeout bounds it
+      return Status::OK();
+    });
+  }
 
   Result<std::vector<uint64_t>> AllGather(uint64_t value) override {
     return Guarded(fmt::format("rank {} waiting for the other {} ranks", options_.rank,
@@ -204,31 +216,6 @@ uint64_t LayoutHash(const ParallelOptions& par) {
   h.Mix(par.bucket_bytes);
   h.Mix(static_cast<uint64_t>(par.read_mode));
   return h.value();
-}
-
-// Every rank's `value` (0: it failed); an error naming the first rank that failed or differs
-// from rank 0 — with `stages`, from the first rank of its own pipeline stage, since the stages
-// hold different tensors — `own` when this rank failed.
-Status Agree(ProcessGroups& groups, const Status& own, uint64_t value, std::string_view what,
-             const ParallelOptions* stages = nullptr) {
-  LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> all, groups.AllGather(own.ok() ? value : 0));
-  LOADSTONE_RETURN_IF_ERROR(own);
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r] == 0) {
-      return Status::IOError(fmt::format(
-          "rank {} failed ({}; its own error says why); rank {} stops too", r, what,
-          groups.options().rank));
-    }
-    const int tp = stages != nullptr ? stages->tp : 1;
-    const int pp = stages != nullptr ? stages->pp : 1;
-    const size_t ref = stages != nullptr ? ((static_cast<int>(r) / tp) % pp) * tp : 0;
-    if (all[r] != all[ref]) {
-      return Status::InvalidArgument(fmt::format(
-          "rank {}'s {} differs from rank {}'s: every rank must be given the same", r, what,
-          ref));
-    }
-  }
-  return Status::OK();
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,9 @@ class ProcessGroups {
   // Every rank of the world exchanges `value` (a checkpoint's fingerprint, a status): the
   // values of all ranks, in rank order.
   virtual Result<std::vector<uint64_t>> AllGather(uint64_t value) = 0;
+  // Every rank of the world: `data` of rank `root` lands in every other rank's `data` (all the
+  // same size). Errors: IOError (a peer gone or the timeout), naming the rank.
+  virtual Status Broadcast(std::span<std::byte> data, int root) = 0;
   virtual const GroupOptions& options() const = 0;
 };
 

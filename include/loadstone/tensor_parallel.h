@@ -153,6 +153,11 @@ class Exchange {
                           std::span<std::byte> recv, std::span<const uint64_t> recv_counts) = 0;
 };
 
+// Copies rank `rank`'s part of `s` (its cuts; the whole tensor when s.dim < 0) out of the full
+// tensor at `full` (row-major, `elem` bytes an element) to `part`, in the part's order.
+void CopyPartOf(const TensorShard& s, int rank, const std::byte* full, std::byte* part,
+                uint64_t elem);
+
 // This rank's tensors (share.tensors' order, each of its part's shape) from `loaded` (the load of
 // share.reads, on the CPU) and, for exchanged tensors, the group's exchange. A tensor read as
 // its part is returned as loaded (no copy). `exchange` may be null when nothing is exchanged.

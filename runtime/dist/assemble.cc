@@ -162,6 +162,25 @@ Result<const Tensor*> LoadedOf(const RankShare& share, const TensorShard& s,
 
 }  // namespace
 
+void CopyPartOf(const TensorShard& s, int rank, const std::byte* full, std::byte* part,
+                uint64_t elem) {
+  if (s.dim < 0) {
+    uint64_t n = elem;
+    for (uint64_t d : s.full_shape) n *= d;
+    if (n > 0) std::memcpy(part, full, n);
+    return;
+  }
+  const Layout l = LayoutOf(s);
+  uint64_t at = 0;
+  for (uint64_t o = 0; o < l.outer; ++o) {
+    for (const auto& [lo, hi] : s.cuts[static_cast<size_t>(rank)]) {
+      const uint64_t bytes = (hi - lo) * l.inner * elem;
+      if (bytes > 0) std::memcpy(part + at, full + ((o * l.along + lo) * l.inner) * elem, bytes);
+      at += bytes;
+    }
+  }
+}
+
 Result<std::vector<Tensor>> AssembleShare(const RankShare& share,
                                           const std::vector<Tensor>& loaded, Exchange* exchange) {
   LOADSTONE_RETURN_IF_ERROR(CheckExchange(share, exchange));

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loadstone/dist.h"
+#include "testing/fork_ranks.h"
 #include "testing/temp_dir.h"
 #include "testing/tp_cases.h"
 
@@ -28,9 +29,6 @@ namespace loadstone {
 namespace {
 
 const std::string& kModels = testing::kTpModels;
-
-// A port no earlier run of this test holds: from the process id, in the dynamic range.
-int FreshPort(int salt) { return 20000 + (getpid() * 7 + salt * 101) % 20000; }
 
 // What one rank does (in its own process): load its share, write a JSON report.
 void RunRank(const std::string& model, int world, int rank, int port, uint64_t bucket_bytes,
@@ -84,39 +82,15 @@ Ranks RunGroup(const std::vector<std::string>& models, int salt, int dies = -1,
                int other_bucket = -1) {
   const int world = static_cast<int>(models.size());
   testing::TempDir dir;
-  const int port = FreshPort(salt);
-  std::vector<pid_t> pids;
-  const auto start = std::chrono::steady_clock::now();
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      const uint64_t bucket = r == other_bucket ? 1ULL << 20 : ParallelOptions().bucket_bytes;
-      const std::string out = dir.path() + "/" + std::to_string(r);
-      if (r != dies) RunRank(models[r], world, r, port, bucket, out);
-      _exit(0);
-    }
-    pids.push_back(pid);
-  }
-  // Bounded: whatever is still running after 60 s is killed (and the test fails below).
-  for (pid_t pid : pids) {
-    int status = 0;
-    for (int i = 0; i < 600 && waitpid(pid, &status, WNOHANG) == 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    if (waitpid(pid, &status, WNOHANG) == 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-    }
-  }
+  const int port = testing::FreshPort(salt);
   Ranks out;
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.seconds = testing::ForkRanks(world, [&](int r) {
+    const uint64_t bucket = r == other_bucket ? 1ULL << 20 : ParallelOptions().bucket_bytes;
+    const std::string file = dir.path() + "/" + std::to_string(r);
+    if (r != dies) RunRank(models[r], world, r, port, bucket, file);
+  });
   for (int r = 0; r < world; ++r) {
-    std::ifstream in(dir.path() + "/" + std::to_string(r));
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::string s = text.str();
-    out.reports.push_back(s.empty() ? nlohmann::json() : nlohmann::json::parse(s));
+    out.reports.push_back(testing::ReadReport(dir.path() + "/" + std::to_string(r)));
   }
   return out;
 }
