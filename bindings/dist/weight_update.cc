@@ -1,9 +1,12 @@
 // Weight updates in place (include/loadstone/weight_update.h).
 #include "loadstone/weight_update.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <span>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -33,20 +36,28 @@ struct Item {
   uint64_t nbytes = 0;
 };
 
+// What every rank must know of an update: its tensors, version and how they are cut into
+// broadcasts (the trainer's options).
 struct Manifest {
   uint64_t version = 0;
+  uint64_t bucket_bytes = 0;
+  uint64_t alone_bytes = 0;
   std::vector<Item> items;
 };
 
-// Consecutive items of at most `bucket_bytes` together (a larger item alone): [first, end).
-std::vector<std::pair<size_t, size_t>> Buckets(const Manifest& m, uint64_t bucket_bytes) {
+// The broadcasts of an update, items [first, end) each: a tensor of m.alone_bytes or more alone,
+// consecutive smaller ones packed up to m.bucket_bytes.
+std::vector<std::pair<size_t, size_t>> Buckets(const Manifest& m) {
   std::vector<std::pair<size_t, size_t>> out;
   uint64_t bytes = 0;
+  bool open = false;  // the last bucket takes more small tensors
   for (size_t i = 0; i < m.items.size(); ++i) {
-    if (out.empty() || bytes + m.items[i].nbytes > bucket_bytes) {
+    const bool alone = m.items[i].nbytes >= m.alone_bytes;
+    if (alone || !open || bytes + m.items[i].nbytes > m.bucket_bytes) {
       out.emplace_back(i, i);
       bytes = 0;
     }
+    open = !alone;
     out.back().second = i + 1;
     bytes += m.items[i].nbytes;
   }
@@ -71,8 +82,10 @@ Result<DType> DTypeOfTensor(const std::string& name, const at::Tensor& t) {
   return *dtype;
 }
 
-Result<Manifest> ManifestOf(const Named& tensors, uint64_t version) {
-  Manifest m{version, {}};
+Result<Manifest> ManifestOf(const Named& tensors, uint64_t version,
+                            const WeightUpdateOptions& options) {
+  if (options.bucket_bytes == 0) return Status::InvalidArgument("a bucket of 0 bytes");
+  Manifest m{version, options.bucket_bytes, options.alone_bytes, {}};
   std::unordered_map<std::string_view, int> seen;
   for (const auto& [name, t] : tensors) {
     if (!seen.emplace(name, 0).second) {
@@ -89,6 +102,8 @@ Result<Manifest> ManifestOf(const Named& tensors, uint64_t version) {
 std::string ToJson(const Manifest& m) {
   nlohmann::json doc;
   doc["version"] = m.version;
+  doc["bucket_bytes"] = m.bucket_bytes;
+  doc["alone_bytes"] = m.alone_bytes;
   auto& items = doc["tensors"] = nlohmann::json::array();
   for (const Item& i : m.items) {
     items.push_back({i.name, SafetensorsName(i.dtype), i.shape});
@@ -99,11 +114,15 @@ std::string ToJson(const Manifest& m) {
 Result<Manifest> FromJson(const std::string& text) {
   const auto doc = nlohmann::json::parse(text, nullptr, false);
   auto bad = [] { return Status::InvalidArgument("the weight update's manifest is malformed"); };
-  if (!doc.is_object() || !doc.contains("version") || !doc["version"].is_number_unsigned() ||
-      !doc.contains("tensors") || !doc["tensors"].is_array()) {
+  for (const char* key : {"version", "bucket_bytes", "alone_bytes"}) {
+    if (!doc.is_object() || !doc.contains(key) || !doc[key].is_number_unsigned()) return bad();
+  }
+  if (!doc.contains("tensors") || !doc["tensors"].is_array() ||
+      doc["bucket_bytes"].get<uint64_t>() == 0) {
     return bad();
   }
-  Manifest m{doc["version"].get<uint64_t>(), {}};
+  Manifest m{doc["version"].get<uint64_t>(), doc["bucket_bytes"].get<uint64_t>(),
+             doc["alone_bytes"].get<uint64_t>(), {}};
   for (const auto& entry : doc["tensors"]) {
     if (!entry.is_array() || entry.size() != 3 || !entry[0].is_string() ||
         !entry[1].is_string() || !entry[2].is_array()) {
@@ -124,15 +143,14 @@ Result<Manifest> FromJson(const std::string& text) {
   return m;
 }
 
-// The engine's checks of an update: which live entry each item writes, and its staging.
-Result<std::vector<std::pair<size_t, at::Tensor>>> StagingFor(const Manifest& m,
-                                                              const LiveWeights& weights) {
+// The engine's checks of an update: which live entry each item writes.
+Result<std::vector<size_t>> EntriesFor(const Manifest& m, const LiveWeights& weights) {
   if (m.version <= weights.version()) {
     return Status::InvalidArgument(fmt::format(
         "update to version {}, and the weights are at version {}: an update must advance it",
         m.version, weights.version()));
   }
-  std::vector<std::pair<size_t, at::Tensor>> staged;
+  std::vector<size_t> entries;
   for (const Item& item : m.items) {
     const LiveWeights::Entry* e = weights.Find(item.name);
     if (e == nullptr) {
@@ -148,10 +166,9 @@ Result<std::vector<std::pair<size_t, at::Tensor>>> StagingFor(const Manifest& m,
           item.name, m.version, SafetensorsName(item.dtype), fmt::join(item.shape, "x"),
           dtype.ok() ? SafetensorsName(*dtype) : "?", fmt::join(e->cut.full_shape, "x")));
     }
-    staged.emplace_back(static_cast<size_t>(e - weights.entries().data()),
-                        at::empty_like(e->tensor));
+    entries.push_back(static_cast<size_t>(e - weights.entries().data()));
   }
-  return staged;
+  return entries;
 }
 
 // The manifest from the trainer: its size, then its text (size 0: the trainer refused).
@@ -170,7 +187,67 @@ Result<std::string> BroadcastManifest(ProcessGroups& groups, int root, std::stri
   return text;
 }
 
+// Every tensor whole on this engine: each bucket is broadcast straight into the staging, where
+// its tensors lie one after another already (the trainer sends from its tensors' memory, or
+// packs small ones: no copy on either side).
+Status ReceiveWhole(ProcessGroups& groups, const Manifest& m,
+                    const std::vector<std::pair<size_t, const std::byte*>>& staged,
+                    const WeightUpdateOptions& options, WeightUpdateReport& report) {
+  for (const auto& bucket : Buckets(m)) {
+    const uint64_t n = BucketBytes(m, bucket);
+    if (n == 0) continue;
+    auto* first = const_cast<std::byte*>(staged[bucket.first].second);
+    LOADSTONE_RETURN_IF_ERROR(groups.Broadcast({first, n}, options.trainer_rank));
+    report.received_bytes += n;
+  }
+  return Status::OK();
+}
+
+// Some tensors are parts here: each bucket lands in one of two buffers, and this engine's part
+// of each of its tensors is copied to the staging while the next bucket arrives.
+Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights& weights,
+                    const std::vector<std::pair<size_t, const std::byte*>>& staged,
+                    const WeightUpdateOptions& options, WeightUpdateReport& report) {
+  const auto buckets = Buckets(m);
+  std::vector<std::byte> buffers[2];
+  auto stage = [&](size_t k) {
+    const std::byte* at = buffers[k % 2].data();
+    for (size_t i = buckets[k].first; i < buckets[k].second; ++i) {
+      const auto& [index, bytes] = staged[i];
+      const uint64_t elem = static_cast<uint64_t>(DTypeBits(m.items[i].dtype)) / 8;
+      CopyPartOf(weights.entries()[index].cut, weights.tp_rank(), at,
+                 const_cast<std::byte*>(bytes), elem);
+      at += m.items[i].nbytes;
+    }
+  };
+  std::future<void> staging;
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    std::vector<std::byte>& buf = buffers[k % 2];
+    buf.resize(BucketBytes(m, buckets[k]));
+    Status status = groups.Broadcast(buf, options.trainer_rank);
+    if (staging.valid()) staging.get();
+    LOADSTONE_RETURN_IF_ERROR(status);
+    report.received_bytes += buf.size();
+    staging = std::async(std::launch::async, stage, k);
+  }
+  if (staging.valid()) staging.get();
+  return Status::OK();
+}
+
 }  // namespace
+
+std::byte* LiveWeights::Staging(uint64_t bytes) {
+  if (bytes > staging_bytes_) {
+    staging_.reset(new std::byte[bytes]);  // not zeroed: every byte is written before it is read
+    staging_bytes_ = bytes;
+  }
+  return staging_.get();
+}
+
+void LiveWeights::ReleaseStaging() {
+  staging_.reset();
+  staging_bytes_ = 0;
+}
 
 Result<std::unique_ptr<LiveWeights>> LiveWeights::Of(Named tensors, const RankShare* share,
                                                      uint64_t version) {
@@ -218,46 +295,66 @@ const LiveWeights::Entry* LiveWeights::Find(std::string_view name) const {
 
 void LiveWeights::Apply(const std::vector<std::pair<size_t, const std::byte*>>& staged,
                         uint64_t version) {
+  // The copies in a few threads (one copy does not fill the memory's bandwidth), each a run of
+  // entries of about an equal share of the bytes; the engine waits for all of them.
+  uint64_t total = 0;
+  for (const auto& [index, bytes] : staged) total += entries_[index].tensor.nbytes();
+  const unsigned threads =
+      std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 4);
+  auto copy = [&](size_t first, size_t end) {
+    for (size_t i = first; i < end; ++i) {
+      at::Tensor& live = entries_[staged[i].first].tensor;
+      if (live.nbytes() > 0) std::memcpy(live.data_ptr(), staged[i].second, live.nbytes());
+    }
+  };
   std::unique_lock lock(mutex_);
-  for (const auto& [index, bytes] : staged) {
-    at::Tensor& live = entries_[index].tensor;
-    if (live.nbytes() > 0) std::memcpy(live.data_ptr(), bytes, live.nbytes());
+  std::vector<std::thread> workers;
+  size_t first = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < staged.size(); ++i) {
+    bytes += entries_[staged[i].first].tensor.nbytes();
+    if (bytes * threads >= total * (workers.size() + 1) && workers.size() + 1 < threads) {
+      workers.emplace_back(copy, first, i + 1);
+      first = i + 1;
+    }
   }
+  copy(first, staged.size());
+  for (std::thread& t : workers) t.join();
   version_ = version;
 }
 
 Result<WeightUpdateReport> SendWeights(ProcessGroups& groups, const Named& tensors,
                                        uint64_t version, const WeightUpdateOptions& options) {
   const int root = options.trainer_rank;
-  Result<Manifest> manifest = ManifestOf(tensors, version);
+  Result<Manifest> manifest = ManifestOf(tensors, version, options);
   auto sent = BroadcastManifest(groups, root, manifest.ok() ? ToJson(*manifest) : "");
   LOADSTONE_RETURN_IF_ERROR(manifest.status());
   LOADSTONE_RETURN_IF_ERROR(sent.status());
   LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, Status::OK(), 1, "checking the update"));
   WeightUpdateReport report{version, tensors.size()};
   const auto start = Clock::now();
-  const auto buckets = Buckets(*manifest, options.bucket_bytes);
-  // Two buckets in memory: the next one is packed while this one is broadcast.
-  std::vector<std::byte> buffers[2];
-  auto pack = [&](size_t k) {
-    std::vector<std::byte>& buf = buffers[k % 2];
-    buf.resize(BucketBytes(*manifest, buckets[k]));
-    uint64_t at = 0;
-    for (size_t i = buckets[k].first; i < buckets[k].second; ++i) {
-      std::memcpy(buf.data() + at, tensors[i].second.data_ptr(), manifest->items[i].nbytes);
-      at += manifest->items[i].nbytes;
+  // A bucket of one tensor goes straight from its memory; a packed one from a buffer.
+  std::vector<std::byte> packed;
+  for (const auto& bucket : Buckets(*manifest)) {
+    std::span<std::byte> data;
+    if (bucket.second - bucket.first == 1) {
+      data = {static_cast<std::byte*>(tensors[bucket.first].second.data_ptr()),
+              manifest->items[bucket.first].nbytes};
+    } else {
+      packed.resize(BucketBytes(*manifest, bucket));
+      uint64_t at = 0;
+      for (size_t i = bucket.first; i < bucket.second; ++i) {
+        std::memcpy(packed.data() + at, tensors[i].second.data_ptr(), manifest->items[i].nbytes);
+        at += manifest->items[i].nbytes;
+      }
+      data = packed;
     }
-  };
-  std::future<void> packed = std::async(std::launch::async, pack, 0);
-  for (size_t k = 0; k < buckets.size(); ++k) {
-    packed.get();
-    if (k + 1 < buckets.size()) packed = std::async(std::launch::async, pack, k + 1);
-    Status status = groups.Broadcast(buffers[k % 2], root);
+    if (data.empty()) continue;
+    Status status = groups.Broadcast(data, root);
     if (!status.ok()) {
-      if (packed.valid()) packed.wait();
       return status.WithContext(fmt::format("sending weight update version {}", version));
     }
-    report.sent_bytes += buffers[k % 2].size();
+    report.sent_bytes += data.size();
   }
   report.transfer_seconds = Since(start);
   LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, Status::OK(), 1, "receiving the update"));
@@ -269,49 +366,37 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
   const int root = options.trainer_rank;
   LOADSTONE_ASSIGN_OR_RETURN(const std::string text, BroadcastManifest(groups, root, ""));
   Result<Manifest> manifest = FromJson(text);
-  Result<std::vector<std::pair<size_t, at::Tensor>>> staged =
-      manifest.ok() ? StagingFor(*manifest, weights)
-                    : Result<std::vector<std::pair<size_t, at::Tensor>>>(manifest.status());
-  LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, staged.status(), 1, "checking the update"));
+  Result<std::vector<size_t>> entries =
+      manifest.ok() ? EntriesFor(*manifest, weights)
+                    : Result<std::vector<size_t>>(manifest.status());
+  LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, entries.status(), 1, "checking the update"));
   WeightUpdateReport report{manifest->version, manifest->items.size()};
-  const auto start = Clock::now();
-  const auto buckets = Buckets(*manifest, options.bucket_bytes);
-  std::vector<std::byte> buffers[2];
-  // This rank's part of each tensor of bucket k into its staging, while bucket k+1 arrives.
-  auto stage = [&](size_t k) {
-    const std::byte* at = buffers[k % 2].data();
-    for (size_t i = buckets[k].first; i < buckets[k].second; ++i) {
-      const auto& [index, bytes] = (*staged)[i];
-      const LiveWeights::Entry& e = weights.entries()[index];
-      CopyPartOf(e.cut, weights.tp_rank(), at, static_cast<std::byte*>(bytes.data_ptr()),
-                 static_cast<uint64_t>(DTypeBits(manifest->items[i].dtype)) / 8);
-      at += manifest->items[i].nbytes;
-    }
-  };
-  std::future<void> staging;
-  for (size_t k = 0; k < buckets.size(); ++k) {
-    std::vector<std::byte>& buf = buffers[k % 2];
-    buf.resize(BucketBytes(*manifest, buckets[k]));
-    Status status = groups.Broadcast(buf, root);
-    if (staging.valid()) staging.get();
-    if (!status.ok()) {
-      return status.WithContext(fmt::format("receiving weight update version {} (the weights "
-                                            "stay at version {})",
-                                            manifest->version, weights.version()));
-    }
-    report.received_bytes += buf.size();
-    staging = std::async(std::launch::async, stage, k);
+  // Staging: every tensor's new bytes as this engine holds them, one after another.
+  std::vector<std::pair<size_t, const std::byte*>> staged;
+  uint64_t staging = 0;
+  bool whole = true;  // every tensor whole here: the buckets land in the staging as they are
+  for (size_t index : *entries) {
+    staging += weights.entries()[index].tensor.nbytes();
+    whole = whole && weights.entries()[index].cut.dim < 0;
   }
-  if (staging.valid()) staging.get();
+  std::byte* at = weights.Staging(staging);
+  for (size_t index : *entries) {
+    staged.emplace_back(index, at);
+    at += weights.entries()[index].tensor.nbytes();
+    report.applied_bytes += weights.entries()[index].tensor.nbytes();
+  }
+  const auto start = Clock::now();
+  Status status = whole ? ReceiveWhole(groups, *manifest, staged, options, report)
+                        : ReceiveParts(groups, *manifest, weights, staged, options, report);
+  if (!status.ok()) {
+    return status.WithContext(fmt::format(
+        "receiving weight update version {} (the weights stay at version {})",
+        manifest->version, weights.version()));
+  }
   report.transfer_seconds = Since(start);
   LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, Status::OK(), 1, "receiving the update"));
   const auto apply = Clock::now();
-  std::vector<std::pair<size_t, const std::byte*>> bytes;
-  for (const auto& [index, t] : *staged) {
-    bytes.emplace_back(index, static_cast<const std::byte*>(t.data_ptr()));
-    report.applied_bytes += t.nbytes();
-  }
-  weights.Apply(bytes, manifest->version);
+  weights.Apply(staged, manifest->version);
   report.apply_seconds = Since(apply);
   return report;
 }

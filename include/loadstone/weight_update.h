@@ -11,11 +11,12 @@
 //   // trainer (rank 0 of the same group):
 //   loadstone::SendWeights(**update, named_tensors, /*version=*/step);
 //
-// An update is received into staging memory (the size of the engine's weights it writes), then,
-// once every rank of the group has all of it, written into the live tensors under an exclusive
-// lock that Use() holders wait for, and the version advances. A rank that dies, a name or shape
-// that does not fit, or a stale version fails the update on every rank, and every engine keeps
-// its weights and version as they were.
+// An update is received into staging memory (the size of the engine's weights it writes, kept
+// for the next update; an engine holding whole tensors receives the broadcasts straight into
+// it), then, once every rank of the group has all of it, written into the live tensors under an
+// exclusive lock that Use() holders wait for, and the version advances. A rank that dies, a name
+// or shape that does not fit, or a stale version fails the update on every rank, and every
+// engine keeps its weights and version as they were.
 #ifndef LOADSTONE_WEIGHT_UPDATE_H_
 #define LOADSTONE_WEIGHT_UPDATE_H_
 
@@ -66,17 +67,30 @@ class LiveWeights {
   // `version`, all under the exclusive lock. Callers: the update functions below.
   void Apply(const std::vector<std::pair<size_t, const std::byte*>>& staged, uint64_t version);
 
+  // Where a received update is staged: at least `bytes`, kept for the next update (an engine
+  // updated every step pays for the memory once); ReleaseStaging frees it. Not thread-safe: one
+  // update at a time.
+  std::byte* Staging(uint64_t bytes);
+  void ReleaseStaging();
+
  private:
   std::vector<Entry> entries_;
   uint64_t version_ = 0;
   int tp_rank_ = 0;
+  std::unique_ptr<std::byte[]> staging_;
+  uint64_t staging_bytes_ = 0;
   mutable std::shared_mutex mutex_;
 };
 
+// The trainer's, carried to the engines in the update's manifest (an engine's own are not used
+// but for trainer_rank).
 struct WeightUpdateOptions {
-  // Bytes of full tensors a broadcast carries at most (a larger tensor goes alone); two buckets
-  // are in memory on each rank at a time.
+  // A tensor of at least alone_bytes is broadcast on its own, straight from the trainer's memory
+  // (into the engine's staging when it holds the tensor whole); smaller ones are packed, at most
+  // bucket_bytes a broadcast. An engine holding parts receives each broadcast into one of two
+  // buffers and copies its parts out while the next arrives.
   uint64_t bucket_bytes = 256ULL << 20;
+  uint64_t alone_bytes = 1ULL << 20;
   int trainer_rank = 0;  // the rank of the group that sends
 };
 

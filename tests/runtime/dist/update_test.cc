@@ -102,7 +102,8 @@ void Trainer(int port, const std::string& out) {
   auto groups = Connect(2, 0, port);
   if (groups == nullptr) return;
   WeightUpdateOptions options;
-  options.bucket_bytes = 512;  // many buckets, even for this small model
+  options.bucket_bytes = 512;  // many buckets, even for this small model: the tensors of 256
+  options.alone_bytes = 256;   // bytes or more alone, the others packed
   auto sent = SendWeights(*groups, WeightsOf(1), 1, options);
   report["v1"] = sent.ok() ? "OK" : sent.status().ToString();
   Named wrong = WeightsOf(2);
@@ -139,8 +140,7 @@ void Engine(int port, const std::string& out) {
   auto groups = Connect(2, 1, port);
   if (!loaded.ok() || !live.ok() || groups == nullptr) return;
   report["v0"] = Check(**live, 0);  // as LoadInto filled it
-  WeightUpdateOptions options;
-  options.bucket_bytes = 512;
+  WeightUpdateOptions options;  // the trainer's options reach the engine in the manifest
   for (const char* step : {"v1", "v2", "v3"}) {
     auto got = ReceiveWeights(*groups, **live, options);
     report[step] = Check(**live, 1);
@@ -223,7 +223,10 @@ TEST_CASE("weight update: tensor-parallel engine ranks each take transformers' p
     if (r == 0) {
       auto groups = Connect(3, 0, port);
       auto state = libtorch::LoadStateDict(kLlama);  // each element its own index
-      if (groups != nullptr && state.ok()) (void)SendWeights(*groups, state->tensors, 1);
+      WeightUpdateOptions options;
+      options.bucket_bytes = 512;
+      options.alone_bytes = 256;
+      if (groups != nullptr && state.ok()) (void)SendWeights(*groups, state->tensors, 1, options);
       return;
     }
     TpEngine(r, port, dir.path() + "/" + std::to_string(r));
