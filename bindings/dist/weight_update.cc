@@ -14,133 +14,27 @@
 #include <nlohmann/json.hpp>
 
 #include "bindings/dist/agree.h"
+#include "bindings/dist/update_manifest.h"
 #include "loadstone/torch.h"
 
 namespace loadstone {
 namespace {
 
+using dist::BroadcastManifest;
+using dist::BucketBytes;
+using dist::Buckets;
+using dist::DTypeOfTensor;
+using dist::FromJson;
+using dist::Item;
+using dist::Manifest;
+using dist::ManifestOf;
+using dist::ToJson;
+
 using Clock = std::chrono::steady_clock;
 using Named = std::vector<std::pair<std::string, at::Tensor>>;
 
-// A manifest larger than this is not one (a peer that speaks something else).
-constexpr uint64_t kMaxManifestBytes = 64ULL << 20;
-
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-struct Item {
-  std::string name;
-  DType dtype = DType::kU8;
-  std::vector<uint64_t> shape;
-  uint64_t nbytes = 0;
-};
-
-// What every rank must know of an update: its tensors, version and how they are cut into
-// broadcasts (the trainer's options).
-struct Manifest {
-  uint64_t version = 0;
-  uint64_t bucket_bytes = 0;
-  uint64_t alone_bytes = 0;
-  std::vector<Item> items;
-};
-
-// The broadcasts of an update, items [first, end) each: a tensor of m.alone_bytes or more alone,
-// consecutive smaller ones packed up to m.bucket_bytes.
-std::vector<std::pair<size_t, size_t>> Buckets(const Manifest& m) {
-  std::vector<std::pair<size_t, size_t>> out;
-  uint64_t bytes = 0;
-  bool open = false;  // the last bucket takes more small tensors
-  for (size_t i = 0; i < m.items.size(); ++i) {
-    const bool alone = m.items[i].nbytes >= m.alone_bytes;
-    if (alone || !open || bytes + m.items[i].nbytes > m.bucket_bytes) {
-      out.emplace_back(i, i);
-      bytes = 0;
-    }
-    open = !alone;
-    out.back().second = i + 1;
-    bytes += m.items[i].nbytes;
-  }
-  return out;
-}
-
-uint64_t BucketBytes(const Manifest& m, std::pair<size_t, size_t> bucket) {
-  uint64_t n = 0;
-  for (size_t i = bucket.first; i < bucket.second; ++i) n += m.items[i].nbytes;
-  return n;
-}
-
-Result<DType> DTypeOfTensor(const std::string& name, const at::Tensor& t) {
-  if (!t.defined() || !t.device().is_cpu() || !t.is_contiguous()) {
-    return Status::InvalidArgument(fmt::format(
-        "tensor '{}' of a weight update is not a contiguous tensor on the CPU: give .contiguous() "
-        "host tensors",
-        name));
-  }
-  auto dtype = libtorch::FromScalarType(t.scalar_type());
-  if (!dtype.ok()) return dtype.status().WithContext(name);
-  return *dtype;
-}
-
-Result<Manifest> ManifestOf(const Named& tensors, uint64_t version,
-                            const WeightUpdateOptions& options) {
-  if (options.bucket_bytes == 0) return Status::InvalidArgument("a bucket of 0 bytes");
-  Manifest m{version, options.bucket_bytes, options.alone_bytes, {}};
-  std::unordered_map<std::string_view, int> seen;
-  for (const auto& [name, t] : tensors) {
-    if (!seen.emplace(name, 0).second) {
-      return Status::InvalidArgument(fmt::format("tensor '{}' is in the update twice", name));
-    }
-    LOADSTONE_ASSIGN_OR_RETURN(const DType dtype, DTypeOfTensor(name, t));
-    Item item{name, dtype, {}, static_cast<uint64_t>(t.nbytes())};
-    for (int64_t d : t.sizes()) item.shape.push_back(static_cast<uint64_t>(d));
-    m.items.push_back(std::move(item));
-  }
-  return m;
-}
-
-std::string ToJson(const Manifest& m) {
-  nlohmann::json doc;
-  doc["version"] = m.version;
-  doc["bucket_bytes"] = m.bucket_bytes;
-  doc["alone_bytes"] = m.alone_bytes;
-  auto& items = doc["tensors"] = nlohmann::json::array();
-  for (const Item& i : m.items) {
-    items.push_back({i.name, SafetensorsName(i.dtype), i.shape});
-  }
-  return doc.dump();
-}
-
-Result<Manifest> FromJson(const std::string& text) {
-  const auto doc = nlohmann::json::parse(text, nullptr, false);
-  auto bad = [] { return Status::InvalidArgument("the weight update's manifest is malformed"); };
-  for (const char* key : {"version", "bucket_bytes", "alone_bytes"}) {
-    if (!doc.is_object() || !doc.contains(key) || !doc[key].is_number_unsigned()) return bad();
-  }
-  if (!doc.contains("tensors") || !doc["tensors"].is_array() ||
-      doc["bucket_bytes"].get<uint64_t>() == 0) {
-    return bad();
-  }
-  Manifest m{doc["version"].get<uint64_t>(), doc["bucket_bytes"].get<uint64_t>(),
-             doc["alone_bytes"].get<uint64_t>(), {}};
-  for (const auto& entry : doc["tensors"]) {
-    if (!entry.is_array() || entry.size() != 3 || !entry[0].is_string() ||
-        !entry[1].is_string() || !entry[2].is_array()) {
-      return bad();
-    }
-    const auto dtype = DTypeFromSafetensorsName(entry[1].get<std::string>());
-    if (!dtype || DTypeBits(*dtype) % 8 != 0) return bad();
-    const uint64_t elem = static_cast<uint64_t>(DTypeBits(*dtype)) / 8;
-    Item item{entry[0].get<std::string>(), *dtype, {}, elem};
-    for (const auto& d : entry[2]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (1ULL << 40)) return bad();
-      item.shape.push_back(d.get<uint64_t>());
-      if (item.shape.back() != 0 && item.nbytes > (1ULL << 50) / item.shape.back()) return bad();
-      item.nbytes *= item.shape.back();
-    }
-    m.items.push_back(std::move(item));
-  }
-  return m;
 }
 
 // The engine's checks of an update: which live entry each item writes.
@@ -169,22 +63,6 @@ Result<std::vector<size_t>> EntriesFor(const Manifest& m, const LiveWeights& wei
     entries.push_back(static_cast<size_t>(e - weights.entries().data()));
   }
   return entries;
-}
-
-// The manifest from the trainer: its size, then its text (size 0: the trainer refused).
-Result<std::string> BroadcastManifest(ProcessGroups& groups, int root, std::string text) {
-  uint64_t size = text.size();
-  LOADSTONE_RETURN_IF_ERROR(
-      groups.Broadcast({reinterpret_cast<std::byte*>(&size), sizeof size}, root));
-  if (size == 0 || size > kMaxManifestBytes) {
-    return Status::IOError(fmt::format(
-        "rank {} sent no weight update (a manifest of {} bytes): its own error says why", root,
-        size));
-  }
-  text.resize(size);
-  LOADSTONE_RETURN_IF_ERROR(groups.Broadcast({reinterpret_cast<std::byte*>(text.data()), size},
-                                             root));
-  return text;
 }
 
 // Every tensor whole on this engine: each bucket is broadcast straight into the staging, where

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "bindings/dist/update_manifest.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
@@ -292,6 +293,29 @@ TEST_CASE("weight update: from a new checkpoint, all at once, after the engine l
   CHECK_THAT(std::string(other.status().message()), Catch::Contains("nothing of version 2"));
   CHECK((*live)->version() == 1);
   CHECK(Check(**live, 0)["tensors_not_of_it"] == 0);
+}
+
+TEST_CASE("weight update: a manifest that is not one is refused, bounded") {
+  auto ok = dist::ManifestOf(WeightsOf(1), 4, WeightUpdateOptions());
+  REQUIRE(ok.ok());
+  auto back = dist::FromJson(dist::ToJson(*ok));
+  REQUIRE(back.ok());
+  CHECK(back->version == 4);
+  CHECK(back->items.size() == ok->items.size());
+  CHECK(back->items[0].nbytes == ok->items[0].nbytes);
+  for (const char* bad : {
+           "", "[]", "{\"version\": 1}", "not json",
+           R"({"version": 1, "bucket_bytes": 0, "alone_bytes": 1, "tensors": []})",
+           R"({"version": 1, "bucket_bytes": 8, "alone_bytes": 1, "tensors": [["a", "Q9", [1]]]})",
+           R"({"version": -1, "bucket_bytes": 8, "alone_bytes": 1, "tensors": []})",
+           // 2^40 × 2^40 elements: refused before anything is sized by it
+           R"({"version": 1, "bucket_bytes": 8, "alone_bytes": 1,
+               "tensors": [["a", "F32", [1099511627776, 1099511627776]]]})"}) {
+    INFO(bad);
+    auto m = dist::FromJson(bad);
+    REQUIRE_FALSE(m.ok());
+    CHECK_THAT(std::string(m.status().message()), Catch::Contains("manifest is malformed"));
+  }
 }
 
 }  // namespace
