@@ -223,6 +223,35 @@ TEST_CASE("read once: a group's first rank reads each tensor once and sends ever
   CHECK_THAT(std::string(share.status().message()), Catch::Contains("chosen by LoadRank"));
 }
 
+TEST_CASE("tensor parallel: a quantized or float8 weight a rule splits is refused, by name") {
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/";
+  struct Case {
+    std::string path;
+    std::string plan;
+    std::string tensor;
+    std::string why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"gptq/awq4_g32", R"({"layer": "colwise"})", "layer.qweight", "packed"},
+           {"ct/float.safetensors", R"({"f8_channel": "colwise"})", "f8_channel.weight",
+            "float8 weight with scales"}}) {
+    auto ckpt = Checkpoint::Open(fixtures + c.path);
+    REQUIRE(ckpt.ok());
+    auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .tp = 2, .tp_plan_json = c.plan});
+    INFO(c.path);
+    REQUIRE_FALSE(share.ok());
+    CHECK(share.status().code() == StatusCode::kUnsupported);
+    CHECK_THAT(std::string(share.status().message()),
+               Catch::Contains("tensor '" + c.tensor + "'") && Catch::Contains(c.why) &&
+                   Catch::Contains("give a plan that replicates it"));
+    // Replicated (no rule), the same checkpoint loads whole on every rank.
+    share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .tp = 2, .tp_plan_json = "{}"});
+    REQUIRE(share.ok());
+    CHECK(share->split_bytes == 0);
+    CHECK(share->read_bytes == share->replicated_bytes);
+  }
+}
+
 TEST_CASE("read modes: the cost model takes the faster of each-rank and once") {
   auto ckpt = Checkpoint::Open(kTpModels + "llama");
   REQUIRE(ckpt.ok());
