@@ -66,8 +66,9 @@ Result<ReadModeChoice> ChooseReadMode(Loader& loader, const RankShare& each,
   ReadModeChoice choice;
   const int tp = each.options.tp;
   if (tp == 1) return choice;
+  // A rank that fails to measure still takes part in both all-gathers (with 0), so that every
+  // rank ends with the same error instead of waiting for it.
   Result<double> link = MeasureLink(groups.exchange());
-  if (!link.ok()) return link.status().WithContext("measuring the group's link");
   Result<double> read = 1.0;  // only the group's first rank reads
   if (each.tp_rank == 0) read = MeasureRead(loader, each, options, &choice.probe_bytes);
   // 0: this rank failed to measure; else at least 1.
@@ -75,7 +76,8 @@ Result<ReadModeChoice> ChooseReadMode(Loader& loader, const RankShare& each,
     return r.ok() ? std::max<uint64_t>(static_cast<uint64_t>(*r), 1) : 0;
   };
   LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> reads, groups.AllGather(as_value(read)));
-  LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> links, groups.AllGather(as_value(*link)));
+  LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> links, groups.AllGather(as_value(link)));
+  if (!link.ok()) return link.status().WithContext("measuring the group's link");
   if (!read.ok()) return read.status().WithContext("measuring the storage's read bandwidth");
   const size_t first = static_cast<size_t>(each.group) * static_cast<size_t>(tp);
   uint64_t slowest = UINT64_MAX;

@@ -100,8 +100,10 @@ Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights&
   };
   std::future<void> staging;
   for (size_t k = 0; k < buckets.size(); ++k) {
+    const uint64_t n = BucketBytes(m, buckets[k]);
+    if (n == 0) continue;  // as the trainer: nothing to send, no broadcast
     std::vector<std::byte>& buf = buffers[k % 2];
-    buf.resize(BucketBytes(m, buckets[k]));
+    buf.resize(n);
     Status status = groups.Broadcast(buf, options.trainer_rank);
     if (staging.valid()) staging.get();
     LOADSTONE_RETURN_IF_ERROR(status);
