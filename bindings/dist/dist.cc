@@ -282,13 +282,16 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
   dist::ReadModeChoice choice;
   if (par.read_mode == ReadMode::kAuto) {
     LOADSTONE_ASSIGN_OR_RETURN(choice, dist::ChooseReadMode(loader, *share, options, groups));
+    Status replanned = Status::OK();
     if (choice.mode == ReadMode::kOnce) {
       first.read_mode = ReadMode::kOnce;
       share = ShareOf(checkpoint, first);
       plan = share.ok() ? Plan(share->reads, RankPlanOptions(options))
                         : Result<LoadPlan>(share.status());
-      LOADSTONE_RETURN_IF_ERROR(Agree(groups, plan.status(), 1, "planning to read once"));
+      replanned = plan.status();
     }
+    // Every rank, whatever its group chose: the world's collectives stay the same sequence.
+    LOADSTONE_RETURN_IF_ERROR(Agree(groups, replanned, 1, "planning the mode auto chose"));
   }
   const auto start = Clock::now();
   LoadHandle handle = loader.Load(share->reads, *plan);

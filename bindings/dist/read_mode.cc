@@ -43,7 +43,8 @@ Result<double> MeasureRead(Loader& loader, const RankShare& each, const PlanOpti
   uint64_t bytes = 0;
   for (const TensorInfo& t : each.reads.tensors()) {
     if (bytes >= kReadProbeBytes) break;
-    if (t.nbytes == 0) continue;
+    // Plain tensors only: a quantized weight would need its quant state beside it.
+    if (t.nbytes == 0 || t.packed || each.reads.Dequantizes(t)) continue;
     sample.push_back(t);
     bytes += t.nbytes;
   }
@@ -79,14 +80,17 @@ Result<ReadModeChoice> ChooseReadMode(Loader& loader, const RankShare& each,
   LOADSTONE_ASSIGN_OR_RETURN(std::vector<uint64_t> links, groups.AllGather(as_value(link)));
   if (!link.ok()) return link.status().WithContext("measuring the group's link");
   if (!read.ok()) return read.status().WithContext("measuring the storage's read bandwidth");
-  const size_t first = static_cast<size_t>(each.group) * static_cast<size_t>(tp);
-  uint64_t slowest = UINT64_MAX;
-  for (size_t r = first; r < first + static_cast<size_t>(tp); ++r) {
+  // Any rank of the world that failed ends every rank (the others would wait for it later).
+  for (size_t r = 0; r < reads.size() && r < links.size(); ++r) {
     if (reads[r] == 0 || links[r] == 0) {
       return Status::IOError(fmt::format(
           "rank {} failed to measure its {} (--read-mode auto; its own error says why)", r,
           reads[r] == 0 ? "storage" : "link"));
     }
+  }
+  const size_t first = static_cast<size_t>(each.group) * static_cast<size_t>(tp);
+  uint64_t slowest = UINT64_MAX;
+  for (size_t r = first; r < first + static_cast<size_t>(tp); ++r) {
     slowest = std::min(slowest, links[r]);
   }
   choice.read_bytes_per_s = static_cast<double>(reads[first]);

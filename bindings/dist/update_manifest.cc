@@ -2,6 +2,7 @@
 #include "bindings/dist/update_manifest.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -92,6 +93,7 @@ Result<Manifest> FromJson(const std::string& text) {
   }
   Manifest m{doc["version"].get<uint64_t>(), doc["bucket_bytes"].get<uint64_t>(),
              doc["alone_bytes"].get<uint64_t>(), {}};
+  std::unordered_set<std::string> names;  // a name twice would be staged twice
   for (const auto& entry : doc["tensors"]) {
     if (!entry.is_array() || entry.size() != 3 || !entry[0].is_string() ||
         !entry[1].is_string() || !entry[2].is_array()) {
@@ -101,6 +103,7 @@ Result<Manifest> FromJson(const std::string& text) {
     if (!dtype || DTypeBits(*dtype) % 8 != 0) return bad();
     const uint64_t elem = static_cast<uint64_t>(DTypeBits(*dtype)) / 8;
     Item item{entry[0].get<std::string>(), *dtype, {}, elem};
+    if (entry[2].size() > 16 || !names.insert(item.name).second) return bad();
     for (const auto& d : entry[2]) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (1ULL << 40)) return bad();
       item.shape.push_back(d.get<uint64_t>());

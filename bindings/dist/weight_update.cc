@@ -88,8 +88,8 @@ Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights&
                     const WeightUpdateOptions& options, WeightUpdateReport& report) {
   const auto buckets = Buckets(m);
   std::vector<std::byte> buffers[2];
-  auto stage = [&](size_t k) {
-    const std::byte* at = buffers[k % 2].data();
+  auto stage = [&](size_t k, size_t b) {
+    const std::byte* at = buffers[b].data();
     for (size_t i = buckets[k].first; i < buckets[k].second; ++i) {
       const auto& [index, bytes] = staged[i];
       const uint64_t elem = static_cast<uint64_t>(DTypeBits(m.items[i].dtype)) / 8;
@@ -99,16 +99,18 @@ Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights&
     }
   };
   std::future<void> staging;
+  size_t received = 0;  // broadcasts received: the buffer of the last one is being staged
   for (size_t k = 0; k < buckets.size(); ++k) {
     const uint64_t n = BucketBytes(m, buckets[k]);
     if (n == 0) continue;  // as the trainer: nothing to send, no broadcast
-    std::vector<std::byte>& buf = buffers[k % 2];
+    const size_t b = received++ % 2;
+    std::vector<std::byte>& buf = buffers[b];
     buf.resize(n);
     Status status = groups.Broadcast(buf, options.trainer_rank);
     if (staging.valid()) staging.get();
     LOADSTONE_RETURN_IF_ERROR(status);
     report.received_bytes += buf.size();
-    staging = std::async(std::launch::async, stage, k);
+    staging = std::async(std::launch::async, stage, k, b);
   }
   if (staging.valid()) staging.get();
   return Status::OK();
@@ -173,8 +175,8 @@ const LiveWeights::Entry* LiveWeights::Find(std::string_view name) const {
   return nullptr;
 }
 
-void LiveWeights::Apply(const std::vector<std::pair<size_t, const std::byte*>>& staged,
-                        uint64_t version) {
+Status LiveWeights::Apply(const std::vector<std::pair<size_t, const std::byte*>>& staged,
+                          uint64_t version) {
   // The copies in a few threads (one copy does not fill the memory's bandwidth), each a run of
   // entries of about an equal share of the bytes; the engine waits for all of them.
   uint64_t total = 0;
@@ -188,6 +190,11 @@ void LiveWeights::Apply(const std::vector<std::pair<size_t, const std::byte*>>& 
     }
   };
   std::unique_lock lock(mutex_);
+  if (version <= version_) {  // another update came first (checked again under the lock)
+    return Status::InvalidArgument(fmt::format(
+        "update to version {}, and the weights are at version {} now: an update must advance it",
+        version, version_));
+  }
   std::vector<std::thread> workers;
   size_t first = 0;
   uint64_t bytes = 0;
@@ -201,6 +208,7 @@ void LiveWeights::Apply(const std::vector<std::pair<size_t, const std::byte*>>& 
   copy(first, staged.size());
   for (std::thread& t : workers) t.join();
   version_ = version;
+  return Status::OK();
 }
 
 Result<WeightUpdateReport> SendWeights(ProcessGroups& groups, const Named& tensors,
@@ -276,7 +284,7 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
   report.transfer_seconds = Since(start);
   LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, Status::OK(), 1, "receiving the update"));
   const auto apply = Clock::now();
-  weights.Apply(staged, manifest->version);
+  LOADSTONE_RETURN_IF_ERROR(weights.Apply(staged, manifest->version));
   report.apply_seconds = Since(apply);
   return report;
 }
@@ -307,7 +315,7 @@ Result<WeightUpdateReport> UpdateFromTensors(LiveWeights& weights,
     report.applied_bytes += t.nbytes();
   }
   const auto apply = Clock::now();
-  weights.Apply(staged, version);
+  LOADSTONE_RETURN_IF_ERROR(weights.Apply(staged, version));
   report.apply_seconds = Since(apply);
   return report;
 }

@@ -64,8 +64,9 @@ class LiveWeights {
   int tp_rank() const { return tp_rank_; }  // which part of each cut this engine holds
 
   // Writes `staged` (entry index → the new bytes of that entry, as many as it holds) as
-  // `version`, all under the exclusive lock. Callers: the update functions below.
-  void Apply(const std::vector<std::pair<size_t, const std::byte*>>& staged, uint64_t version);
+  // `version`, all under the exclusive lock; InvalidArgument, nothing written, when the version
+  // does not advance the live one by then. Callers: the update functions below.
+  Status Apply(const std::vector<std::pair<size_t, const std::byte*>>& staged, uint64_t version);
 
   // Where a received update is staged: at least `bytes`, kept for the next update (an engine
   // updated every step pays for the memory once); ReleaseStaging frees it. Not thread-safe: one

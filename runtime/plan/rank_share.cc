@@ -2,6 +2,7 @@
 // plan (tp_rules.h) and the part or row block this rank reads, as a catalog over the same files.
 #include <algorithm>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -165,15 +166,29 @@ Result<TensorShard> ShardOf(const Checkpoint& checkpoint, const TensorInfo& t,
   return shard;
 }
 
+// The tensors a load must see whole, beside their weight: quantized weights, float8 weights
+// with scales, and their quant state and scales.
+std::unordered_set<std::string> QuantTensors(const Checkpoint& checkpoint) {
+  std::unordered_set<std::string> out;
+  for (const TensorInfo& t : checkpoint.tensors()) {
+    if (!t.packed && !checkpoint.Dequantizes(t)) continue;
+    out.insert(t.name);
+    auto companions = checkpoint.Companions(t);
+    if (!companions.ok()) continue;
+    for (const TensorInfo* c : *companions) out.insert(c->name);
+  }
+  return out;
+}
+
 // ReadMode::kOnce: the group's rank 0 reads all of `t` as a block, the others none of it, and the
 // exchange gives every rank its part (a replicated tensor: all of it along dim 0). Scalars, empty
-// tensors and tensors that are not plain elements (quantized, strided: never split, ShardOf
-// refuses that) are read by every rank.
-void ReadOnce(const TensorInfo& t, TensorShard& shard, int me, int tp,
+// tensors and tensors that are not plain elements or belong to a quantized weight (`quant`: never
+// split, ShardOf refuses that) are read by every rank.
+void ReadOnce(const TensorInfo& t, bool quant, TensorShard& shard, int me, int tp,
               std::vector<TensorInfo>& reads) {
   const uint64_t n = t.numel();
-  if (tp == 1 || t.shape.empty() || n == 0 || t.packed || DTypeBits(t.dtype) % 8 != 0 ||
-      !t.plain_layout()) {
+  if (tp == 1 || t.shape.empty() || n == 0 || quant || t.packed ||
+      DTypeBits(t.dtype) % 8 != 0 || !t.plain_layout()) {
     reads.push_back(t);
     return;
   }
@@ -252,6 +267,8 @@ Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& o
   share.read_mode = once ? ReadMode::kOnce : ReadMode::kEachRank;
   std::vector<TensorInfo> reads;
   std::vector<TensorInfo> unused;  // kOnce: the reads ShardOf would give the rank
+  const std::unordered_set<std::string> quant =
+      once ? QuantTensors(checkpoint) : std::unordered_set<std::string>();
   for (const TensorInfo& t : checkpoint.tensors()) {
     if (!stage.Holds(t.name)) continue;
     const std::optional<planning::TpStyle> style = plan.Lookup(t.name);
@@ -265,7 +282,7 @@ Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& o
       reads.push_back(t);
     }
     (shard.dim < 0 ? share.replicated_bytes : share.split_bytes) += t.nbytes;
-    if (once) ReadOnce(t, shard, share.tp_rank, options.tp, reads);
+    if (once) ReadOnce(t, quant.count(t.name) > 0, shard, share.tp_rank, options.tp, reads);
     if (shard.exchanged) share.exchanged_bytes += t.nbytes;
     share.tensors.push_back(std::move(shard));
   }

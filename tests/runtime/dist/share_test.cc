@@ -252,6 +252,27 @@ TEST_CASE("tensor parallel: a quantized or float8 weight a rule splits is refuse
   }
 }
 
+TEST_CASE("read once: a float8 weight with scales and its scales are read by every rank") {
+  auto ckpt = Checkpoint::Open(std::string(LOADSTONE_SOURCE_DIR) +
+                               "/tests/fixtures/ct/float.safetensors");
+  REQUIRE(ckpt.ok());
+  auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .rank = 1, .tp = 2,
+                                              .tp_plan_json = "{}",
+                                              .read_mode = ReadMode::kOnce});
+  REQUIRE(share.ok());
+  for (const char* name : {"f8_channel.weight", "f8_channel.weight_scale"}) {
+    INFO(name);
+    const TensorInfo* read = share->reads.Find(name);
+    REQUIRE(read != nullptr);
+    CHECK(read->nbytes == ckpt->Find(name)->nbytes);  // whole, as stored, on rank 1 too
+    CHECK(read->shape == ckpt->Find(name)->shape);
+  }
+  // ... so that a cast to bf16 still pairs each weight with its scales.
+  PlanOptions options;
+  options.dtype = DType::kBF16;
+  CHECK(Plan(share->reads, RankPlanOptions(options)).ok());
+}
+
 TEST_CASE("read modes: the cost model takes the faster of each-rank and once") {
   auto ckpt = Checkpoint::Open(kTpModels + "llama");
   REQUIRE(ckpt.ok());

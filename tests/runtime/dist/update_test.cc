@@ -315,6 +315,11 @@ TEST_CASE("weight update: a manifest that is not one is refused, bounded") {
            R"({"version": 1, "bucket_bytes": 0, "alone_bytes": 1, "tensors": []})",
            R"({"version": 1, "bucket_bytes": 8, "alone_bytes": 1, "tensors": [["a", "Q9", [1]]]})",
            R"({"version": -1, "bucket_bytes": 8, "alone_bytes": 1, "tensors": []})",
+           // a name twice (it would be staged twice), a shape of 17 dimensions
+           R"({"version": 1, "bucket_bytes": 8, "alone_bytes": 1,
+               "tensors": [["a", "F32", [1]], ["a", "F32", [1]]]})",
+           R"({"version": 1, "bucket_bytes": 8, "alone_bytes": 1,
+               "tensors": [["a", "F32", [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]]]})",
            // 2^40 × 2^40 elements: refused before anything is sized by it
            R"({"version": 1, "bucket_bytes": 8, "alone_bytes": 1,
                "tensors": [["a", "F32", [1099511627776, 1099511627776]]]})"}) {
