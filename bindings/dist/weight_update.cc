@@ -154,6 +154,7 @@ Result<std::unique_ptr<LiveWeights>> LiveWeights::Of(Named tensors, const RankSh
           "tensor '{}' is {}, and its tensor-parallel part is {}: give the rank's own parts",
           name, fmt::join(shape, "x"), fmt::join(cut.shape, "x")));
     }
+    out->index_.emplace(name, out->entries_.size());
     out->entries_.push_back({name, std::move(t), std::move(cut)});
   }
   return out;
@@ -169,10 +170,8 @@ std::shared_lock<std::shared_mutex> LiveWeights::Use() const {
 }
 
 const LiveWeights::Entry* LiveWeights::Find(std::string_view name) const {
-  for (const Entry& e : entries_) {
-    if (e.name == name) return &e;
-  }
-  return nullptr;
+  auto it = index_.find(std::string(name));
+  return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
 Status LiveWeights::Apply(const std::vector<std::pair<size_t, const std::byte*>>& staged,

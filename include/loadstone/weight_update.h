@@ -16,7 +16,9 @@
 // it), then, once every rank of the group has all of it, written into the live tensors under an
 // exclusive lock that Use() holders wait for, and the version advances. A rank that dies, a name
 // or shape that does not fit, or a stale version fails the update on every rank, and every
-// engine keeps its weights and version as they were.
+// engine keeps its weights and version as they were. One caveat across ranks: a rank that dies
+// inside the last all-gather (every rank saying it has the update) may leave that gather
+// finished on some ranks and not on others, and so some engines on the new version.
 #ifndef LOADSTONE_WEIGHT_UPDATE_H_
 #define LOADSTONE_WEIGHT_UPDATE_H_
 
@@ -25,6 +27,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -76,6 +79,7 @@ class LiveWeights {
 
  private:
   std::vector<Entry> entries_;
+  std::unordered_map<std::string, size_t> index_;  // name → entries_ index
   uint64_t version_ = 0;
   int tp_rank_ = 0;
   std::unique_ptr<std::byte[]> staging_;
