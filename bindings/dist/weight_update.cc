@@ -37,13 +37,17 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// An update to `version` of weights at `live`: OK only when it advances them.
+Status Advances(uint64_t version, uint64_t live) {
+  if (version > live) return Status::OK();
+  return Status::InvalidArgument(fmt::format(
+      "update to version {}, and the weights are at version {}: an update must advance it",
+      version, live));
+}
+
 // The engine's checks of an update: which live entry each item writes.
 Result<std::vector<size_t>> EntriesFor(const Manifest& m, const LiveWeights& weights) {
-  if (m.version <= weights.version()) {
-    return Status::InvalidArgument(fmt::format(
-        "update to version {}, and the weights are at version {}: an update must advance it",
-        m.version, weights.version()));
-  }
+  LOADSTONE_RETURN_IF_ERROR(Advances(m.version, weights.version()));
   std::vector<size_t> entries;
   for (const Item& item : m.items) {
     const LiveWeights::Entry* e = weights.Find(item.name);
@@ -189,11 +193,8 @@ Status LiveWeights::Apply(const std::vector<std::pair<size_t, const std::byte*>>
     }
   };
   std::unique_lock lock(mutex_);
-  if (version <= version_) {  // another update came first (checked again under the lock)
-    return Status::InvalidArgument(fmt::format(
-        "update to version {}, and the weights are at version {} now: an update must advance it",
-        version, version_));
-  }
+  // Checked again under the lock: another update may have come first.
+  LOADSTONE_RETURN_IF_ERROR(Advances(version, version_));
   std::vector<std::thread> workers;
   size_t first = 0;
   uint64_t bytes = 0;
@@ -291,11 +292,7 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
 Result<WeightUpdateReport> UpdateFromTensors(LiveWeights& weights,
                                              const std::vector<Tensor>& tensors,
                                              uint64_t version) {
-  if (version <= weights.version()) {
-    return Status::InvalidArgument(fmt::format(
-        "update to version {}, and the weights are at version {}: an update must advance it",
-        version, weights.version()));
-  }
+  LOADSTONE_RETURN_IF_ERROR(Advances(version, weights.version()));
   std::vector<std::pair<size_t, const std::byte*>> staged;  // the loaded tensors themselves
   WeightUpdateReport report{version, tensors.size()};
   for (const Tensor& t : tensors) {
