@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string_view>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -191,7 +192,14 @@ uint64_t CatalogHash(const Checkpoint& checkpoint) {
 uint64_t SplitHash(const RankShare& share, const LoadPlan& plan) {
   Hash h;
   h.Mix(share.options.bucket_bytes);
+  h.Mix(share.expert_bytes);
+  // One expert's tensors differ between the ranks (each holds its own) and are never exchanged.
+  std::unordered_set<std::string_view> experts;
   for (const TensorShard& s : share.tensors) {
+    if (s.dim < 0 && s.style == "grouped_gemm") experts.insert(s.name);
+  }
+  for (const TensorShard& s : share.tensors) {
+    if (experts.count(s.name) > 0) continue;
     h.Mix(s.name);
     h.Mix(static_cast<uint64_t>(s.dim + 1));
     h.Mix(static_cast<uint64_t>(s.exchanged));
@@ -200,6 +208,7 @@ uint64_t SplitHash(const RankShare& share, const LoadPlan& plan) {
     }
   }
   for (const TensorPlan& t : plan.tensors) {
+    if (experts.count(share.reads.tensors()[t.source].name) > 0) continue;
     h.Mix(share.reads.tensors()[t.source].name);
     h.Mix(static_cast<uint64_t>(t.dtype));
   }
@@ -215,6 +224,7 @@ uint64_t LayoutHash(const ParallelOptions& par) {
   for (int n : par.pp_layers) h.Mix(static_cast<uint64_t>(n));
   h.Mix(par.bucket_bytes);
   h.Mix(static_cast<uint64_t>(par.read_mode));
+  h.Mix(static_cast<uint64_t>(par.expert_parallel));
   return h.value();
 }
 
@@ -269,7 +279,7 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
                                   "checkpoint (its tensors' names, dtypes, shapes or offsets)"));
   LOADSTONE_RETURN_IF_ERROR(
       Agree(groups, Status::OK(), LayoutHash(par),
-            "parallel layout (--tp, --pp, --pp-layers, --read-mode, bucket size)"));
+            "parallel layout (--tp, --pp, --pp-layers, --ep, --read-mode, bucket size)"));
   ParallelOptions first = par;
   if (par.read_mode == ReadMode::kAuto) first.read_mode = ReadMode::kEachRank;
   Result<RankShare> share = ShareOf(checkpoint, first);
@@ -278,7 +288,8 @@ Result<RankLoad> LoadRank(Loader& loader, const Checkpoint& checkpoint,
   Status planned = plan.ok() ? CheckOnCpu(*plan) : plan.status();
   LOADSTONE_RETURN_IF_ERROR(Agree(
       groups, planned, planned.ok() ? SplitHash(*share, *plan) : 0,
-      "tensor-parallel split (from --tp-plan or config.json, --dtype and the bucket size)", &par));
+      "tensor-parallel split (from --tp-plan, --ep-plan or config.json, --dtype and the bucket "
+      "size)", &par));
   dist::ReadModeChoice choice;
   if (par.read_mode == ReadMode::kAuto) {
     LOADSTONE_ASSIGN_OR_RETURN(choice, dist::ChooseReadMode(loader, *share, options, groups));

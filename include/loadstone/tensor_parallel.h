@@ -60,6 +60,15 @@ struct ParallelOptions {
   // transformers would use for the checkpoint's config.json (its base_model_tp_plan, else the
   // model type's built-in one, with the embeddings' and the head's entries).
   std::string tp_plan_json;
+  // Expert parallelism over each tensor-parallel group, as transformers' ep_size = tp_size: each
+  // rank holds experts [r·E/tp, (r+1)·E/tp) of every MoE layer — the checkpoint's tensors of those
+  // experts whole when it stores one per expert ("mlp.experts.3.gate_proj.weight", quantized ones
+  // with their scales), its part of dim 0 when it stores them stacked ("mlp.experts.gate_up_proj",
+  // grouped_gemm) — and reads nothing of the others'. E must divide by tp. The ep plan:
+  // ep_plan_json (full names, as tp_plan_json), else config.json's base_model_ep_plan, else the
+  // model type's; its rules replace the tp plan's for the same modules.
+  bool expert_parallel = false;
+  std::string ep_plan_json;
   // Bytes of one exchange bucket: the split tensors exchanged together in one all-to-all hold at
   // most this many bytes in total (a larger tensor goes alone).
   uint64_t bucket_bytes = 256ULL << 20;
@@ -104,9 +113,12 @@ struct RankShare {
   // What this rank reads, as a catalog over the checkpoint's files (Checkpoint::WithTensors):
   // its part or row block of each tensor, under the tensor's own name; plan and load this.
   Checkpoint reads;
-  std::vector<TensorShard> tensors;  // the stage's tensors, in the checkpoint's order
+  // The stage's tensors this rank holds, in the checkpoint's order: all of them, but for the
+  // tensors of other ranks' experts (expert_parallel).
+  std::vector<TensorShard> tensors;
   uint64_t read_bytes = 0;        // file bytes this rank reads
-  uint64_t split_bytes = 0;       // file bytes of the stage's split tensors (whole)
+  uint64_t split_bytes = 0;       // file bytes of the stage's split tensors (whole), experts too
+  uint64_t expert_bytes = 0;      // file bytes of the stage's experts split by expert (all ranks')
   uint64_t replicated_bytes = 0;  // file bytes of the stage's tensors every rank of it reads whole
   uint64_t exchanged_bytes = 0;   // file bytes of the stage's exchanged tensors (whole)
 };
@@ -115,11 +127,14 @@ struct RankShare {
 // every tensor of its stage whole (as a block of all its elements) and the others read none
 // (each tensor a block of no elements, so that it gets its dtype): every tensor is exchanged,
 // except scalars, empty tensors and replicated quantized or strided ones, which every rank
-// reads. Errors: InvalidArgument (a rank, world size, tp or pp that does not fit: tp × pp must
-// divide world_size; pp_layers of another length or sum; a bad tp_plan_json; a style that does
-// not fit a tensor's shape; kAuto, which LoadRank resolves), NotFound (no plan given and none
-// known for the config's model type, or no config.json), Unsupported (a split tensor that is
-// quantized, packed or not stored contiguous and little-endian, naming it).
+// reads, and one expert's tensors, which the rank holding that expert reads. Errors:
+// InvalidArgument (a rank, world size, tp or pp that does not fit: tp × pp must divide
+// world_size; pp_layers of another length or sum, or without pp > 1; expert_parallel without
+// tp > 1, ep_plan_json without expert_parallel; a bad tp_plan_json or ep_plan_json; a style that
+// does not fit a tensor's shape; experts that do not split evenly over tp, naming the module;
+// kAuto, which LoadRank resolves), NotFound (no plan given and none known for the config's model
+// type, or no config.json), Unsupported (a split tensor that is quantized, packed or not stored
+// contiguous and little-endian, naming it).
 Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& options);
 
 // The cost model of the two read modes for one group, in seconds: `each` — a rank's share of

@@ -1,6 +1,7 @@
 // ShareOf (include/loadstone/tensor_parallel.h): each tensor's split under the tensor-parallel
 // plan (tp_rules.h) and the part or row block this rank reads, as a catalog over the same files.
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "io/formats/json_util.h"
 #include "io/formats/limits.h"
 #include "loadstone/tensor_parallel.h"
+#include "runtime/plan/ep_rules.h"
 #include "runtime/plan/pp_rules.h"
 #include "runtime/plan/tp_rules.h"
 
@@ -33,6 +35,20 @@ Status CheckOptions(const ParallelOptions& o) {
         o.tp, o.pp, o.world_size));
   }
   if (o.bucket_bytes == 0) return Status::InvalidArgument("exchange bucket of 0 bytes");
+  if (!o.pp_layers.empty() && o.pp == 1) {
+    return Status::InvalidArgument(
+        "layers per pipeline stage (--pp-layers) were given for one stage: give --pp P with "
+        "them, or leave them out");
+  }
+  if (o.expert_parallel && o.tp == 1) {
+    return Status::InvalidArgument(
+        "expert parallelism (--ep) splits the experts over each tensor-parallel group: give "
+        "--tp 2 or more with it");
+  }
+  if (!o.ep_plan_json.empty() && !o.expert_parallel) {
+    return Status::InvalidArgument(
+        "an expert-parallel plan (--ep-plan) was given without expert parallelism: add --ep");
+  }
   return Status::OK();
 }
 
@@ -43,8 +59,8 @@ Result<std::string> ConfigText(const Checkpoint& checkpoint) {
   return io::ReadSmallFile(path, "config.json", io::kMaxConfigBytes, "kMaxConfigBytes");
 }
 
-Result<TpPlan> PlanFor(const Checkpoint& checkpoint, const ParallelOptions& options,
-                       std::string_view config, std::span<const std::string> names) {
+Result<TpPlan> TpPlanFor(const Checkpoint& checkpoint, const ParallelOptions& options,
+                         std::string_view config, std::span<const std::string> names) {
   if (!options.tp_plan_json.empty()) {
     auto plan = TpPlan::FromJson(options.tp_plan_json);
     if (!plan.ok()) return plan.status().WithContext("the tensor-parallel plan given");
@@ -58,6 +74,28 @@ Result<TpPlan> PlanFor(const Checkpoint& checkpoint, const ParallelOptions& opti
   auto plan = planning::TpPlanFromConfig(config, names);
   if (!plan.ok()) return plan.status().WithContext(checkpoint.config().path);
   return plan;
+}
+
+// The tensor-parallel plan, with the expert-parallel one over it when asked.
+Result<TpPlan> PlanFor(const Checkpoint& checkpoint, const ParallelOptions& options,
+                       std::string_view config, std::span<const std::string> names) {
+  LOADSTONE_ASSIGN_OR_RETURN(TpPlan tp, TpPlanFor(checkpoint, options, config, names));
+  if (!options.expert_parallel) return tp;
+  TpPlan ep;
+  if (!options.ep_plan_json.empty()) {
+    auto given = TpPlan::FromJson(options.ep_plan_json);
+    if (!given.ok()) return given.status().WithContext("the expert-parallel plan given");
+    ep = std::move(*given);
+  } else if (config.empty()) {
+    return Status::NotFound(
+        "the checkpoint has no config.json to take an expert-parallel plan from: give one "
+        "(--ep-plan FILE.json, ParallelOptions::ep_plan_json)");
+  } else {
+    auto from_config = planning::EpPlanFromConfig(config, names);
+    if (!from_config.ok()) return from_config.status().WithContext(checkpoint.config().path);
+    ep = std::move(*from_config);
+  }
+  return planning::WithExpertPlan(tp, ep);
 }
 
 // Which tensors the rank's stage holds: the stage's layers, and a test of each name.
@@ -202,6 +240,29 @@ void ReadOnce(const TensorInfo& t, bool quant, TensorShard& shard, int me, int t
   reads.push_back(ElementsOf(t, 0, me == 0 ? n : 0));
 }
 
+// Adds tensor `t` of the rank's stage, under `style` (none: replicated), to its share and reads.
+Status AddTensor(const Checkpoint& checkpoint, const TensorInfo& t,
+                 std::optional<planning::TpStyle> style, bool quant, RankShare& share,
+                 std::vector<TensorInfo>& reads) {
+  const bool once = share.read_mode == ReadMode::kOnce;
+  const int tp = share.options.tp;
+  std::vector<TensorInfo> unused;  // kOnce: the reads ShardOf would give the rank
+  TensorShard shard{t.name, "", t.shape, t.shape};
+  if (style && *style != planning::TpStyle::kReplicate) {
+    auto split = ShardOf(checkpoint, t, *style, share.tp_rank, tp, once ? unused : reads);
+    if (!split.ok()) return split.status();
+    shard = std::move(*split);
+  } else if (!once) {
+    reads.push_back(t);
+  }
+  (shard.dim < 0 ? share.replicated_bytes : share.split_bytes) += t.nbytes;
+  if (once) ReadOnce(t, quant, shard, share.tp_rank, tp, reads);
+  if (shard.exchanged) share.exchanged_bytes += t.nbytes;
+  if (style == planning::TpStyle::kGroupedGemm) share.expert_bytes += t.nbytes;
+  share.tensors.push_back(std::move(shard));
+  return Status::OK();
+}
+
 }  // namespace
 
 std::string_view ReadModeName(ReadMode mode) {
@@ -250,7 +311,8 @@ Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& o
   names.reserve(checkpoint.tensors().size());
   for (const TensorInfo& t : checkpoint.tensors()) names.push_back(t.name);
   std::string config;
-  if (options.pp > 1 || (options.tp > 1 && options.tp_plan_json.empty())) {
+  if (options.pp > 1 || (options.tp > 1 && options.tp_plan_json.empty()) ||
+      (options.expert_parallel && options.ep_plan_json.empty())) {
     LOADSTONE_ASSIGN_OR_RETURN(config, ConfigText(checkpoint));
   }
   TpPlan plan;
@@ -265,26 +327,26 @@ Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& o
   }
   const bool once = options.read_mode == ReadMode::kOnce;
   share.read_mode = once ? ReadMode::kOnce : ReadMode::kEachRank;
+  planning::ExpertOwners experts;
+  if (options.expert_parallel) {
+    LOADSTONE_ASSIGN_OR_RETURN(experts, planning::ExpertOwners::Of(names, plan, options.tp));
+  }
   std::vector<TensorInfo> reads;
-  std::vector<TensorInfo> unused;  // kOnce: the reads ShardOf would give the rank
   const std::unordered_set<std::string> quant =
       once ? QuantTensors(checkpoint) : std::unordered_set<std::string>();
   for (const TensorInfo& t : checkpoint.tensors()) {
     if (!stage.Holds(t.name)) continue;
-    const std::optional<planning::TpStyle> style = plan.Lookup(t.name);
-    TensorShard shard{t.name, "", t.shape, t.shape};
-    if (style && *style != planning::TpStyle::kReplicate) {
-      auto split = ShardOf(checkpoint, t, *style, share.tp_rank, options.tp,
-                           once ? unused : reads);
-      if (!split.ok()) return split.status();
-      shard = std::move(*split);
-    } else if (!once) {
+    // One expert's tensor: held whole, and read, by the rank of that expert only.
+    if (const std::optional<int> owner = experts.OwnerOf(t.name)) {
+      share.split_bytes += t.nbytes;
+      share.expert_bytes += t.nbytes;
+      if (*owner != share.tp_rank) continue;
+      share.tensors.push_back({t.name, "grouped_gemm", t.shape, t.shape});
       reads.push_back(t);
+      continue;
     }
-    (shard.dim < 0 ? share.replicated_bytes : share.split_bytes) += t.nbytes;
-    if (once) ReadOnce(t, quant.count(t.name) > 0, shard, share.tp_rank, options.tp, reads);
-    if (shard.exchanged) share.exchanged_bytes += t.nbytes;
-    share.tensors.push_back(std::move(shard));
+    LOADSTONE_RETURN_IF_ERROR(AddTensor(checkpoint, t, plan.Lookup(t.name),
+                                        quant.count(t.name) > 0, share, reads));
   }
   for (const TensorInfo& t : reads) share.read_bytes += t.nbytes;
   auto view = checkpoint.WithTensors(std::move(reads));

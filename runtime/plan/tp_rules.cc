@@ -18,7 +18,7 @@ struct StyleName {
 
 // transformers 5.25's ALL_PARALLEL_STYLES (distributed/tensor_parallel.py), by what each does to
 // a parameter's bytes. The replicated ones differ only in their forward hooks.
-constexpr std::array<StyleName, 18> kStyles = {{
+constexpr std::array<StyleName, 19> kStyles = {{
     {"colwise", TpStyle::kColwise},
     {"colwise_rep", TpStyle::kColwise},
     {"colwise_gather_output", TpStyle::kColwise},
@@ -37,6 +37,7 @@ constexpr std::array<StyleName, 18> kStyles = {{
     {"moe_tp_experts", TpStyle::kReplicate},
     {"local_params", TpStyle::kReplicate},
     {"ep_dispatch_experts", TpStyle::kReplicate},
+    {"grouped_gemm", TpStyle::kGroupedGemm},
 }};
 
 std::string_view LastComponent(std::string_view name) {
@@ -90,6 +91,13 @@ Result<Cut> CutOf(TpStyle style, std::string_view name, std::span<const int64_t>
       const auto [lo, hi] = ChunkOf(half, rank, world);
       return Cut{dim, {{lo, hi}, {half + lo, half + hi}}};
     }
+    case TpStyle::kGroupedGemm:
+      if (static_cast<uint64_t>(shape[0]) % static_cast<uint64_t>(world) != 0) {
+        return refuse(fmt::format("its {} experts (dim 0) do not split evenly over {} ranks "
+                                  "(transformers refuses it too)",
+                                  shape[0], world));
+      }
+      return chunk(0);
   }
   return Cut{};
 }
@@ -100,11 +108,11 @@ Result<TpStyle> ParseTpStyle(std::string_view name) {
   for (const StyleName& s : kStyles) {
     if (s.name == name) return s.style;
   }
-  if (name == "unit_colwise" || name == "unit_rowwise" || name == "grouped_gemm") {
+  if (name == "unit_colwise" || name == "unit_rowwise") {
     return Status::Unsupported(fmt::format(
-        "tensor-parallel style '{}' is not supported yet ({}); use colwise / rowwise / replicate "
-        "for those modules",
-        name, name == "grouped_gemm" ? "expert parallelism" : "it splits by attention heads"));
+        "tensor-parallel style '{}' is not supported yet (it splits by attention heads); use "
+        "colwise / rowwise / replicate for those modules",
+        name));
   }
   std::vector<std::string_view> names;
   for (const StyleName& s : kStyles) names.push_back(s.name);
@@ -200,47 +208,81 @@ std::optional<TpStyle> TpPlan::Lookup(std::string_view name) const {
   return std::nullopt;
 }
 
-Result<TpPlan> TpPlanFromConfig(std::string_view config_json,
-                                std::span<const std::string> names) {
+bool TpPlan::SplitsExperts(std::string_view experts) const {
+  std::string generic = WildcardName(experts);
+  constexpr std::string_view kMixtral = ".block_sparse_moe.";  // WeightRenaming → ".mlp."
+  if (const size_t at = generic.find(kMixtral); at != std::string::npos) {
+    generic.replace(at, kMixtral.size(), ".mlp.");
+  }
+  generic += '.';
+  return std::any_of(entries_.begin(), entries_.end(), [&](const auto& entry) {
+    return entry.second == TpStyle::kGroupedGemm && entry.first.starts_with(generic);
+  });
+}
+
+Result<BasePlan> BasePlanOf(std::string_view config_json, std::span<const std::string> names,
+                            std::string_view key,
+                            std::optional<TpPlan> (*known)(std::string_view), std::string_view what,
+                            std::string_view flag) {
   const auto config = nlohmann::ordered_json::parse(config_json, nullptr, false);
   if (config.is_discarded() || !config.is_object()) {
     return Status::InvalidArgument("config.json is not a JSON object");
   }
   const std::string type = config.value("model_type", std::string());
-  TpPlan base;
-  if (auto given = config.find("base_model_tp_plan"); given != config.end() && !given->is_null()) {
+  BasePlan out;
+  if (auto given = config.find(key); given != config.end() && !given->is_null()) {
     auto parsed = TpPlan::FromJson(given->dump());
-    if (!parsed.ok()) return parsed.status().WithContext("config.json's base_model_tp_plan");
-    base = std::move(*parsed);
-  } else if (auto known = DefaultBaseTpPlan(type)) {
-    base = std::move(*known);
+    if (!parsed.ok()) return parsed.status().WithContext(fmt::format("config.json's {}", key));
+    out.plan = std::move(*parsed);
+  } else if (auto plan = known(type)) {
+    out.plan = std::move(*plan);
   } else {
     return Status::NotFound(fmt::format(
-        "no tensor-parallel plan is known for model type '{}' (config.json has no "
-        "base_model_tp_plan); give one with --tp-plan FILE.json",
-        type));
+        "no {} plan is known for model type '{}' (config.json has no {}); give one with {} "
+        "FILE.json",
+        what, type, key, flag));
   }
   const bool prefixed = std::any_of(names.begin(), names.end(), [](const std::string& n) {
     return n.starts_with("model.");
   });
-  const std::string prefix = prefixed ? "model." : "";
+  out.prefix = prefixed ? "model." : "";
+  return out;
+}
+
+Result<TpPlan> TpPlanFromConfig(std::string_view config_json,
+                                std::span<const std::string> names) {
+  LOADSTONE_ASSIGN_OR_RETURN(BasePlan base_plan,
+                             BasePlanOf(config_json, names, "base_model_tp_plan",
+                                        &DefaultBaseTpPlan, "tensor-parallel", "--tp-plan"));
+  const TpPlan& base = base_plan.plan;
+  const std::string& prefix = base_plan.prefix;
   const std::string embeddings = prefix + "embed_tokens.weight";
   const bool embedding = std::find(names.begin(), names.end(), embeddings) != names.end();
   return TpPlan::ForCausalLm(base, prefix, embedding);
 }
 
 std::optional<TpPlan> DefaultBaseTpPlan(std::string_view model_type) {
-  const bool llama_like = model_type == "llama" || model_type == "qwen2";
-  if (!llama_like && model_type != "qwen3") return std::nullopt;
+  // transformers 5.25's configs. Its MoE models' dense MLP entries stay (they name the dense
+  // layers' MLP, e.g. Qwen-MoE's mlp_only_layers); Mixtral splits attention only; gpt-oss the
+  // embeddings only.
   TpPlan plan;
+  if (model_type == "gpt_oss") {
+    (void)plan.Add("embed_tokens", TpStyle::kEmbeddingRowwise);
+    return plan;
+  }
+  const bool qwen3 = model_type == "qwen3" || model_type == "qwen3_moe";
+  const bool mlp = qwen3 || model_type == "llama" || model_type == "qwen2" ||
+                   model_type == "qwen2_moe";
+  if (!mlp && model_type != "mixtral") return std::nullopt;
   for (const char* p : {"q_proj", "k_proj", "v_proj"}) {
     (void)plan.Add(fmt::format("layers.*.self_attn.{}", p), TpStyle::kColwise);
   }
-  if (model_type == "qwen3") {  // replicated_with_grad_allreduce
+  if (qwen3) {  // replicated_with_grad_allreduce
     (void)plan.Add("layers.*.self_attn.q_norm", TpStyle::kReplicate);
     (void)plan.Add("layers.*.self_attn.k_norm", TpStyle::kReplicate);
   }
   (void)plan.Add("layers.*.self_attn.o_proj", TpStyle::kRowwise);
+  if (!mlp) return plan;
   (void)plan.Add("layers.*.mlp.gate_proj", TpStyle::kColwise);
   (void)plan.Add("layers.*.mlp.up_proj", TpStyle::kColwise);
   (void)plan.Add("layers.*.mlp.down_proj", TpStyle::kRowwise);

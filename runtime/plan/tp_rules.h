@@ -28,11 +28,12 @@ enum class TpStyle : uint8_t {
   kEmbeddingColwise,  // embedding_colwise: dim 1
   kPackedColwise,     // packed_colwise: dim ndim-2 in two halves, each chunked (1-D: dim 0)
   kPackedRowwise,     // packed_rowwise: the last dim (as transformers' loader cuts it); 1-D: whole
+  kGroupedGemm,       // grouped_gemm (expert parallelism): dim 0, the experts, split evenly
 };
 
 // transformers' style name → what it does. Errors: InvalidArgument naming the style and the
-// vocabulary for an unknown one; Unimplemented for styles that need more than the plan
-// (unit_colwise / unit_rowwise: the head size; grouped_gemm: expert parallelism).
+// vocabulary for an unknown one; Unsupported for styles that need more than the plan
+// (unit_colwise / unit_rowwise: the head size).
 Result<TpStyle> ParseTpStyle(std::string_view name);
 std::string_view TpStyleName(TpStyle style);
 
@@ -62,6 +63,12 @@ class TpPlan {
   // entry for its wildcard name, else the entry for its immediate module; none otherwise.
   std::optional<TpStyle> Lookup(std::string_view name) const;
 
+  // Whether the plan splits the experts of module `experts` ("model.layers.3.mlp.experts"): it
+  // gives grouped_gemm to one of its parameters ("model.layers.*.mlp.experts.gate_up_proj"). The
+  // module is matched under transformers' own name for it: Mixtral's checkpoints name it
+  // "block_sparse_moe.experts", transformers' model "mlp.experts" (its conversion mapping).
+  bool SplitsExperts(std::string_view experts) const;
+
  private:
   const TpStyle* Find(std::string_view key) const;
   std::vector<std::pair<std::string, TpStyle>> entries_;
@@ -78,6 +85,19 @@ std::optional<TpPlan> DefaultBaseTpPlan(std::string_view model_type);
 // Errors: InvalidArgument (config.json not an object, a bad plan in it), NotFound (no plan known
 // for the model type: the message says to give one).
 Result<TpPlan> TpPlanFromConfig(std::string_view config_json, std::span<const std::string> names);
+
+// A base-model plan: config.json's `key` (base_model_tp_plan, base_model_ep_plan) or, when it
+// has none, `known(model_type)`; `prefix` "model." when the tensors' names are under it. Errors:
+// InvalidArgument (config.json not an object, a bad plan in it), NotFound naming `what` plan and
+// the `flag` that gives one.
+struct BasePlan {
+  TpPlan plan;
+  std::string prefix;
+};
+Result<BasePlan> BasePlanOf(std::string_view config_json, std::span<const std::string> names,
+                            std::string_view key,
+                            std::optional<TpPlan> (*known)(std::string_view), std::string_view what,
+                            std::string_view flag);
 
 // torch.chunk's part `rank` of `world` of a dimension of `n`: [first, end), empty past the end.
 std::pair<uint64_t, uint64_t> ChunkOf(uint64_t n, int rank, int world);

@@ -144,6 +144,61 @@ TEST_CASE("launch: read once, and a mode chosen from measured bandwidths") {
   CHECK_THAT(run.err, Catch::Contains("--read-mode"));
 }
 
+// tests/fixtures/tp/ep_cases.json's model `name`: the checkpoint tensors transformers loads on
+// each rank under expert parallelism.
+nlohmann::json EpHeld(const std::string& name, int world) {
+  std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/ep_cases.json");
+  const auto cases = nlohmann::json::parse(in);
+  for (const auto& m : cases["models"]) {
+    if (m["name"] == name) return m["worlds"][std::to_string(world)];
+  }
+  return nullptr;
+}
+
+TEST_CASE("launch: expert parallel, each rank holds and reads only its experts") {
+  const std::string moe = testing::kTpModels + "qwen3-moe";
+  auto run = testing::RunCli("launch -n 2 -- load " + moe + " --tp 2 --json");
+  INFO(run.err);
+  REQUIRE(run.code == 0);
+  std::map<std::string, uint32_t> whole;  // without --ep every rank holds every expert
+  const auto replicated = nlohmann::json::parse(run.out);
+  for (const auto& t : replicated["ranks"][0]["tensors"]) {
+    whole[t["name"]] = t["crc32"];
+  }
+  run = testing::RunCli("launch -n 2 -- load " + moe + " --tp 2 --ep --json");
+  REQUIRE(run.code == 0);
+  const auto doc = nlohmann::json::parse(run.out);
+  const nlohmann::json held = EpHeld("qwen3-moe", 2);
+  uint64_t read = 0;
+  for (int r = 0; r < 2; ++r) {
+    const auto& rank = doc["ranks"][r];
+    INFO("rank " << r);
+    CHECK(rank["expert_parallel"] == true);
+    CHECK(rank["expert_bytes"].get<uint64_t>() > 0);
+    CHECK(rank["requested_bytes"] == rank["share_read_bytes"]);
+    read += rank["requested_bytes"].get<uint64_t>();
+    REQUIRE(rank["tensors"].size() == held[r].size());  // transformers' tensors, no more
+    size_t experts = 0;
+    for (const auto& t : rank["tensors"]) {
+      const std::string name = t["name"];
+      INFO(name);
+      CHECK(held[r].contains(name));
+      if (t["style"] != "grouped_gemm") continue;
+      ++experts;
+      CHECK(t["crc32"] == whole[name]);  // one expert's tensor, whole
+    }
+    CHECK(experts == 2 * 2 * 3);  // 2 layers × 2 experts × gate, up, down
+  }
+  CHECK(read == doc["ranks"][0]["split_bytes"].get<uint64_t>() +
+                    2 * doc["ranks"][0]["replicated_bytes"].get<uint64_t>());
+  run = testing::RunCli("launch -n 3 -- load " + moe + " --tp 3 --ep");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.err, Catch::Contains("do not split evenly over 3 expert-parallel ranks"));
+  run = testing::RunCli("load " + moe + " --tp 1 --ep");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.err, Catch::Contains("give --tp 2 or more"));
+}
+
 TEST_CASE("load --world-size/--rank/--master by hand, and what a person gets wrong") {
   auto run = testing::RunCli("load " + kLlama + " --tp 3 --world-size 4 --rank 0");
   CHECK(run.code == 1);

@@ -261,7 +261,8 @@ void PrintHuman(const LoadHandle& load, const Progress& progress, const LoadPlan
 int RunLoad(const LoadArgs& args) {
   if (args.rank.dist_only_given && !args.rank.asked()) {
     return ReportError(Status::InvalidArgument(
-        "--master, --tp-plan, --pp-layers, --read-mode and --dist-timeout belong to a tensor- or "
+        "--master, --tp-plan, --ep, --ep-plan, --pp-layers, --read-mode and --dist-timeout belong "
+        "to a tensor- or "
         "pipeline-parallel load: give --tp or --pp (and --world-size / --rank, or run the ranks "
         "with loadstone launch -n N)"));
   }

@@ -71,10 +71,11 @@ void PrintRankText(const RankLoad& r) {
                                      s.layers.first, s.layers.second - 1)
                        : "";
   std::cout << fmt::format(
-      "rank {} of {} (tensor-parallel rank {} of {}{}, reading {}): {} tensors; read {} (its "
+      "rank {} of {} (tensor-parallel rank {} of {}{}{}, reading {}): {} tensors; read {} (its "
       "share: {} of {} split + {} replicated), received {} from its group; load {:.3f} s, "
       "exchange {:.3f} s\n",
-      s.options.rank, s.options.world_size, s.tp_rank, s.options.tp, stage,
+      s.options.rank, s.options.world_size, s.tp_rank, s.options.tp,
+      s.options.expert_parallel ? ", experts split" : "", stage,
       s.read_mode == ReadMode::kOnce ? "once" : "each its own", r.tensors.size(),
       HumanBytes(read), HumanBytes(s.read_bytes), HumanBytes(s.split_bytes),
       HumanBytes(s.replicated_bytes), HumanBytes(r.received_bytes), r.load_seconds,
@@ -96,6 +97,7 @@ int PrintRank(const RankLoad& r, bool json) {
   doc["pp"] = s.options.pp;
   doc["stage"] = s.stage;
   doc["read_mode"] = ReadModeName(s.read_mode);
+  doc["expert_parallel"] = s.options.expert_parallel;
   if (s.options.read_mode == ReadMode::kAuto) {
     doc["measured_read_bytes_per_s"] = r.measured_read_bytes_per_s;
     doc["measured_link_bytes_per_s"] = r.measured_link_bytes_per_s;
@@ -115,6 +117,7 @@ int PrintRank(const RankLoad& r, bool json) {
   doc["share_read_bytes"] = s.read_bytes;
   doc["split_bytes"] = s.split_bytes;
   doc["replicated_bytes"] = s.replicated_bytes;
+  doc["expert_bytes"] = s.expert_bytes;
   doc["received_bytes"] = r.received_bytes;
   doc["load_seconds"] = r.load_seconds;
   doc["exchange_seconds"] = r.exchange_seconds;
@@ -172,6 +175,14 @@ void RankFlags::Register(CLI::App* cmd) {
                   "A JSON file of transformers' tp_plan ({\"model.layers.*.mlp.down_proj\": "
                   "\"rowwise\", ...}); default: from config.json")
       ->each(given);
+  cmd->add_flag_callback(
+      "--ep", [this] { expert_parallel = true, dist_only_given = true; },
+      "Expert parallelism over each tensor-parallel group (transformers' ep_size = tp_size): "
+      "each rank reads and holds only its experts of every MoE layer");
+  cmd->add_option("--ep-plan", ep_plan,
+                  "A JSON file of transformers' ep_plan ({\"model.layers.*.mlp.experts."
+                  "gate_up_proj\": \"grouped_gemm\", ...}); default: from config.json (with --ep)")
+      ->each(given);
   cmd->add_option("--dist-timeout", timeout_s,
                   "Seconds a rank waits for the others before it fails (default 60)")
       ->check(CLI::Range(0.1, 86400.0))
@@ -203,6 +214,12 @@ int RunRankLoad(const PlanFlags& flags, const ReadFlags& read, const RankFlags& 
     auto text = ReadFlagFile("--tp-plan", rank.tp_plan);
     if (!text.ok()) return ReportError(text.status());
     par.tp_plan_json = *text;
+  }
+  par.expert_parallel = rank.expert_parallel;
+  if (!rank.ep_plan.empty()) {
+    auto text = ReadFlagFile("--ep-plan", rank.ep_plan);
+    if (!text.ok()) return ReportError(text.status());
+    par.ep_plan_json = *text;
   }
   auto groups = (*api)->connect(*group, par.tp);
   if (!groups.ok()) return ReportError(groups.status());

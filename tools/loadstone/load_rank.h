@@ -24,10 +24,12 @@ struct RankFlags {
   std::string read_mode = "each";  // each, once, auto (--read-once: once)
   std::string master;             // ADDR:PORT; else MASTER_ADDR / MASTER_PORT, 127.0.0.1:29500
   std::string tp_plan;            // FILE.json; else config.json's
+  bool expert_parallel = false;   // --ep
+  std::string ep_plan;            // FILE.json; else config.json's or the model type's
   double timeout_s = 60;
 
   void Register(CLI::App* cmd);
-  bool dist_only_given = false;   // --master, --tp-plan or --dist-timeout was given
+  bool dist_only_given = false;   // --master, --tp-plan, --ep, ... was given
 
   // A rank's load was asked for (--tp, --pp, --world-size or --rank given).
   bool asked() const { return world_size || rank || tp || pp; }

@@ -20,11 +20,16 @@
 #include "loadstone/tensor_parallel.h"
 #include "testing/local_exchange.h"
 #include "testing/tp_cases.h"
+#include "testing/tp_group.h"
 
 namespace loadstone {
 namespace {
 
 using testing::kTpModels;
+using testing::Layout;
+using testing::LoadGroup;
+using testing::RankResult;
+using testing::Values;
 
 const nlohmann::json& Model(const std::string& name) {
   const nlohmann::json& model = testing::TpCase(name);
@@ -37,87 +42,6 @@ std::string PlanJson(const nlohmann::json& model) {
   nlohmann::ordered_json plan = nlohmann::ordered_json::object();
   for (const auto& entry : model["tp_plan"]) plan[entry[0].get<std::string>()] = entry[1];
   return plan.dump();
-}
-
-std::vector<float> Values(const Tensor& t) {
-  std::vector<float> out;
-  const uint64_t n = t.nbytes() / (t.dtype() == DType::kF32 ? 4 : 2);
-  for (uint64_t i = 0; i < n; ++i) {
-    if (t.dtype() == DType::kF32) {
-      float v;
-      std::memcpy(&v, t.data() + 4 * i, 4);
-      out.push_back(v);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, t.data() + 2 * i, 2);
-      const uint32_t bits = static_cast<uint32_t>(h) << 16;
-      float v;
-      std::memcpy(&v, &bits, 4);
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
-struct RankResult {
-  RankShare share;
-  LoadPlan plan;
-  std::vector<Tensor> tensors;
-  Status status;
-  uint64_t handled_bytes = 0;  // the reader's count: bytes read or copied from the page cache
-};
-
-// A group's layout: `world` ranks in tensor-parallel groups of `tp`, `pp` stages.
-struct Layout {
-  int world = 1;
-  int tp = 1;
-  int pp = 1;
-  ReadMode mode = ReadMode::kEachRank;
-};
-
-// Every rank loads its share of `folder` and each tensor-parallel group exchanges, one thread a
-// rank.
-std::vector<RankResult> LoadGroup(const std::string& folder, Layout l, const std::string& plan,
-                                  DType dtype) {
-  auto ckpt = Checkpoint::Open(folder);
-  REQUIRE(ckpt.ok());
-  Loader loader;
-  std::vector<std::unique_ptr<testing::LocalGroup>> groups;
-  for (int g = 0; g < l.world / l.tp; ++g) {
-    groups.push_back(std::make_unique<testing::LocalGroup>(l.tp));
-  }
-  std::vector<RankResult> results;
-  for (int r = 0; r < l.world; ++r) {
-    // Several buckets of 300 bytes, even for these small models.
-    const ParallelOptions par{.world_size = l.world, .rank = r, .tp = l.tp, .pp = l.pp,
-                              .tp_plan_json = plan, .bucket_bytes = 300, .read_mode = l.mode};
-    auto share = ShareOf(*ckpt, par);
-    REQUIRE(share.ok());
-    PlanOptions options;
-    options.dtype = dtype;
-    auto load_plan = Plan(share->reads, RankPlanOptions(options));
-    REQUIRE(load_plan.ok());
-    results.push_back({std::move(*share), std::move(*load_plan), {}, Status::OK()});
-  }
-  std::vector<std::thread> threads;
-  for (int r = 0; r < l.world; ++r) {
-    threads.emplace_back([&, r] {
-      RankResult& me = results[r];
-      LoadHandle handle = loader.Load(me.share.reads, me.plan);
-      me.status = handle.Done().get();
-      if (!me.status.ok()) return;
-      for (const RouteCount& c : handle.read_stats().routes) me.handled_bytes += c.bytes;
-      auto member = groups[r / l.tp]->member(r % l.tp);
-      auto tensors = AssembleShare(me.share, handle.Tensors(), member.get());
-      if (!tensors.ok()) {
-        me.status = tensors.status();
-        return;
-      }
-      me.tensors = std::move(*tensors);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
 }
 
 // The stage of parameter `name` of the fixtures' 2-layer models, written out (not computed by

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/plan/ep_rules.h"
 #include "runtime/plan/tp_rules.h"
 
 namespace loadstone::planning {
@@ -117,7 +118,7 @@ TEST_CASE("what transformers cannot split is refused, naming the tensor and the 
   const std::vector<int64_t> flat = {8};
   CHECK(!TpElementRuns(TpStyle::kEmbeddingColwise, "e.weight", flat, 0, 2).ok());
   CHECK(!TpElementRuns(TpStyle::kColwise, "q.weight", flat, 2, 2).ok());
-  CHECK(ParseTpStyle("grouped_gemm").status().code() == StatusCode::kUnsupported);
+  CHECK(ParseTpStyle("unit_colwise").status().code() == StatusCode::kUnsupported);
   CHECK(ParseTpStyle("colwize").status().message().find("colwise_gather_output") !=
         std::string::npos);
   CHECK(!TpPlan::FromJson(R"(["colwise"])").ok());
@@ -132,6 +133,60 @@ TEST_CASE("what transformers cannot split is refused, naming the tensor and the 
   auto empty = TpElementRuns(TpStyle::kColwise, "k.weight", two, 3, 4);
   REQUIRE(empty.ok());
   CHECK(empty->empty());
+}
+
+// Expert parallelism: the ep plans and what they make of names; what each rank then holds is
+// checked against transformers in tests/runtime/dist/ep_test.cc.
+TEST_CASE("expert parallel: grouped_gemm, the ep plans, and the names of one expert's tensors") {
+  REQUIRE(ParseTpStyle("grouped_gemm").ok());
+  CHECK(*ParseTpStyle("grouped_gemm") == TpStyle::kGroupedGemm);
+  const std::vector<int64_t> stacked = {8, 4, 6};  // [experts, in, out]
+  auto part = TpPartOf(TpStyle::kGroupedGemm, "m.experts.gate_up_proj", stacked, 1, 4);
+  REQUIRE(part.ok());
+  CHECK(part->dim == 0);
+  CHECK(part->shape == std::vector<uint64_t>{2, 4, 6});
+  CHECK(part->runs == std::vector<ElementRun>{{48, 48}});
+  auto uneven = TpPartOf(TpStyle::kGroupedGemm, "m.experts.down_proj", stacked, 0, 3);
+  REQUIRE(!uneven.ok());
+  CHECK(uneven.status().message().find("8 experts") != std::string::npos);
+
+  const std::vector<std::string> names = {"model.layers.0.mlp.experts.0.gate_proj.weight"};
+  auto ep = EpPlanFromConfig(R"({"model_type": "qwen3_moe"})", names);
+  REQUIRE(ep.ok());
+  CHECK(ep->Lookup("model.layers.5.mlp.experts.gate_up_proj") == TpStyle::kGroupedGemm);
+  CHECK(ep->SplitsExperts("model.layers.5.mlp.experts"));
+  CHECK(ep->SplitsExperts("model.layers.5.block_sparse_moe.experts"));  // Mixtral's name
+  CHECK(!ep->SplitsExperts("model.layers.5.mlp.shared_experts"));
+  CHECK(!ep->SplitsExperts("model.layers.5.self_attn"));
+  CHECK(EpPlanFromConfig(R"({"model_type": "llama"})", names).status().code() ==
+        StatusCode::kNotFound);
+  auto given = EpPlanFromConfig(
+      R"({"model_type": "llama", "base_model_ep_plan": {"layers.*.moe.experts.w": "grouped_gemm"}})",
+      names);
+  REQUIRE(given.ok());
+  CHECK(given->SplitsExperts("model.layers.1.moe.experts"));
+
+  // EP rules take precedence: a tp rule on an ep module, or under one, is dropped.
+  auto tp = TpPlan::FromJson(R"({"model.layers.*.mlp.experts": "colwise",
+      "model.layers.*.mlp.experts.down_proj": "rowwise", "model.layers.*.mlp.experts_x": "colwise",
+      "model.layers.*.self_attn.q_proj": "colwise"})");
+  REQUIRE(tp.ok());
+  auto merged = WithExpertPlan(*tp, *ep);
+  REQUIRE(merged.ok());
+  CHECK(merged->Lookup("model.layers.0.mlp.experts.down_proj") == TpStyle::kGroupedGemm);
+  CHECK(merged->Lookup("model.layers.0.mlp.experts.gate_up_proj") == TpStyle::kGroupedGemm);
+  CHECK(merged->Lookup("model.layers.0.mlp.experts_x.weight") == TpStyle::kColwise);
+  CHECK(merged->Lookup("model.layers.0.self_attn.q_proj.weight") == TpStyle::kColwise);
+
+  auto one = ExpertTensorOf("model.layers.0.mlp.experts.13.gate_proj.weight");
+  REQUIRE(one);
+  CHECK(one->experts == "model.layers.0.mlp.experts");
+  CHECK(one->index == 13);
+  CHECK(ExpertTensorOf("experts.2.w1.weight")->experts == "experts");
+  CHECK(!ExpertTensorOf("model.layers.0.mlp.experts.gate_up_proj"));
+  CHECK(!ExpertTensorOf("model.layers.0.mlp.shared_experts.gate_proj.weight"));
+  CHECK(!ExpertTensorOf("model.layers.0.mlp.experts.3"));
+  CHECK(!ExpertTensorOf("model.layers.0.mlp.experts.99999999999999999999.w"));
 }
 
 }  // namespace

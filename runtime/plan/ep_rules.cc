@@ -1,0 +1,111 @@
+// Expert parallelism (ep_rules.h).
+#include "runtime/plan/ep_rules.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+namespace loadstone::planning {
+
+std::optional<TpPlan> DefaultBaseEpPlan(std::string_view model_type) {
+  // transformers 5.25's configs: the same plan for these; gpt-oss adds its experts' biases.
+  constexpr std::array<std::string_view, 4> kSame = {"mixtral", "qwen2_moe", "qwen3_moe",
+                                                     "deepseek_v3"};
+  const bool gpt_oss = model_type == "gpt_oss";
+  if (!gpt_oss && std::find(kSame.begin(), kSame.end(), model_type) == kSame.end()) {
+    return std::nullopt;
+  }
+  TpPlan plan;
+  (void)plan.Add("layers.*.mlp.experts.gate_up_proj", TpStyle::kGroupedGemm);
+  if (gpt_oss) (void)plan.Add("layers.*.mlp.experts.gate_up_proj_bias", TpStyle::kGroupedGemm);
+  (void)plan.Add("layers.*.mlp.experts.down_proj", TpStyle::kGroupedGemm);
+  if (gpt_oss) (void)plan.Add("layers.*.mlp.experts.down_proj_bias", TpStyle::kGroupedGemm);
+  (void)plan.Add("layers.*.mlp.experts", TpStyle::kReplicate);  // ep_dispatch_experts
+  return plan;
+}
+
+Result<TpPlan> EpPlanFromConfig(std::string_view config_json,
+                                std::span<const std::string> names) {
+  LOADSTONE_ASSIGN_OR_RETURN(BasePlan base,
+                             BasePlanOf(config_json, names, "base_model_ep_plan",
+                                        &DefaultBaseEpPlan, "expert-parallel", "--ep-plan"));
+  TpPlan out;
+  for (const auto& [key, style] : base.plan.entries()) {
+    LOADSTONE_RETURN_IF_ERROR(out.Add(base.prefix + key, style));
+  }
+  return out;
+}
+
+Result<TpPlan> WithExpertPlan(const TpPlan& tp, const TpPlan& ep) {
+  TpPlan out;
+  for (const auto& [key, style] : tp.entries()) {
+    // transformers' `(?:ep keys)(?:\..+)?` fullmatch: an ep module itself or anything under it.
+    const bool expert = std::any_of(ep.entries().begin(), ep.entries().end(), [&](const auto& e) {
+      return key == e.first || (key.starts_with(e.first) && key.size() > e.first.size() + 1 &&
+                                key[e.first.size()] == '.');
+    });
+    if (!expert) LOADSTONE_RETURN_IF_ERROR(out.Add(key, style));
+  }
+  for (const auto& [key, style] : ep.entries()) LOADSTONE_RETURN_IF_ERROR(out.Add(key, style));
+  return out;
+}
+
+std::optional<ExpertTensor> ExpertTensorOf(std::string_view name) {
+  constexpr std::string_view kExperts = "experts.";
+  for (size_t at = name.rfind(kExperts); at != std::string_view::npos;
+       at = at == 0 ? std::string_view::npos : name.rfind(kExperts, at - 1)) {
+    if (at > 0 && name[at - 1] != '.') continue;
+    size_t i = at + kExperts.size();
+    uint64_t index = 0;
+    const size_t digits = i;
+    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) && i - digits < 9) {
+      index = index * 10 + static_cast<uint64_t>(name[i++] - '0');
+    }
+    if (i == digits || i >= name.size() || name[i] != '.') continue;
+    return ExpertTensor{std::string(name.substr(0, at + kExperts.size() - 1)), index};
+  }
+  return std::nullopt;
+}
+
+Result<ExpertOwners> ExpertOwners::Of(std::span<const std::string> names, const TpPlan& plan,
+                                      int tp) {
+  std::unordered_map<std::string, std::unordered_set<uint64_t>> seen;
+  for (const std::string& name : names) {
+    auto expert = ExpertTensorOf(name);
+    if (!expert || !plan.SplitsExperts(expert->experts)) continue;
+    seen[expert->experts].insert(expert->index);
+  }
+  ExpertOwners out;
+  for (const auto& [module, indices] : seen) {
+    const uint64_t n = indices.size();
+    const uint64_t top = *std::max_element(indices.begin(), indices.end());
+    if (top + 1 != n) {
+      return Status::InvalidArgument(fmt::format(
+          "'{}' has tensors of {} experts numbered up to {}: expert parallelism needs experts "
+          "0 .. E-1 each stored; load it without --ep",
+          module, n, top));
+    }
+    if (tp < 1 || n % static_cast<uint64_t>(tp) != 0) {
+      return Status::InvalidArgument(fmt::format(
+          "'{}' has {} experts, which do not split evenly over {} expert-parallel ranks "
+          "(transformers refuses it too); give a --tp that divides {}, or load without --ep",
+          module, n, tp, n));
+    }
+    out.per_rank_.emplace(module, n / static_cast<uint64_t>(tp));
+  }
+  return out;
+}
+
+std::optional<int> ExpertOwners::OwnerOf(std::string_view name) const {
+  if (per_rank_.empty()) return std::nullopt;
+  const auto expert = ExpertTensorOf(name);
+  if (!expert) return std::nullopt;
+  const auto it = per_rank_.find(expert->experts);
+  if (it == per_rank_.end()) return std::nullopt;
+  return static_cast<int>(expert->index / it->second);
+}
+
+}  // namespace loadstone::planning
