@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -43,7 +45,10 @@ Result<std::vector<std::pair<int, int>>> PpLayerRanges(int layers, int pp,
   return out;
 }
 
-std::optional<int> LayerOf(std::string_view name) {
+namespace {
+
+// The first name component that is a decimal int: where it starts and its value.
+std::optional<std::pair<size_t, int>> FirstNumber(std::string_view name) {
   size_t start = 0;
   while (start <= name.size()) {
     const size_t dot = std::min(name.find('.', start), name.size());
@@ -51,11 +56,24 @@ std::optional<int> LayerOf(std::string_view name) {
     int value = 0;
     const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
     if (!part.empty() && ec == std::errc() && end == part.data() + part.size() && value >= 0) {
-      return value;
+      return std::pair<size_t, int>{start, value};
     }
     start = dot + 1;
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int> LayerOf(std::string_view name) {
+  const auto number = FirstNumber(name);
+  if (!number) return std::nullopt;
+  return number->second;
+}
+
+std::string_view StackOf(std::string_view name) {
+  const auto number = FirstNumber(name);
+  return number ? name.substr(0, number->first) : std::string_view();
 }
 
 bool IsInputEmbedding(std::string_view name) {
@@ -72,6 +90,48 @@ bool IsInputEmbedding(std::string_view name) {
   return false;
 }
 
+namespace {
+
+// A count from config.json: `key` at the top level, else in its text_config; none when absent.
+Result<std::optional<int>> ConfigCount(const nlohmann::json& config, const char* key) {
+  const nlohmann::json* at = nullptr;
+  if (auto n = config.find(key); n != config.end()) {
+    at = &*n;
+  } else if (auto text = config.find("text_config"); text != config.end() && text->is_object()) {
+    if (auto m = text->find(key); m != text->end()) at = &*m;
+  }
+  if (at == nullptr || at->is_null()) return std::optional<int>();
+  if (!at->is_number_integer() || at->get<int64_t>() < 0 || at->get<int64_t>() > (1 << 20)) {
+    return Status::InvalidArgument(
+        fmt::format("config.json's {} is {}, not a layer count", key, at->dump()));
+  }
+  return std::optional<int>(at->get<int>());
+}
+
+// The decoder's stack among the numbered names: one whose distinct layers count `want` (or
+// `want_mtp`) when the config gives them, the one of most tensors among those, else of all.
+std::string DecoderStack(std::span<const std::string> names, std::optional<int> want,
+                         int want_mtp) {
+  std::map<std::string_view, std::pair<std::set<int>, size_t>> stacks;
+  for (const std::string& n : names) {
+    if (!LayerOf(n)) continue;
+    auto& [layers, tensors] = stacks[StackOf(n)];
+    layers.insert(*LayerOf(n));
+    ++tensors;
+  }
+  std::string_view best;
+  std::pair<bool, size_t> best_key{false, 0};
+  for (const auto& [stack, seen] : stacks) {
+    const int count = static_cast<int>(seen.first.size());
+    const bool fits = want && (count == *want || count == want_mtp);
+    const std::pair<bool, size_t> key{fits, seen.second};
+    if (key > best_key) best = stack, best_key = key;
+  }
+  return std::string(best);
+}
+
+}  // namespace
+
 Result<PpModel> PpModelOf(std::string_view config_json, std::span<const std::string> names) {
   PpModel model;
   std::optional<int> configured;
@@ -81,32 +141,32 @@ Result<PpModel> PpModelOf(std::string_view config_json, std::span<const std::str
     if (config.is_discarded() || !config.is_object()) {
       return Status::InvalidArgument("config.json is not a JSON object");
     }
-    if (auto n = config.find("num_hidden_layers"); n != config.end()) {
-      if (!n->is_number_integer() || n->get<int64_t>() < 0 || n->get<int64_t>() > (1 << 20)) {
-        return Status::InvalidArgument(fmt::format(
-            "config.json's num_hidden_layers is {}, not a layer count", n->dump()));
-      }
-      configured = n->get<int>();
-    }
+    LOADSTONE_ASSIGN_OR_RETURN(configured, ConfigCount(config, "num_hidden_layers"));
+    LOADSTONE_ASSIGN_OR_RETURN(auto mtp, ConfigCount(config, "num_nextn_predict_layers"));
+    model.mtp = mtp.value_or(0);
     if (auto t = config.find("tie_word_embeddings"); t != config.end() && t->is_boolean()) {
       tied = t->get<bool>();
     }
   }
+  const int with_mtp = configured.value_or(0) + model.mtp;
+  model.stack = DecoderStack(names, configured, with_mtp);
   int highest = -1;
   const std::string* beyond = nullptr;
   for (const std::string& n : names) {
-    const std::optional<int> layer = LayerOf(n);
-    if (!layer) continue;
-    highest = std::max(highest, *layer);
-    if (configured && *layer >= *configured && beyond == nullptr) beyond = &n;
+    if (!LayerOf(n) || StackOf(n) != model.stack) continue;
+    const int layer = *LayerOf(n);
+    highest = std::max(highest, layer);
+    if (configured && layer >= with_mtp && beyond == nullptr) beyond = &n;
   }
   if (beyond != nullptr) {
     return Status::InvalidArgument(fmt::format(
-        "tensor '{}' is of layer {}, past config.json's num_hidden_layers {}: the config is not "
-        "this checkpoint's",
-        *beyond, *LayerOf(*beyond), *configured));
+        "tensor '{}' is of layer {}, past config.json's num_hidden_layers {}{}: the config is "
+        "not this checkpoint's",
+        *beyond, *LayerOf(*beyond), *configured,
+        model.mtp > 0 ? fmt::format(" and its {} num_nextn_predict_layers", model.mtp) : ""));
   }
   model.layers = configured.value_or(highest + 1);
+  if (!configured) model.mtp = 0;
   model.tied = tied.value_or(std::find(names.begin(), names.end(), "lm_head.weight") ==
                              names.end());
   return model;
@@ -116,6 +176,8 @@ bool OnStage(std::string_view name, const PpModel& model,
              std::span<const std::pair<int, int>> ranges, int stage) {
   const int last = static_cast<int>(ranges.size()) - 1;
   if (const std::optional<int> layer = LayerOf(name)) {
+    if (!model.stack.empty() && StackOf(name) != model.stack) return stage == 0;  // encoder
+    if (*layer >= model.layers) return stage == last;     // an MTP layer, after the head
     const auto& [first, end] = ranges[static_cast<size_t>(stage)];
     return *layer >= first && *layer < end;
   }

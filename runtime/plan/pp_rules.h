@@ -31,25 +31,39 @@ Result<std::vector<std::pair<int, int>>> PpLayerRanges(int layers, int pp,
 // a tensor outside the stack (embeddings, final norm, head).
 std::optional<int> LayerOf(std::string_view name);
 
+// The stack a numbered tensor is in: its name up to its first number ("model.layers.12.mlp.w" →
+// "model.layers.", "model.visual.blocks.3.attn.qkv.weight" → "model.visual.blocks."); empty for a
+// name without a number.
+std::string_view StackOf(std::string_view name);
+
 // An embedding of the stack's input: a name component "embed_tokens", "embed_positions",
 // "wte", "wpe", "word_embeddings" or "embeddings".
 bool IsInputEmbedding(std::string_view name);
 
-// What the stages need of a checkpoint: the stack's length and whether the head is the input
-// embedding (tied).
+// What the stages need of a checkpoint: the decoder stack, its length, the multi-token-prediction
+// layers stored after it, and whether the head is the input embedding (tied).
 struct PpModel {
   int layers = 0;
   bool tied = false;
+  std::string stack;  // the decoder's StackOf ("model.layers."); empty: every numbered tensor
+  int mtp = 0;        // layers [layers, layers + mtp) (DeepSeek's MTP layer 61): the last stage
 };
 
-// From config.json (`num_hidden_layers`, `tie_word_embeddings`; empty text: no config) and the
-// tensors' names: the layer count is the config's, else one past the highest layer named; tied
-// is the config's, else whether no tensor is named "lm_head.weight". Errors: InvalidArgument (a
-// config that is not an object or holds a bad value; a tensor of a layer past the config's
-// count), naming the file.
+// From config.json (`num_hidden_layers`, else `text_config.num_hidden_layers`;
+// `num_nextn_predict_layers`; `tie_word_embeddings`; empty text: no config) and the tensors'
+// names: the decoder stack is the stack whose distinct layer numbers count the config's layers
+// (with or without its MTP layers), the one of most tensors among those or without a config; the
+// layer count is the config's, else one past the stack's highest layer; tied is the config's,
+// else whether no tensor is named "lm_head.weight". Tensors of another stack (a vision tower's
+// blocks) are not decoder layers. Errors: InvalidArgument (a config that is not an object or
+// holds a bad value; a decoder tensor of a layer past the config's count and its MTP layers),
+// naming the file.
 Result<PpModel> PpModelOf(std::string_view config_json, std::span<const std::string> names);
 
-// Whether stage `stage` of the ranges' holds tensor `name`.
+// Whether stage `stage` of the ranges' holds tensor `name`: a decoder layer's on the stage of its
+// layer (an MTP layer on the last); the input embeddings and the tensors of another stack (an
+// encoder whose output the first layer takes) on the first stage, the embeddings on the last too
+// when tied; every other tensor on the last.
 bool OnStage(std::string_view name, const PpModel& model,
              std::span<const std::pair<int, int>> ranges, int stage);
 

@@ -3,6 +3,8 @@
 // layers over 2 and 3 stages, and its VLLM_PP_LAYER_PARTITION cases), copied here as data.
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +91,48 @@ TEST_CASE("pipeline stages: the stack's length and the tie, from config.json and
                  Catch::Contains("num_hidden_layers 3"));
   CHECK_FALSE(PpModelOf(R"({"num_hidden_layers": "six"})", names).ok());
   CHECK_FALSE(PpModelOf("[1]", names).ok());
+}
+
+// DeepSeek-V3 stores its multi-token-prediction layer after the stack (model.layers.61 of 61
+// layers, num_nextn_predict_layers 1): it follows the head, on the last stage. A vision tower's
+// blocks are another stack: not decoder layers, and on the first stage (its output is the first
+// layer's input), whatever their numbers.
+TEST_CASE("pipeline stages: an MTP layer past the stack, and a vision tower's blocks") {
+  const std::vector<std::string> mtp_names = {
+      "model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight",
+      "model.layers.3.mlp.up_proj.weight", "model.layers.4.eh_proj.weight", "model.norm.weight",
+      "lm_head.weight"};
+  auto mtp = PpModelOf(R"({"num_hidden_layers": 4, "num_nextn_predict_layers": 1})", mtp_names);
+  REQUIRE(mtp.ok());
+  CHECK(mtp->layers == 4);
+  CHECK(mtp->mtp == 1);
+  CHECK(mtp->stack == "model.layers.");
+  auto ranges = PpLayerRanges(mtp->layers, 2, {});
+  REQUIRE(ranges.ok());
+  CHECK(OnStage("model.layers.4.eh_proj.weight", *mtp, *ranges, 1));
+  CHECK_FALSE(OnStage("model.layers.4.eh_proj.weight", *mtp, *ranges, 0));
+  CHECK(OnStage("model.layers.3.mlp.up_proj.weight", *mtp, *ranges, 1));
+  // Without num_nextn_predict_layers, layer 4 of 4 is still an error.
+  CHECK_FALSE(PpModelOf(R"({"num_hidden_layers": 4})", mtp_names).ok());
+
+  std::vector<std::string> vl = {"model.embed_tokens.weight", "model.norm.weight",
+                                 "lm_head.weight"};
+  for (int i = 0; i < 3; ++i) vl.push_back(fmt::format("model.layers.{}.mlp.w.weight", i));
+  for (int i = 0; i < 5; ++i) {  // more blocks, and more tensors, than the decoder
+    vl.push_back(fmt::format("model.visual.blocks.{}.attn.qkv.weight", i));
+    vl.push_back(fmt::format("model.visual.blocks.{}.attn.proj.weight", i));
+  }
+  auto model = PpModelOf(R"({"text_config": {"num_hidden_layers": 3}})", vl);
+  REQUIRE(model.ok());
+  CHECK(model->layers == 3);
+  CHECK(model->stack == "model.layers.");
+  ranges = PpLayerRanges(model->layers, 3, {});
+  REQUIRE(ranges.ok());
+  CHECK(OnStage("model.visual.blocks.4.attn.qkv.weight", *model, *ranges, 0));
+  CHECK_FALSE(OnStage("model.visual.blocks.4.attn.qkv.weight", *model, *ranges, 2));
+  CHECK(OnStage("model.layers.2.mlp.w.weight", *model, *ranges, 2));
+  CHECK(StackOf("model.visual.blocks.4.attn.qkv.weight") == "model.visual.blocks.");
+  CHECK(StackOf("model.norm.weight").empty());
 }
 
 }  // namespace
