@@ -119,6 +119,12 @@ Result<std::string> BroadcastManifest(ProcessGroups& groups, int root, std::stri
   uint64_t size = text.size();
   LOADSTONE_RETURN_IF_ERROR(
       groups.Broadcast({reinterpret_cast<std::byte*>(&size), sizeof size}, root));
+  if (groups.options().rank == root && size > kMaxManifestBytes) {  // the sender's own words
+    return Status::InvalidArgument(fmt::format(
+        "the weight update's manifest is {} bytes, over the {} bytes one may hold (the engines "
+        "refuse it): send the tensors in several updates",
+        size, kMaxManifestBytes));
+  }
   if (size == 0 || size > kMaxManifestBytes) {
     return Status::IOError(fmt::format(
         "rank {} sent no weight update (a manifest of {} bytes): its own error says why", root,

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <future>
+#include <new>
 #include <span>
 #include <thread>
 #include <unordered_map>
@@ -122,9 +124,19 @@ Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights&
 
 }  // namespace
 
-std::byte* LiveWeights::Staging(uint64_t bytes) {
+Result<std::byte*> LiveWeights::Staging(uint64_t bytes) {
   if (bytes > staging_bytes_) {
-    staging_.reset(new std::byte[bytes]);  // not zeroed: every byte is written before it is read
+    staging_.reset();
+    staging_bytes_ = 0;
+    // Not zeroed: every byte is written before it is read.
+    std::byte* memory = bytes > PTRDIFF_MAX ? nullptr : new (std::nothrow) std::byte[bytes];
+    if (memory == nullptr) {
+      return Status::OutOfMemory(fmt::format(
+          "{} bytes of host memory to stage a weight update could not be had: free memory on "
+          "this engine, or update fewer tensors at a time",
+          bytes));
+    }
+    staging_.reset(memory);
     staging_bytes_ = bytes;
   }
   return staging_.get();
@@ -257,17 +269,20 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
   Result<std::vector<size_t>> entries =
       manifest.ok() ? EntriesFor(*manifest, weights)
                     : Result<std::vector<size_t>>(manifest.status());
-  LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, entries.status(), 1, "checking the update"));
-  WeightUpdateReport report{manifest->version, manifest->items.size()};
-  // Staging: every tensor's new bytes as this engine holds them, one after another.
-  std::vector<std::pair<size_t, const std::byte*>> staged;
+  // Staging: every tensor's new bytes as this engine holds them, one after another — had before
+  // the ranks agree, so that an engine without the memory refuses the update with the others.
   uint64_t staging = 0;
   bool whole = true;  // every tensor whole here: the buckets land in the staging as they are
-  for (size_t index : *entries) {
+  for (size_t index : entries.ok() ? *entries : std::vector<size_t>()) {
     staging += weights.entries()[index].tensor.nbytes();
     whole = whole && weights.entries()[index].cut.dim < 0;
   }
-  std::byte* at = weights.Staging(staging);
+  Result<std::byte*> memory =
+      entries.ok() ? weights.Staging(staging) : Result<std::byte*>(entries.status());
+  LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, memory.status(), 1, "checking the update"));
+  WeightUpdateReport report{manifest->version, manifest->items.size()};
+  std::vector<std::pair<size_t, const std::byte*>> staged;
+  std::byte* at = *memory;
   for (size_t index : *entries) {
     staged.emplace_back(index, at);
     at += weights.entries()[index].tensor.nbytes();

@@ -72,9 +72,10 @@ class LiveWeights {
   Status Apply(const std::vector<std::pair<size_t, const std::byte*>>& staged, uint64_t version);
 
   // Where a received update is staged: at least `bytes`, kept for the next update (an engine
-  // updated every step pays for the memory once); ReleaseStaging frees it. Not thread-safe: one
-  // update at a time.
-  std::byte* Staging(uint64_t bytes);
+  // updated every step pays for the memory once); ReleaseStaging frees it. Errors: OutOfMemory
+  // (the host memory could not be had; none is held then). Not thread-safe: one update at a
+  // time.
+  Result<std::byte*> Staging(uint64_t bytes);
   void ReleaseStaging();
 
  private:

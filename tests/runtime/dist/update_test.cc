@@ -5,6 +5,7 @@
 // each take their part, checked against transformers' own parts (tests/fixtures/tp/cases.json).
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -300,6 +301,41 @@ TEST_CASE("weight update: from a new checkpoint, all at once, after the engine l
   CHECK_THAT(std::string(other.status().message()), Catch::Contains("nothing of version 2"));
   CHECK((*live)->version() == 1);
   CHECK(Check(**live, 0)["tensors_not_of_it"] == 0);
+}
+
+TEST_CASE("weight update: staging memory that cannot be had is an error, not an exception") {
+  auto live = LiveWeights::Of(Named{{"w", torch::zeros({4})}});
+  REQUIRE(live.ok());
+  auto huge = (*live)->Staging(uint64_t{1} << 62);
+  REQUIRE_FALSE(huge.ok());
+  CHECK(huge.status().code() == StatusCode::kOutOfMemory);
+  CHECK_THAT(std::string(huge.status().message()), Catch::Contains("stage a weight update"));
+  auto small = (*live)->Staging(64);  // and the engine can still stage an update after it
+  REQUIRE(small.ok());
+  CHECK(*small != nullptr);
+}
+
+// One rank alone: its broadcasts go nowhere.
+class AloneGroups : public ProcessGroups {
+ public:
+  Exchange& exchange() override { std::abort(); }
+  Result<std::vector<uint64_t>> AllGather(uint64_t v) override {
+    return std::vector<uint64_t>{v};
+  }
+  Status Broadcast(std::span<std::byte>, int) override { return Status::OK(); }
+  const GroupOptions& options() const override { return options_; }
+
+ private:
+  GroupOptions options_;  // rank 0
+};
+
+TEST_CASE("weight update: a trainer whose manifest is too large is told so, in its own words") {
+  AloneGroups alone;
+  auto sent = dist::BroadcastManifest(alone, 0, std::string((64 << 20) + 1, ' '));
+  REQUIRE_FALSE(sent.ok());
+  CHECK_THAT(std::string(sent.status().message()),
+             Catch::Contains("manifest is 67108865 bytes") &&
+                 Catch::Contains("send the tensors in several updates"));
 }
 
 TEST_CASE("weight update: a manifest that is not one is refused, bounded") {
