@@ -47,12 +47,20 @@ Status Advances(uint64_t version, uint64_t live) {
       version, live));
 }
 
-// The engine's checks of an update: which live entry each item writes.
+// An item of an update that another rank's engine keeps (one of its experts): received, passed
+// over here.
+constexpr size_t kElsewhere = SIZE_MAX;
+
+// The engine's checks of an update: which live entry each item writes (kElsewhere: none).
 Result<std::vector<size_t>> EntriesFor(const Manifest& m, const LiveWeights& weights) {
   LOADSTONE_RETURN_IF_ERROR(Advances(m.version, weights.version()));
   std::vector<size_t> entries;
   for (const Item& item : m.items) {
     const LiveWeights::Entry* e = weights.Find(item.name);
+    if (e == nullptr && weights.HeldElsewhere(item.name)) {
+      entries.push_back(kElsewhere);
+      continue;
+    }
     if (e == nullptr) {
       return Status::InvalidArgument(fmt::format(
           "tensor '{}' of update version {} is not one of this engine's weights", item.name,
@@ -87,8 +95,9 @@ Status ReceiveWhole(ProcessGroups& groups, const Manifest& m,
   return Status::OK();
 }
 
-// Some tensors are parts here: each bucket lands in one of two buffers, and this engine's part
-// of each of its tensors is copied to the staging while the next bucket arrives.
+// Some tensors are parts here, or another rank's: each bucket lands in one of two buffers, and
+// this engine's part of each of its tensors is copied to the staging while the next bucket
+// arrives.
 Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights& weights,
                     const std::vector<std::pair<size_t, const std::byte*>>& staged,
                     const WeightUpdateOptions& options, WeightUpdateReport& report) {
@@ -99,8 +108,10 @@ Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights&
     for (size_t i = buckets[k].first; i < buckets[k].second; ++i) {
       const auto& [index, bytes] = staged[i];
       const uint64_t elem = static_cast<uint64_t>(DTypeBits(m.items[i].dtype)) / 8;
-      CopyPartOf(weights.entries()[index].cut, weights.tp_rank(), at,
-                 const_cast<std::byte*>(bytes), elem);
+      if (index != kElsewhere) {
+        CopyPartOf(weights.entries()[index].cut, weights.tp_rank(), at,
+                   const_cast<std::byte*>(bytes), elem);
+      }
       at += m.items[i].nbytes;
     }
   };
@@ -155,6 +166,7 @@ Result<std::unique_ptr<LiveWeights>> LiveWeights::Of(Named tensors, const RankSh
   std::unordered_map<std::string_view, const TensorShard*> cuts;
   if (share != nullptr) {
     for (const TensorShard& s : share->tensors) cuts.emplace(s.name, &s);
+    out->elsewhere_.insert(share->elsewhere.begin(), share->elsewhere.end());
   }
   for (auto& [name, t] : tensors) {
     LOADSTONE_RETURN_IF_ERROR(DTypeOfTensor(name, t).status());
@@ -174,6 +186,10 @@ Result<std::unique_ptr<LiveWeights>> LiveWeights::Of(Named tensors, const RankSh
     out->entries_.push_back({name, std::move(t), std::move(cut)});
   }
   return out;
+}
+
+bool LiveWeights::HeldElsewhere(std::string_view name) const {
+  return elsewhere_.count(std::string(name)) > 0;
 }
 
 uint64_t LiveWeights::version() const {
@@ -274,8 +290,8 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
   uint64_t staging = 0;
   bool whole = true;  // every tensor whole here: the buckets land in the staging as they are
   for (size_t index : entries.ok() ? *entries : std::vector<size_t>()) {
-    staging += weights.entries()[index].tensor.nbytes();
-    whole = whole && weights.entries()[index].cut.dim < 0;
+    whole = whole && index != kElsewhere && weights.entries()[index].cut.dim < 0;
+    if (index != kElsewhere) staging += weights.entries()[index].tensor.nbytes();
   }
   Result<std::byte*> memory =
       entries.ok() ? weights.Staging(staging) : Result<std::byte*>(entries.status());
@@ -285,6 +301,7 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
   std::byte* at = *memory;
   for (size_t index : *entries) {
     staged.emplace_back(index, at);
+    if (index == kElsewhere) continue;
     at += weights.entries()[index].tensor.nbytes();
     report.applied_bytes += weights.entries()[index].tensor.nbytes();
   }
@@ -299,6 +316,7 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
   report.transfer_seconds = Since(start);
   LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, Status::OK(), 1, "receiving the update"));
   const auto apply = Clock::now();
+  std::erase_if(staged, [](const auto& item) { return item.first == kElsewhere; });
   LOADSTONE_RETURN_IF_ERROR(weights.Apply(staged, manifest->version));
   report.apply_seconds = Since(apply);
   return report;

@@ -114,8 +114,9 @@ struct RankShare {
   // its part or row block of each tensor, under the tensor's own name; plan and load this.
   Checkpoint reads;
   // The stage's tensors this rank holds, in the checkpoint's order: all of them, but for the
-  // tensors of other ranks' experts (expert_parallel).
+  // tensors of other ranks' experts (expert_parallel), which `elsewhere` names.
   std::vector<TensorShard> tensors;
+  std::vector<std::string> elsewhere;
   uint64_t read_bytes = 0;        // file bytes this rank reads
   uint64_t split_bytes = 0;       // file bytes of the stage's split tensors (whole), experts too
   uint64_t expert_bytes = 0;      // file bytes of the stage's experts split by expert (all ranks')

@@ -28,6 +28,7 @@
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -52,8 +53,10 @@ class LiveWeights {
 
   // `tensors`: the engine's (e.g. libtorch::PersistentStateDict(model)); `share`: a
   // tensor-parallel rank's (LoadRank's RankLoad::share) — a tensor it names is that rank's part,
-  // any other whole. Errors: InvalidArgument (a tensor not on the CPU or not contiguous, a name
-  // twice, a part whose shape is not the share's), Unsupported (a dtype loadstone lacks).
+  // any other whole, and the tensors it says other ranks hold (their experts) are passed over
+  // when an update brings them. Errors: InvalidArgument (a tensor not on the CPU or not
+  // contiguous, a name twice, a part whose shape is not the share's), Unsupported (a dtype
+  // loadstone lacks).
   static Result<std::unique_ptr<LiveWeights>> Of(
       std::vector<std::pair<std::string, at::Tensor>> tensors, const RankShare* share = nullptr,
       uint64_t version = 0);
@@ -64,6 +67,8 @@ class LiveWeights {
   std::shared_lock<std::shared_mutex> Use() const;
   const std::vector<Entry>& entries() const { return entries_; }
   const Entry* Find(std::string_view name) const;
+  // Whether `name` is a tensor another rank of the engine's group holds (RankShare::elsewhere).
+  bool HeldElsewhere(std::string_view name) const;
   int tp_rank() const { return tp_rank_; }  // which part of each cut this engine holds
 
   // Writes `staged` (entry index → the new bytes of that entry, as many as it holds) as
@@ -81,6 +86,7 @@ class LiveWeights {
  private:
   std::vector<Entry> entries_;
   std::unordered_map<std::string, size_t> index_;  // name → entries_ index
+  std::unordered_set<std::string> elsewhere_;
   uint64_t version_ = 0;
   int tp_rank_ = 0;
   std::unique_ptr<std::byte[]> staging_;
@@ -120,7 +126,8 @@ Result<WeightUpdateReport> SendWeights(
     uint64_t version, const WeightUpdateOptions& options = {});
 
 // An engine rank's side of SendWeights: every tensor of the update must be one of `weights`'
-// (its full shape and dtype), and the version greater than theirs; its part of each is staged
+// (its full shape and dtype) or one another rank holds (HeldElsewhere: received, not kept), and
+// the version greater than theirs; its part of each is staged
 // as the buckets arrive, then all written at once. Errors: InvalidArgument (a tensor the engine
 // lacks or of another shape or dtype, a version not past the live one — every rank refuses the
 // update), IOError (a rank that refused or died: the trainer's error says why), and nothing of

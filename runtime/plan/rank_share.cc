@@ -340,7 +340,10 @@ Result<RankShare> ShareOf(const Checkpoint& checkpoint, const ParallelOptions& o
     if (const std::optional<int> owner = experts.OwnerOf(t.name)) {
       share.split_bytes += t.nbytes;
       share.expert_bytes += t.nbytes;
-      if (*owner != share.tp_rank) continue;
+      if (*owner != share.tp_rank) {
+        share.elsewhere.push_back(t.name);
+        continue;
+      }
       share.tensors.push_back({t.name, "grouped_gemm", t.shape, t.shape});
       reads.push_back(t);
       continue;

@@ -1,8 +1,9 @@
 // Weight updates in place (loadstone/weight_update.h) across processes over c10d on 127.0.0.1: a
 // trainer process sends new weights into an engine process whose model LoadInto filled, then an
 // update the engine must refuse and a trainer that dies mid-update — the engine ends each with
-// every tensor of one version and that version's number; and tensor-parallel engine ranks that
-// each take their part, checked against transformers' own parts (tests/fixtures/tp/cases.json).
+// every tensor of one version and that version's number; tensor-parallel engine ranks that
+// each take their part, checked against transformers' own parts (tests/fixtures/tp/cases.json);
+// expert-parallel engine ranks that keep only their experts.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -255,6 +256,80 @@ TEST_CASE("weight update: tensor-parallel engine ranks each take transformers' p
             expected);
     }
     CHECK(report["applied_bytes"] == bytes);  // its parts only
+  }
+}
+
+// Expert-parallel engine ranks (tp 2 --ep over the qwen3-moe fixture) take an update of the
+// whole model from a trainer (rank 0 of 3): each keeps its experts and its parts, and passes
+// over the other rank's experts.
+void EpEngine(int rank, int port, const std::string& out) {
+  const std::string moe = testing::kTpModels + "qwen3-moe";
+  auto ckpt = Checkpoint::Open(moe);
+  auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .rank = rank - 1, .tp = 2,
+                                              .expert_parallel = true});
+  auto state = libtorch::LoadStateDict(moe);
+  if (!share.ok() || !state.ok()) return;
+  Named parts;
+  for (const TensorShard& s : share->tensors) {
+    parts.emplace_back(s.name, torch::zeros(std::vector<int64_t>(s.shape.begin(),
+                                                                 s.shape.end())));
+  }
+  auto live = LiveWeights::Of(parts, &*share);
+  auto groups = Connect(3, rank, port);
+  if (!live.ok() || groups == nullptr) return;
+  nlohmann::json report;
+  auto got = ReceiveWeights(*groups, **live);
+  report["status"] = got.ok() ? "OK" : got.status().ToString();
+  report["applied_bytes"] = got.ok() ? got->applied_bytes : 0;
+  report["elsewhere"] = share->elsewhere.size();
+  uint64_t wrong = 0;
+  uint64_t bytes = 0;
+  for (const LiveWeights::Entry& e : (*live)->entries()) {
+    at::Tensor full;
+    for (const auto& [name, t] : state->tensors) {
+      if (name == e.name) full = (t * 2.0 + 1.0).contiguous();
+    }
+    at::Tensor part = torch::empty_like(e.tensor);
+    CopyPartOf(e.cut, share->tp_rank, static_cast<const std::byte*>(full.data_ptr()),
+               static_cast<std::byte*>(part.data_ptr()), 4);
+    if (!torch::equal(part, e.tensor)) ++wrong;
+    bytes += static_cast<uint64_t>(e.tensor.nbytes());
+  }
+  report["wrong"] = wrong;
+  report["held_bytes"] = bytes;
+  std::ofstream(out) << report.dump();
+}
+
+TEST_CASE("weight update: expert-parallel engines keep their experts, pass over the others'") {
+  testing::TempDir dir;
+  const int port = testing::FreshPort(25);
+  bool ended = false;
+  testing::ForkRanks(3, [&](int r) {
+    if (r == 0) {
+      auto groups = Connect(3, 0, port);
+      auto state = libtorch::LoadStateDict(testing::kTpModels + "qwen3-moe");
+      if (groups == nullptr || !state.ok()) return;
+      Named tensors;
+      for (auto& [name, t] : state->tensors) {
+        tensors.emplace_back(name, (t * 2.0 + 1.0).contiguous());
+      }
+      WeightUpdateOptions options;
+      options.bucket_bytes = 512;
+      options.alone_bytes = 256;
+      (void)SendWeights(*groups, tensors, 1, options);
+      return;
+    }
+    EpEngine(r, port, dir.path() + "/" + std::to_string(r));
+  }, &ended);
+  CHECK(ended);
+  for (int e : {1, 2}) {
+    const nlohmann::json report = testing::ReadReport(dir.path() + "/" + std::to_string(e));
+    INFO("engine rank " << e << ": " << report.dump());
+    REQUIRE(report.is_object());
+    CHECK(report["status"] == "OK");
+    CHECK(report["elsewhere"] == 2 * 2 * 3);  // the other rank's experts: 2 layers × 2 × 3
+    CHECK(report["wrong"] == 0);
+    CHECK(report["applied_bytes"] == report["held_bytes"]);  // its own tensors only
   }
 }
 
