@@ -158,6 +158,19 @@ void LiveWeights::ReleaseStaging() {
   staging_bytes_ = 0;
 }
 
+namespace {
+
+// A cut that gives every rank all of its dimension (ReadMode::kOnce's replicated tensors): whole.
+bool WholeOnEveryRank(const TensorShard& cut) {
+  if (cut.dim < 0) return true;
+  const uint64_t n = cut.full_shape[static_cast<size_t>(cut.dim)];
+  return std::all_of(cut.cuts.begin(), cut.cuts.end(), [n](const auto& intervals) {
+    return intervals.size() == 1 && intervals[0] == std::pair<uint64_t, uint64_t>{0, n};
+  });
+}
+
+}  // namespace
+
 Result<std::unique_ptr<LiveWeights>> LiveWeights::Of(Named tensors, const RankShare* share,
                                                      uint64_t version) {
   auto out = std::unique_ptr<LiveWeights>(new LiveWeights());
@@ -177,6 +190,7 @@ Result<std::unique_ptr<LiveWeights>> LiveWeights::Of(Named tensors, const RankSh
     for (int64_t d : t.sizes()) shape.push_back(static_cast<uint64_t>(d));
     TensorShard cut{name, "", shape, shape};
     if (auto it = cuts.find(name); it != cuts.end()) cut = *it->second;
+    if (WholeOnEveryRank(cut)) cut.dim = -1;  // read once: a replicated tensor "split" whole
     if (cut.shape != shape) {
       return Status::InvalidArgument(fmt::format(
           "tensor '{}' is {}, and its tensor-parallel part is {}: give the rank's own parts",

@@ -378,6 +378,25 @@ TEST_CASE("weight update: from a new checkpoint, all at once, after the engine l
   CHECK(Check(**live, 0)["tensors_not_of_it"] == 0);
 }
 
+TEST_CASE("weight update: a read-once share's replicated tensors are whole to an engine") {
+  auto ckpt = Checkpoint::Open(kLlama);
+  REQUIRE(ckpt.ok());
+  auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .rank = 1, .tp = 2,
+                                              .read_mode = ReadMode::kOnce});
+  REQUIRE(share.ok());
+  Named parts;
+  for (const TensorShard& s : share->tensors) {
+    parts.emplace_back(s.name, torch::zeros(std::vector<int64_t>(s.shape.begin(),
+                                                                 s.shape.end())));
+  }
+  auto live = LiveWeights::Of(parts, &*share);
+  REQUIRE(live.ok());
+  // Read once sends a replicated tensor as a split whose every part is all of it: the engine
+  // takes it whole (received straight into its staging), a split one as its part.
+  CHECK((*live)->Find("model.norm.weight")->cut.dim == -1);
+  CHECK((*live)->Find("model.layers.0.self_attn.q_proj.weight")->cut.dim == 0);
+}
+
 TEST_CASE("weight update: staging memory that cannot be had is an error, not an exception") {
   auto live = LiveWeights::Of(Named{{"w", torch::zeros({4})}});
   REQUIRE(live.ok());
