@@ -197,6 +197,40 @@ TEST_CASE("read once: a float8 weight with scales and its scales are read by eve
   CHECK(Plan(share->reads, RankPlanOptions(options)).ok());
 }
 
+// A float8 checkpoint with scales (compressed-tensors: per tensor, channel, group, 128 × 128
+// block) on 2 ranks, cast to bf16, each rank reading its own or read once: every rank holds
+// every weight whole (no rule splits them), dequantized as compressed-tensors dequantizes them
+// (float_expected.safetensors, its producer's values).
+TEST_CASE("tensor parallel: a float8 checkpoint, replicated, dequantized on every rank") {
+  const std::string fixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/ct/";
+  const auto expected = LoadGroup(fixtures + "float_expected.safetensors", Layout{}, "",
+                                  DType::kBF16);
+  REQUIRE(expected[0].status.ok());
+  for (const ReadMode mode : {ReadMode::kEachRank, ReadMode::kOnce}) {
+    const auto results = LoadGroup(fixtures + "float.safetensors", Layout{2, 2, 1, mode}, "{}",
+                                   DType::kBF16);
+    for (const RankResult& me : results) {
+      INFO("rank " << me.share.tp_rank << " " << ReadModeName(mode) << ": "
+                   << me.status.ToString());
+      REQUIRE(me.status.ok());
+      size_t weights = 0;
+      for (const Tensor& t : me.tensors) {
+        if (!t.name().ends_with(".weight")) continue;
+        INFO(t.name());
+        ++weights;
+        const Tensor* want = nullptr;
+        for (const Tensor& e : expected[0].tensors) {
+          if (e.name() == t.name() + ".bf16") want = &e;
+        }
+        REQUIRE(want != nullptr);
+        CHECK(t.shape() == want->shape());
+        CHECK(Values(t) == Values(*want));
+      }
+      CHECK(weights == 4);
+    }
+  }
+}
+
 TEST_CASE("read modes: the cost model takes the faster of each-rank and once") {
   auto ckpt = Checkpoint::Open(kTpModels + "llama");
   REQUIRE(ckpt.ok());
