@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <exception>
+#include <set>
 #include <string_view>
 #include <unordered_set>
 
@@ -207,11 +208,16 @@ uint64_t SplitHash(const RankShare& share, const LoadPlan& plan) {
       for (const auto& [lo, hi] : cut) h.Mix(lo), h.Mix(hi);
     }
   }
+  std::set<uint64_t> expert_dtypes;  // what every rank's experts load as (the --dtype rules)
   for (const TensorPlan& t : plan.tensors) {
-    if (experts.count(share.reads.tensors()[t.source].name) > 0) continue;
+    if (experts.count(share.reads.tensors()[t.source].name) > 0) {
+      expert_dtypes.insert(static_cast<uint64_t>(t.dtype));
+      continue;
+    }
     h.Mix(share.reads.tensors()[t.source].name);
     h.Mix(static_cast<uint64_t>(t.dtype));
   }
+  for (uint64_t d : expert_dtypes) h.Mix(d);
   return h.value();
 }
 

@@ -8,6 +8,7 @@
 #include <future>
 #include <new>
 #include <span>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -95,14 +96,32 @@ Status ReceiveWhole(ProcessGroups& groups, const Manifest& m,
   return Status::OK();
 }
 
+// The parts path's two bucket buffers, each as large as the largest bucket; `staging` passed
+// through, or OutOfMemory.
+Result<std::byte*> ReserveBuckets(const Manifest& m, std::vector<std::byte> (&buffers)[2],
+                                  std::byte* staging) {
+  uint64_t largest = 0;
+  for (const auto& bucket : Buckets(m)) largest = std::max(largest, BucketBytes(m, bucket));
+  try {
+    for (auto& buffer : buffers) buffer.resize(largest);
+  } catch (const std::bad_alloc&) {
+    return Status::OutOfMemory(fmt::format(
+        "2 × {} bytes of host memory to receive a weight update's buckets could not be had: free "
+        "memory on this engine, or send smaller buckets (WeightUpdateOptions::bucket_bytes, "
+        "alone_bytes)",
+        largest));
+  }
+  return staging;
+}
+
 // Some tensors are parts here, or another rank's: each bucket lands in one of two buffers, and
 // this engine's part of each of its tensors is copied to the staging while the next bucket
 // arrives.
 Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights& weights,
                     const std::vector<std::pair<size_t, const std::byte*>>& staged,
-                    const WeightUpdateOptions& options, WeightUpdateReport& report) {
+                    std::vector<std::byte> (&buffers)[2], const WeightUpdateOptions& options,
+                    WeightUpdateReport& report) {
   const auto buckets = Buckets(m);
-  std::vector<std::byte> buffers[2];
   auto stage = [&](size_t k, size_t b) {
     const std::byte* at = buffers[b].data();
     for (size_t i = buckets[k].first; i < buckets[k].second; ++i) {
@@ -121,13 +140,16 @@ Status ReceiveParts(ProcessGroups& groups, const Manifest& m, const LiveWeights&
     const uint64_t n = BucketBytes(m, buckets[k]);
     if (n == 0) continue;  // as the trainer: nothing to send, no broadcast
     const size_t b = received++ % 2;
-    std::vector<std::byte>& buf = buffers[b];
-    buf.resize(n);
+    const std::span<std::byte> buf(buffers[b].data(), n);  // sized before the agreement
     Status status = groups.Broadcast(buf, options.trainer_rank);
     if (staging.valid()) staging.get();
     LOADSTONE_RETURN_IF_ERROR(status);
-    report.received_bytes += buf.size();
-    staging = std::async(std::launch::async, stage, k, b);
+    report.received_bytes += n;
+    try {
+      staging = std::async(std::launch::async, stage, k, b);
+    } catch (const std::system_error&) {  // no thread to be had: stage it here
+      stage(k, b);
+    }
   }
   if (staging.valid()) staging.get();
   return Status::OK();
@@ -309,6 +331,8 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
   }
   Result<std::byte*> memory =
       entries.ok() ? weights.Staging(staging) : Result<std::byte*>(entries.status());
+  std::vector<std::byte> buffers[2];  // the parts path's: the largest bucket, twice
+  if (memory.ok() && !whole) memory = ReserveBuckets(*manifest, buffers, *memory);
   LOADSTONE_RETURN_IF_ERROR(dist::Agree(groups, memory.status(), 1, "checking the update"));
   WeightUpdateReport report{manifest->version, manifest->items.size()};
   std::vector<std::pair<size_t, const std::byte*>> staged;
@@ -321,7 +345,8 @@ Result<WeightUpdateReport> ReceiveWeights(ProcessGroups& groups, LiveWeights& we
   }
   const auto start = Clock::now();
   Status status = whole ? ReceiveWhole(groups, *manifest, staged, options, report)
-                        : ReceiveParts(groups, *manifest, weights, staged, options, report);
+                        : ReceiveParts(groups, *manifest, weights, staged, buffers, options,
+                                       report);
   if (!status.ok()) {
     return status.WithContext(fmt::format(
         "receiving weight update version {} (the weights stay at version {})",

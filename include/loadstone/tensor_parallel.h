@@ -119,7 +119,9 @@ struct RankShare {
   std::vector<std::string> elsewhere;
   uint64_t read_bytes = 0;        // file bytes this rank reads
   uint64_t split_bytes = 0;       // file bytes of the stage's split tensors (whole), experts too
-  uint64_t expert_bytes = 0;      // file bytes of the stage's experts split by expert (all ranks')
+  // File bytes of the stage's one-expert tensors (every rank's; in split_bytes): each read by
+  // its own rank only, never exchanged.
+  uint64_t expert_bytes = 0;
   uint64_t replicated_bytes = 0;  // file bytes of the stage's tensors every rank of it reads whole
   uint64_t exchanged_bytes = 0;   // file bytes of the stage's exchanged tensors (whole)
 };

@@ -65,9 +65,29 @@ std::optional<ExpertTensor> ExpertTensorOf(std::string_view name) {
       index = index * 10 + static_cast<uint64_t>(name[i++] - '0');
     }
     if (i == digits || i >= name.size() || name[i] != '.') continue;
-    return ExpertTensor{std::string(name.substr(0, at + kExperts.size() - 1)), index};
+    if (name[digits] == '0' && i - digits > 1) continue;  // "01": not how an index is written
+    const std::string_view rest = name.substr(i + 1);
+    return ExpertTensor{std::string(name.substr(0, at + kExperts.size() - 1)), index,
+                        std::string(rest.substr(0, rest.find('.')))};
   }
   return std::nullopt;
+}
+
+bool SplitsByExpert(const TpPlan& plan, const ExpertTensor& e) {
+  std::string_view fused;
+  for (std::string_view m : {"gate_proj", "up_proj", "w1", "w3"}) {
+    if (e.module == m) fused = "gate_up_proj";
+  }
+  if (e.module == "down_proj" || e.module == "w2") fused = "down_proj";
+  if (fused.empty()) return plan.SplitsExperts(e.experts);
+  std::string param = e.experts;
+  constexpr std::string_view kMixtral = ".block_sparse_moe.";  // WeightRenaming → ".mlp."
+  if (const size_t at = param.find(kMixtral); at != std::string::npos) {
+    param.replace(at, kMixtral.size(), ".mlp.");
+  }
+  param += '.';
+  param += fused;
+  return plan.Lookup(param) == TpStyle::kGroupedGemm;
 }
 
 Result<ExpertOwners> ExpertOwners::Of(std::span<const std::string> names, const TpPlan& plan,
@@ -75,10 +95,11 @@ Result<ExpertOwners> ExpertOwners::Of(std::span<const std::string> names, const 
   std::unordered_map<std::string, std::unordered_set<uint64_t>> seen;
   for (const std::string& name : names) {
     auto expert = ExpertTensorOf(name);
-    if (!expert || !plan.SplitsExperts(expert->experts)) continue;
+    if (!expert || !SplitsByExpert(plan, *expert)) continue;
     seen[expert->experts].insert(expert->index);
   }
   ExpertOwners out;
+  out.plan_ = plan;
   for (const auto& [module, indices] : seen) {
     const uint64_t n = indices.size();
     const uint64_t top = *std::max_element(indices.begin(), indices.end());
@@ -102,7 +123,7 @@ Result<ExpertOwners> ExpertOwners::Of(std::span<const std::string> names, const 
 std::optional<int> ExpertOwners::OwnerOf(std::string_view name) const {
   if (per_rank_.empty()) return std::nullopt;
   const auto expert = ExpertTensorOf(name);
-  if (!expert) return std::nullopt;
+  if (!expert || !SplitsByExpert(plan_, *expert)) return std::nullopt;
   const auto it = per_rank_.find(expert->experts);
   if (it == per_rank_.end()) return std::nullopt;
   return static_cast<int>(expert->index / it->second);

@@ -1,7 +1,7 @@
-// Expert parallelism as Hugging Face transformers (5.25) applies it with ep_size = tp_size (its
-// deprecated enable_expert_parallel): the model's ep plan over its tp plan, grouped_gemm on the
-// stacked experts (tp_rules.h), and — for checkpoints that store one tensor per expert — which
-// rank of a group holds each expert: experts [r·E/tp, (r+1)·E/tp) on rank r, whole. The reference
+// Expert parallelism as Hugging Face transformers (5.25) applies it with ep_size = tp_size
+// (DistributedConfig(tp_size=T, ep_size=T)): the model's ep plan over its tp plan, grouped_gemm
+// on the stacked experts (tp_rules.h), and — for checkpoints that store one tensor per expert —
+// which rank of a group holds each expert: experts [r·E/tp, (r+1)·E/tp) on rank r, whole. The reference
 // is transformers itself: tests/fixtures/make_ep_fixtures.py records what its from_pretrained
 // loads on each rank (tests/fixtures/tp/ep_cases.json). Pure functions.
 #ifndef LOADSTONE_RUNTIME_PLAN_EP_RULES_H_
@@ -19,11 +19,9 @@
 
 namespace loadstone::planning {
 
-// Expert parallelism as transformers applies it with ep_size = tp_size (its deprecated
-// enable_expert_parallel): the model's ep plan — config.json's base_model_ep_plan, else the model
-// type's built-in one (DefaultBaseEpPlan), its keys under "model." as the tp plan's — over the
-// tp plan, whose entries for a module of the ep plan or under one are dropped ("EP rules take
-// precedence"). Errors: InvalidArgument (a bad plan), NotFound (no ep plan known for the type).
+// The model's ep plan — config.json's base_model_ep_plan, else the model type's built-in one
+// (DefaultBaseEpPlan), its keys under "model." as the tp plan's — over the tp plan, whose
+// entries for a module of the ep plan or under one are dropped ("EP rules take precedence"). Errors: InvalidArgument (a bad plan), NotFound (no ep plan known for the type).
 std::optional<TpPlan> DefaultBaseEpPlan(std::string_view model_type);
 Result<TpPlan> EpPlanFromConfig(std::string_view config_json, std::span<const std::string> names);
 Result<TpPlan> WithExpertPlan(const TpPlan& tp, const TpPlan& ep);
@@ -34,13 +32,21 @@ Result<TpPlan> WithExpertPlan(const TpPlan& tp, const TpPlan& ep);
 struct ExpertTensor {
   std::string experts;
   uint64_t index = 0;
+  std::string module;  // the name's component after the index ("gate_proj")
 };
 std::optional<ExpertTensor> ExpertTensorOf(std::string_view name);
 
-// Which rank of a group of `tp` holds each expert of the experts modules `plan` splits
-// (TpPlan::SplitsExperts), for the tensors among `names` that are one expert's.
+// Whether `plan` splits one expert's tensor `e` by expert: the stacked parameter transformers
+// merges it into (its conversion mapping: gate_proj, up_proj, Mixtral's w1, w3 → gate_up_proj;
+// down_proj, w2 → down_proj) has grouped_gemm; for a module of another name, any parameter of the
+// experts module has.
+bool SplitsByExpert(const TpPlan& plan, const ExpertTensor& e);
+
+// Which rank of a group of `tp` holds each expert, for the tensors among `names` that are one
+// expert's and that `plan` splits by expert (SplitsByExpert).
 class ExpertOwners {
  public:
+  ExpertOwners() = default;
   // Errors: InvalidArgument naming the module when its experts are not 0 .. E-1 each stored or E
   // does not divide by tp (transformers: "Cannot evenly shard").
   static Result<ExpertOwners> Of(std::span<const std::string> names, const TpPlan& plan, int tp);
@@ -49,6 +55,7 @@ class ExpertOwners {
   std::optional<int> OwnerOf(std::string_view name) const;
 
  private:
+  TpPlan plan_;
   std::unordered_map<std::string, uint64_t> per_rank_;  // experts module → experts a rank holds
 };
 

@@ -108,10 +108,36 @@ Result<std::optional<int>> ConfigCount(const nlohmann::json& config, const char*
   return std::optional<int>(at->get<int>());
 }
 
+// A stack of multi-token-prediction layers kept apart ("model.mtp_layers.", "mtp.layers."): a
+// name component that is "mtp" or starts with "mtp_".
+bool IsMtpStack(std::string_view stack) {
+  for (size_t start = 0; start < stack.size();) {
+    const size_t dot = std::min(stack.find('.', start), stack.size());
+    const std::string_view part = stack.substr(start, dot - start);
+    if (part == "mtp" || part.starts_with("mtp_")) return true;
+    start = dot + 1;
+  }
+  return false;
+}
+
+// Where the tensors of another stack than the decoder's start: the stack's name to the first
+// component that differs from the decoder's ("model.visual.blocks." beside "model.layers." →
+// "model.visual."); empty when it has no component of its own.
+std::string RootOf(std::string_view stack, std::string_view decoder) {
+  size_t common = 0;  // the shared whole components
+  for (size_t i = 0; i < stack.size() && i < decoder.size() && stack[i] == decoder[i]; ++i) {
+    if (stack[i] == '.') common = i + 1;
+  }
+  const size_t dot = stack.find('.', common);
+  // None when the stack is the shared part itself ("model." of "model.0.w"): it names no tower.
+  return dot == std::string_view::npos ? std::string() : std::string(stack.substr(0, dot + 1));
+}
+
 // The decoder's stack among the numbered names: one whose distinct layers count `want` (or
-// `want_mtp`) when the config gives them, the one of most tensors among those, else of all.
+// `want_mtp`) when the config gives them, the one of most tensors among those, else of all; an
+// MTP stack never. The other stacks' roots go to `encoders`.
 std::string DecoderStack(std::span<const std::string> names, std::optional<int> want,
-                         int want_mtp) {
+                         int want_mtp, std::vector<std::string>& encoders) {
   std::map<std::string_view, std::pair<std::set<int>, size_t>> stacks;
   for (const std::string& n : names) {
     if (!LayerOf(n)) continue;
@@ -122,10 +148,15 @@ std::string DecoderStack(std::span<const std::string> names, std::optional<int> 
   std::string_view best;
   std::pair<bool, size_t> best_key{false, 0};
   for (const auto& [stack, seen] : stacks) {
+    if (IsMtpStack(stack)) continue;
     const int count = static_cast<int>(seen.first.size());
     const bool fits = want && (count == *want || count == want_mtp);
     const std::pair<bool, size_t> key{fits, seen.second};
     if (key > best_key) best = stack, best_key = key;
+  }
+  for (const auto& [stack, seen] : stacks) {
+    if (stack == best || IsMtpStack(stack)) continue;
+    if (std::string root = RootOf(stack, best); !root.empty()) encoders.push_back(root);
   }
   return std::string(best);
 }
@@ -149,7 +180,7 @@ Result<PpModel> PpModelOf(std::string_view config_json, std::span<const std::str
     }
   }
   const int with_mtp = configured.value_or(0) + model.mtp;
-  model.stack = DecoderStack(names, configured, with_mtp);
+  model.stack = DecoderStack(names, configured, with_mtp, model.encoders);
   int highest = -1;
   const std::string* beyond = nullptr;
   for (const std::string& n : names) {
@@ -175,11 +206,15 @@ Result<PpModel> PpModelOf(std::string_view config_json, std::span<const std::str
 bool OnStage(std::string_view name, const PpModel& model,
              std::span<const std::pair<int, int>> ranges, int stage) {
   const int last = static_cast<int>(ranges.size()) - 1;
-  if (const std::optional<int> layer = LayerOf(name)) {
-    if (!model.stack.empty() && StackOf(name) != model.stack) return stage == 0;  // encoder
-    if (*layer >= model.layers) return stage == last;     // an MTP layer, after the head
+  const std::optional<int> layer = LayerOf(name);
+  if (layer && (model.stack.empty() || StackOf(name) == model.stack)) {
+    if (*layer >= model.layers) return stage == last;  // an MTP layer, after the head
     const auto& [first, end] = ranges[static_cast<size_t>(stage)];
     return *layer >= first && *layer < end;
+  }
+  if (layer && IsMtpStack(StackOf(name))) return stage == last;
+  for (const std::string& root : model.encoders) {  // an encoder: the first layer takes its output
+    if (name.starts_with(root)) return stage == 0;
   }
   if (IsInputEmbedding(name)) return stage == 0 || (model.tied && stage == last);
   return stage == last;

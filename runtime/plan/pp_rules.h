@@ -47,6 +47,8 @@ struct PpModel {
   bool tied = false;
   std::string stack;  // the decoder's StackOf ("model.layers."); empty: every numbered tensor
   int mtp = 0;        // layers [layers, layers + mtp) (DeepSeek's MTP layer 61): the last stage
+  // Where the other stacks' tensors start ("model.visual."): an encoder, on the first stage.
+  std::vector<std::string> encoders;
 };
 
 // From config.json (`num_hidden_layers`, else `text_config.num_hidden_layers`;
@@ -55,15 +57,16 @@ struct PpModel {
 // (with or without its MTP layers), the one of most tensors among those or without a config; the
 // layer count is the config's, else one past the stack's highest layer; tied is the config's,
 // else whether no tensor is named "lm_head.weight". Tensors of another stack (a vision tower's
-// blocks) are not decoder layers. Errors: InvalidArgument (a config that is not an object or
-// holds a bad value; a decoder tensor of a layer past the config's count and its MTP layers),
-// naming the file.
+// blocks) are not decoder layers; a stack named "mtp…" is never the decoder's. Errors:
+// InvalidArgument (a config that is not an object or holds a bad value; a decoder tensor of a
+// layer past the config's count and its MTP layers), naming the file.
 Result<PpModel> PpModelOf(std::string_view config_json, std::span<const std::string> names);
 
 // Whether stage `stage` of the ranges' holds tensor `name`: a decoder layer's on the stage of its
-// layer (an MTP layer on the last); the input embeddings and the tensors of another stack (an
-// encoder whose output the first layer takes) on the first stage, the embeddings on the last too
-// when tied; every other tensor on the last.
+// layer (an MTP layer on the last, in the decoder's stack or one of its own); the input
+// embeddings and everything under another stack's root (an encoder whose output the first layer
+// takes: "model.visual." of "model.visual.blocks.3") on the first stage, the embeddings on the
+// last too when tied; every other tensor on the last.
 bool OnStage(std::string_view name, const PpModel& model,
              std::span<const std::pair<int, int>> ranges, int stage);
 

@@ -95,6 +95,11 @@ Result<TpPlan> PlanFor(const Checkpoint& checkpoint, const ParallelOptions& opti
     if (!from_config.ok()) return from_config.status().WithContext(checkpoint.config().path);
     ep = std::move(*from_config);
   }
+  if (ep.empty()) {  // transformers refuses it too: ep_size > 1 with no ep plan
+    return Status::InvalidArgument(
+        "the expert-parallel plan is empty, so --ep would split nothing: give one that names "
+        "the experts (grouped_gemm), or load without --ep");
+  }
   return planning::WithExpertPlan(tp, ep);
 }
 
@@ -258,7 +263,6 @@ Status AddTensor(const Checkpoint& checkpoint, const TensorInfo& t,
   (shard.dim < 0 ? share.replicated_bytes : share.split_bytes) += t.nbytes;
   if (once) ReadOnce(t, quant, shard, share.tp_rank, tp, reads);
   if (shard.exchanged) share.exchanged_bytes += t.nbytes;
-  if (style == planning::TpStyle::kGroupedGemm) share.expert_bytes += t.nbytes;
   share.tensors.push_back(std::move(shard));
   return Status::OK();
 }
@@ -287,9 +291,10 @@ ReadModeCost EstimateReadModes(const RankShare& each, double read_bytes_per_s,
   cost.each_seconds = (split + tp * replicated) / read +
                       static_cast<double>(each.exchanged_bytes) / tp * (tp - 1) / tp / link;
   // Once: the stage read once; its first rank sends the others their parts of the split tensors
-  // and the replicated ones whole.
+  // (but one expert's tensors, which their own rank reads) and the replicated ones whole.
+  const double sent = split - static_cast<double>(each.expert_bytes);
   cost.once_seconds =
-      (split + replicated) / read + (split * (tp - 1) / tp + replicated * (tp - 1)) / link;
+      (split + replicated) / read + (sent * (tp - 1) / tp + replicated * (tp - 1)) / link;
   return cost;
 }
 

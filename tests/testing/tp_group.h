@@ -55,12 +55,13 @@ struct Layout {
   int pp = 1;
   ReadMode mode = ReadMode::kEachRank;
   bool ep = false;  // expert parallelism over each tensor-parallel group
+  std::string ep_plan;  // with ep: the plan given (ParallelOptions::ep_plan_json)
 };
 
 // Every rank loads its share of `folder` and each tensor-parallel group exchanges, one thread a
 // rank.
-inline std::vector<RankResult> LoadGroup(const std::string& folder, Layout l, const std::string& plan,
-                                  DType dtype) {
+inline std::vector<RankResult> LoadGroup(const std::string& folder, Layout l,
+                                         const std::string& plan, DType dtype) {
   auto ckpt = Checkpoint::Open(folder);
   REQUIRE(ckpt.ok());
   Loader loader;
@@ -73,7 +74,8 @@ inline std::vector<RankResult> LoadGroup(const std::string& folder, Layout l, co
     // Several buckets of 300 bytes, even for these small models.
     const ParallelOptions par{.world_size = l.world, .rank = r, .tp = l.tp, .pp = l.pp,
                               .tp_plan_json = plan, .expert_parallel = l.ep,
-                              .bucket_bytes = 300, .read_mode = l.mode};
+                              .ep_plan_json = l.ep_plan, .bucket_bytes = 300,
+                              .read_mode = l.mode};
     auto share = ShareOf(*ckpt, par);
     REQUIRE(share.ok());
     PlanOptions options;

@@ -262,9 +262,8 @@ int RunLoad(const LoadArgs& args) {
   if (args.rank.dist_only_given && !args.rank.asked()) {
     return ReportError(Status::InvalidArgument(
         "--master, --tp-plan, --ep, --ep-plan, --pp-layers, --read-mode and --dist-timeout belong "
-        "to a tensor- or "
-        "pipeline-parallel load: give --tp or --pp (and --world-size / --rank, or run the ranks "
-        "with loadstone launch -n N)"));
+        "to a tensor- or pipeline-parallel load: give --tp or --pp (and --world-size / --rank, or "
+        "run the ranks with loadstone launch -n N)"));
   }
   if (args.rank.asked()) {
     if (args.trace_given) {

@@ -10,6 +10,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -53,32 +54,15 @@ std::map<std::string, std::vector<float>> FullTensors(const std::string& name) {
   return out;
 }
 
+// Each rank of `world` loads model folder `folder` under expert parallelism (`ep_plan`: given
+// by hand, else config.json's) and must hold what transformers holds in case `name`.
 void CheckAgainstTransformers(const std::string& name, int world, ReadMode mode,
-                              const std::string& ep_plan = "") {
+                              const std::string& folder = "", const std::string& ep_plan = "") {
   const nlohmann::json& model = EpCase(name);
-  const auto full = FullTensors(name);
-  Layout layout{world, world, 1, mode, /*ep=*/true};
-  std::vector<RankResult> results;
-  if (ep_plan.empty()) {
-    results = LoadGroup(kTpModels + name, layout, "", DType::kF32);
-  } else {  // the plan transformers resolved, given by hand (--ep-plan)
-    auto ckpt = Checkpoint::Open(kTpModels + name);
-    REQUIRE(ckpt.ok());
-    ParallelOptions par{.world_size = world, .rank = 0, .tp = world, .expert_parallel = true,
-                        .ep_plan_json = ep_plan};
-    auto by_hand = ShareOf(*ckpt, par);
-    REQUIRE(by_hand.ok());
-    par.ep_plan_json.clear();
-    auto from_config = ShareOf(*ckpt, par);
-    REQUIRE(from_config.ok());
-    REQUIRE(by_hand->tensors.size() == from_config->tensors.size());
-    for (size_t i = 0; i < by_hand->tensors.size(); ++i) {
-      CHECK(by_hand->tensors[i].name == from_config->tensors[i].name);
-      CHECK(by_hand->tensors[i].shape == from_config->tensors[i].shape);
-    }
-    CHECK(by_hand->read_bytes == from_config->read_bytes);
-    return;
-  }
+  const std::string dir = folder.empty() ? name : folder;
+  const auto full = FullTensors(dir);
+  const auto results = LoadGroup(kTpModels + dir, Layout{world, world, 1, mode, true, ep_plan},
+                                 "", DType::kF32);
   uint64_t read = 0;
   for (int r = 0; r < world; ++r) {
     const RankResult& me = results[r];
@@ -88,7 +72,7 @@ void CheckAgainstTransformers(const std::string& name, int world, ReadMode mode,
     REQUIRE(me.status.ok());
     CHECK(me.handled_bytes == me.share.read_bytes);  // the reader read its share, no more
     read += me.share.read_bytes;
-    CHECK(me.share.expert_bytes > 0);
+    CHECK((me.share.expert_bytes > 0) == (dir != "gpt-oss"));  // stacked experts: plain splits
     REQUIRE(me.tensors.size() == held.size());  // transformers' tensors, no other expert's
     for (const Tensor& t : me.tensors) {
       INFO(t.name());
@@ -128,8 +112,62 @@ TEST_CASE("expert parallel: read once, each expert's tensors read by its own ran
 
 TEST_CASE("expert parallel: the ep plan transformers resolved, given by hand, splits the same") {
   for (const char* name : {"qwen3-moe", "mixtral", "gpt-oss"}) {
-    CheckAgainstTransformers(name, 2, ReadMode::kEachRank, EpCase(name)["ep_plan"].dump());
+    const nlohmann::json& model = EpCase(name);
+    CheckAgainstTransformers(name, 2, ReadMode::kEachRank, name, model["ep_plan"].dump());
   }
+}
+
+TEST_CASE("expert parallel: a plan that keeps the experts' down_proj whole, as transformers does") {
+  // transformers' ep plan with DistributedConfig(ep_plan=...)'s override merged over it: the
+  // per-expert down_proj tensors go to every rank, gate_proj / up_proj to their expert's.
+  const nlohmann::json& model = EpCase("qwen3-moe-down-replicated");
+  nlohmann::json plan = EpCase("qwen3-moe")["ep_plan"];
+  for (const auto& [key, style] : model["ep_plan_override"].items()) plan[key] = style;
+  CheckAgainstTransformers("qwen3-moe-down-replicated", 2, ReadMode::kEachRank, "qwen3-moe",
+                           plan.dump());
+}
+
+TEST_CASE("expert × pipeline parallel: 2 stages of 2, each rank its stage's experts") {
+  const nlohmann::json& held = EpCase("qwen3-moe")["worlds"]["2"];
+  const auto full = FullTensors("qwen3-moe");
+  const auto results = LoadGroup(kTpModels + "qwen3-moe",
+                                 Layout{4, 2, 2, ReadMode::kEachRank, true}, "", DType::kF32);
+  for (int r = 0; r < 4; ++r) {
+    const RankResult& me = results[r];
+    INFO("rank " << r << ": " << me.status.ToString());
+    REQUIRE(me.status.ok());
+    const int stage = r / 2;
+    // vLLM's split of 2 layers, written out: the embeddings and layer 0, then the rest.
+    auto on_stage = [stage](const std::string& n) {
+      const bool first = n.starts_with("model.embed_tokens.") || n.starts_with("model.layers.0.");
+      return first == (stage == 0);
+    };
+    std::set<std::string> expected;
+    for (const auto& [name, runs] : held[r % 2].items()) {
+      if (on_stage(name)) expected.insert(name);
+    }
+    std::set<std::string> got;
+    for (const Tensor& t : me.tensors) {
+      got.insert(t.name());
+      if (t.name().find(".experts.") != std::string::npos) CHECK(Values(t) == full.at(t.name()));
+    }
+    CHECK(got == expected);
+  }
+}
+
+TEST_CASE("expert parallel: read-once's cost leaves one expert's tensors to their own rank") {
+  auto ckpt = Checkpoint::Open(kTpModels + std::string("qwen3-moe"));
+  REQUIRE(ckpt.ok());
+  auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .rank = 0, .tp = 2,
+                                              .expert_parallel = true});
+  REQUIRE(share.ok());
+  REQUIRE(share->expert_bytes > 0);
+  const double split = static_cast<double>(share->split_bytes);
+  const double replicated = static_cast<double>(share->replicated_bytes);
+  const double sent = split - static_cast<double>(share->expert_bytes);
+  const ReadModeCost cost = EstimateReadModes(*share, 1e9, 1e6);
+  CHECK(cost.once_seconds ==
+        Approx((split + replicated) / 1e9 + (sent / 2 + replicated) / 1e6));
 }
 
 TEST_CASE("expert parallel: experts that do not split evenly are refused, as transformers does") {
@@ -164,6 +202,10 @@ TEST_CASE("expert parallel: without --ep the experts are replicated, and --ep ne
                                                   .ep_plan_json = "{}"});
   REQUIRE_FALSE(plan_only.ok());
   CHECK(plan_only.status().message().find("add --ep") != std::string::npos);
+  auto empty = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .rank = 0, .tp = 2,
+                                              .expert_parallel = true, .ep_plan_json = "{}"});
+  REQUIRE_FALSE(empty.ok());
+  CHECK(empty.status().message().find("plan is empty") != std::string::npos);
   auto layers = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .rank = 0, .tp = 2,
                                                .pp_layers = {1, 1}});
   REQUIRE_FALSE(layers.ok());

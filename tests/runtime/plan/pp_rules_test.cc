@@ -122,6 +122,8 @@ TEST_CASE("pipeline stages: an MTP layer past the stack, and a vision tower's bl
     vl.push_back(fmt::format("model.visual.blocks.{}.attn.qkv.weight", i));
     vl.push_back(fmt::format("model.visual.blocks.{}.attn.proj.weight", i));
   }
+  vl.push_back("model.visual.patch_embed.proj.weight");  // the tower's, without a number
+  vl.push_back("model.mtp_layers.0.proj.weight");        // MTP layers in a stack of their own
   auto model = PpModelOf(R"({"text_config": {"num_hidden_layers": 3}})", vl);
   REQUIRE(model.ok());
   CHECK(model->layers == 3);
@@ -131,6 +133,11 @@ TEST_CASE("pipeline stages: an MTP layer past the stack, and a vision tower's bl
   CHECK(OnStage("model.visual.blocks.4.attn.qkv.weight", *model, *ranges, 0));
   CHECK_FALSE(OnStage("model.visual.blocks.4.attn.qkv.weight", *model, *ranges, 2));
   CHECK(OnStage("model.layers.2.mlp.w.weight", *model, *ranges, 2));
+  CHECK(OnStage("model.visual.patch_embed.proj.weight", *model, *ranges, 0));
+  CHECK_FALSE(OnStage("model.visual.patch_embed.proj.weight", *model, *ranges, 2));
+  CHECK(OnStage("model.mtp_layers.0.proj.weight", *model, *ranges, 2));
+  CHECK_FALSE(OnStage("model.mtp_layers.0.proj.weight", *model, *ranges, 0));
+  CHECK(OnStage("model.norm.weight", *model, *ranges, 2));
   CHECK(StackOf("model.visual.blocks.4.attn.qkv.weight") == "model.visual.blocks.");
   CHECK(StackOf("model.norm.weight").empty());
 }

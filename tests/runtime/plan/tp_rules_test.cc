@@ -160,9 +160,9 @@ TEST_CASE("expert parallel: grouped_gemm, the ep plans, and the names of one exp
   CHECK(!ep->SplitsExperts("model.layers.5.self_attn"));
   CHECK(EpPlanFromConfig(R"({"model_type": "llama"})", names).status().code() ==
         StatusCode::kNotFound);
-  auto given = EpPlanFromConfig(
-      R"({"model_type": "llama", "base_model_ep_plan": {"layers.*.moe.experts.w": "grouped_gemm"}})",
-      names);
+  auto given = EpPlanFromConfig(R"({"model_type": "llama",
+      "base_model_ep_plan": {"layers.*.moe.experts.w": "grouped_gemm"}})",
+                                names);
   REQUIRE(given.ok());
   CHECK(given->SplitsExperts("model.layers.1.moe.experts"));
 
@@ -182,11 +182,27 @@ TEST_CASE("expert parallel: grouped_gemm, the ep plans, and the names of one exp
   REQUIRE(one);
   CHECK(one->experts == "model.layers.0.mlp.experts");
   CHECK(one->index == 13);
+  CHECK(one->module == "gate_proj");
+  CHECK(SplitsByExpert(*ep, *one));
+  auto gate_only = TpPlan::FromJson(
+      R"({"model.layers.*.mlp.experts.gate_up_proj": "grouped_gemm"})");
+  REQUIRE(gate_only.ok());
+  CHECK(SplitsByExpert(*gate_only, *one));
+  CHECK(!SplitsByExpert(*gate_only,
+                        *ExpertTensorOf("model.layers.0.mlp.experts.13.down_proj.weight")));
+  CHECK(SplitsByExpert(*gate_only,
+                       *ExpertTensorOf("model.layers.0.block_sparse_moe.experts.1.w3.weight")));
+  CHECK(!SplitsByExpert(*gate_only,
+                        *ExpertTensorOf("model.layers.0.block_sparse_moe.experts.1.w2.weight")));
+  // A module transformers' mapping does not name goes with its expert when any parameter splits.
+  CHECK(SplitsByExpert(*gate_only, *ExpertTensorOf("model.layers.0.mlp.experts.1.fc9.weight")));
   CHECK(ExpertTensorOf("experts.2.w1.weight")->experts == "experts");
   CHECK(!ExpertTensorOf("model.layers.0.mlp.experts.gate_up_proj"));
   CHECK(!ExpertTensorOf("model.layers.0.mlp.shared_experts.gate_proj.weight"));
   CHECK(!ExpertTensorOf("model.layers.0.mlp.experts.3"));
   CHECK(!ExpertTensorOf("model.layers.0.mlp.experts.99999999999999999999.w"));
+  CHECK(!ExpertTensorOf("model.layers.0.mlp.experts.01.w"));
+  CHECK(ExpertTensorOf("model.layers.0.mlp.experts.0.w")->index == 0);
 }
 
 }  // namespace
