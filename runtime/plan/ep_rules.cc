@@ -73,21 +73,37 @@ std::optional<ExpertTensor> ExpertTensorOf(std::string_view name) {
   return std::nullopt;
 }
 
+namespace {
+
+// An experts module under transformers' name for it (Mixtral's WeightRenaming
+// ".block_sparse_moe." → ".mlp."), layer numbers as wildcards.
+std::string TransformersExperts(std::string_view experts) {
+  std::string name = WildcardName(experts);
+  constexpr std::string_view kMixtral = ".block_sparse_moe.";
+  if (const size_t at = name.find(kMixtral); at != std::string::npos) {
+    name.replace(at, kMixtral.size(), ".mlp.");
+  }
+  return name;
+}
+
+}  // namespace
+
+bool SplitsExperts(const TpPlan& plan, std::string_view experts) {
+  const std::string prefix = TransformersExperts(experts) + '.';
+  return std::any_of(plan.entries().begin(), plan.entries().end(), [&](const auto& entry) {
+    return entry.second == TpStyle::kGroupedGemm && entry.first.starts_with(prefix);
+  });
+}
+
 bool SplitsByExpert(const TpPlan& plan, const ExpertTensor& e) {
   std::string_view fused;
   for (std::string_view m : {"gate_proj", "up_proj", "w1", "w3"}) {
     if (e.module == m) fused = "gate_up_proj";
   }
   if (e.module == "down_proj" || e.module == "w2") fused = "down_proj";
-  if (fused.empty()) return plan.SplitsExperts(e.experts);
-  std::string param = e.experts;
-  constexpr std::string_view kMixtral = ".block_sparse_moe.";  // WeightRenaming → ".mlp."
-  if (const size_t at = param.find(kMixtral); at != std::string::npos) {
-    param.replace(at, kMixtral.size(), ".mlp.");
-  }
-  param += '.';
-  param += fused;
-  return plan.Lookup(param) == TpStyle::kGroupedGemm;
+  if (fused.empty()) return SplitsExperts(plan, e.experts);
+  return plan.Lookup(TransformersExperts(e.experts) + '.' + std::string(fused)) ==
+         TpStyle::kGroupedGemm;
 }
 
 Result<ExpertOwners> ExpertOwners::Of(std::span<const std::string> names, const TpPlan& plan,

@@ -36,6 +36,12 @@ struct ExpertTensor {
 };
 std::optional<ExpertTensor> ExpertTensorOf(std::string_view name);
 
+// Whether `plan` splits the experts of module `experts` ("model.layers.3.mlp.experts"): it gives
+// grouped_gemm to one of its parameters ("model.layers.*.mlp.experts.gate_up_proj"). The module
+// is matched under transformers' own name for it: Mixtral's checkpoints name it
+// "block_sparse_moe.experts", transformers' model "mlp.experts" (its conversion mapping).
+bool SplitsExperts(const TpPlan& plan, std::string_view experts);
+
 // Whether `plan` splits one expert's tensor `e` by expert: the stacked parameter transformers
 // merges it into (its conversion mapping: gate_proj, up_proj, Mixtral's w1, w3 → gate_up_proj;
 // down_proj, w2 → down_proj) has grouped_gemm; for a module of another name, any parameter of the

@@ -208,18 +208,6 @@ std::optional<TpStyle> TpPlan::Lookup(std::string_view name) const {
   return std::nullopt;
 }
 
-bool TpPlan::SplitsExperts(std::string_view experts) const {
-  std::string generic = WildcardName(experts);
-  constexpr std::string_view kMixtral = ".block_sparse_moe.";  // WeightRenaming → ".mlp."
-  if (const size_t at = generic.find(kMixtral); at != std::string::npos) {
-    generic.replace(at, kMixtral.size(), ".mlp.");
-  }
-  generic += '.';
-  return std::any_of(entries_.begin(), entries_.end(), [&](const auto& entry) {
-    return entry.second == TpStyle::kGroupedGemm && entry.first.starts_with(generic);
-  });
-}
-
 Result<BasePlan> BasePlanOf(std::string_view config_json, std::span<const std::string> names,
                             std::string_view key,
                             std::optional<TpPlan> (*known)(std::string_view), std::string_view what,

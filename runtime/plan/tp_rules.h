@@ -63,12 +63,6 @@ class TpPlan {
   // entry for its wildcard name, else the entry for its immediate module; none otherwise.
   std::optional<TpStyle> Lookup(std::string_view name) const;
 
-  // Whether the plan splits the experts of module `experts` ("model.layers.3.mlp.experts"): it
-  // gives grouped_gemm to one of its parameters ("model.layers.*.mlp.experts.gate_up_proj"). The
-  // module is matched under transformers' own name for it: Mixtral's checkpoints name it
-  // "block_sparse_moe.experts", transformers' model "mlp.experts" (its conversion mapping).
-  bool SplitsExperts(std::string_view experts) const;
-
  private:
   const TpStyle* Find(std::string_view key) const;
   std::vector<std::pair<std::string, TpStyle>> entries_;

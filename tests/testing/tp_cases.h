@@ -17,19 +17,34 @@ namespace loadstone::testing {
 inline const std::string kTpModels =
     std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/models/";
 
-// The case of model `name` ("llama", "by-hand", ...); null when there is none.
-inline const nlohmann::json& TpCase(const std::string& name) {
-  static const nlohmann::json cases = [] {
-    std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/cases.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    return nlohmann::json::parse(text.str());
-  }();
+// The model of `name` in tests/fixtures/tp/`file`'s "models"; null when there is none.
+inline const nlohmann::json& CaseIn(const nlohmann::json& cases, const std::string& name) {
   static const nlohmann::json none;
   for (const auto& m : cases["models"]) {
     if (m["name"] == name) return m;
   }
   return none;
+}
+
+inline nlohmann::json ReadCases(const std::string& file) {
+  std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/" + file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str());
+}
+
+// The case of model `name` ("llama", "by-hand", ...); null when there is none.
+inline const nlohmann::json& TpCase(const std::string& name) {
+  static const nlohmann::json cases = ReadCases("cases.json");
+  return CaseIn(cases, name);
+}
+
+// tests/fixtures/tp/ep_cases.json (make_ep_fixtures.py): what transformers loads on each rank
+// of MoE models under expert parallelism ("qwen3-moe", "mixtral", "gpt-oss", ...); null when
+// there is none.
+inline const nlohmann::json& EpCase(const std::string& name) {
+  static const nlohmann::json cases = ReadCases("ep_cases.json");
+  return CaseIn(cases, name);
 }
 
 // The element indices rank `rank` of `world` holds of `param` (an entry of a case's

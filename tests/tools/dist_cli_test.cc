@@ -144,17 +144,6 @@ TEST_CASE("launch: read once, and a mode chosen from measured bandwidths") {
   CHECK_THAT(run.err, Catch::Contains("--read-mode"));
 }
 
-// tests/fixtures/tp/ep_cases.json's model `name`: the checkpoint tensors transformers loads on
-// each rank under expert parallelism.
-nlohmann::json EpHeld(const std::string& name, int world) {
-  std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/ep_cases.json");
-  const auto cases = nlohmann::json::parse(in);
-  for (const auto& m : cases["models"]) {
-    if (m["name"] == name) return m["worlds"][std::to_string(world)];
-  }
-  return nullptr;
-}
-
 TEST_CASE("launch: expert parallel, each rank holds and reads only its experts") {
   const std::string moe = testing::kTpModels + "qwen3-moe";
   auto run = testing::RunCli("launch -n 2 -- load " + moe + " --tp 2 --json");
@@ -168,7 +157,7 @@ TEST_CASE("launch: expert parallel, each rank holds and reads only its experts")
   run = testing::RunCli("launch -n 2 -- load " + moe + " --tp 2 --ep --json");
   REQUIRE(run.code == 0);
   const auto doc = nlohmann::json::parse(run.out);
-  const nlohmann::json held = EpHeld("qwen3-moe", 2);
+  const nlohmann::json& held = testing::EpCase("qwen3-moe")["worlds"]["2"];
   uint64_t read = 0;
   for (int r = 0; r < 2; ++r) {
     const auto& rank = doc["ranks"][r];

@@ -8,10 +8,8 @@
 // experts.
 #include <catch2/catch.hpp>
 
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,18 +29,9 @@ using testing::RankResult;
 using testing::Values;
 
 const nlohmann::json& EpCase(const std::string& name) {
-  static const nlohmann::json cases = [] {
-    std::ifstream in(std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/ep_cases.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    return nlohmann::json::parse(text.str());
-  }();
-  for (const auto& m : cases["models"]) {
-    if (m["name"] == name) return m;
-  }
-  FAIL("no case " << name << " in ep_cases.json");
-  static const nlohmann::json none;
-  return none;
+  const nlohmann::json& model = testing::EpCase(name);
+  REQUIRE(model.is_object());
+  return model;
 }
 
 // Every tensor of the model, whole (one rank, no plan), by name.

@@ -58,6 +58,15 @@ std::shared_ptr<torch::nn::Module> ModuleFor(const Checkpoint& ckpt) {
   return root;
 }
 
+// A zero tensor of each of a rank's parts: an engine rank's weights before a load or update.
+Named ZerosOf(const RankShare& share) {
+  Named parts;
+  for (const TensorShard& s : share.tensors) {
+    parts.emplace_back(s.name, torch::zeros(std::vector<int64_t>(s.shape.begin(), s.shape.end())));
+  }
+  return parts;
+}
+
 // A process group of `world` ranks on 127.0.0.1 (every rank its own group of one for the
 // tensor-parallel exchange, which updates do not use).
 std::unique_ptr<ProcessGroups> Connect(int world, int rank, int port) {
@@ -198,11 +207,7 @@ void TpEngine(int rank, int port, const std::string& out) {
   auto ckpt = Checkpoint::Open(kLlama);
   auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .rank = rank - 1, .tp = 2});
   if (!share.ok()) return;
-  Named parts;
-  for (const TensorShard& s : share->tensors) {
-    parts.emplace_back(s.name, torch::zeros(std::vector<int64_t>(s.shape.begin(),
-                                                                 s.shape.end())));
-  }
+  Named parts = ZerosOf(*share);
   parts.emplace_back("extra.empty", torch::zeros({0}));
   auto live = LiveWeights::Of(parts, &*share);
   auto groups = Connect(3, rank, port);
@@ -269,11 +274,7 @@ void EpEngine(int rank, int port, const std::string& out) {
                                               .expert_parallel = true});
   auto state = libtorch::LoadStateDict(moe);
   if (!share.ok() || !state.ok()) return;
-  Named parts;
-  for (const TensorShard& s : share->tensors) {
-    parts.emplace_back(s.name, torch::zeros(std::vector<int64_t>(s.shape.begin(),
-                                                                 s.shape.end())));
-  }
+  Named parts = ZerosOf(*share);
   auto live = LiveWeights::Of(parts, &*share);
   auto groups = Connect(3, rank, port);
   if (!live.ok() || groups == nullptr) return;
@@ -384,11 +385,7 @@ TEST_CASE("weight update: a read-once share's replicated tensors are whole to an
   auto share = ShareOf(*ckpt, ParallelOptions{.world_size = 2, .rank = 1, .tp = 2,
                                               .read_mode = ReadMode::kOnce});
   REQUIRE(share.ok());
-  Named parts;
-  for (const TensorShard& s : share->tensors) {
-    parts.emplace_back(s.name, torch::zeros(std::vector<int64_t>(s.shape.begin(),
-                                                                 s.shape.end())));
-  }
+  Named parts = ZerosOf(*share);
   auto live = LiveWeights::Of(parts, &*share);
   REQUIRE(live.ok());
   // Read once sends a replicated tensor as a split whose every part is all of it: the engine

@@ -154,17 +154,17 @@ TEST_CASE("expert parallel: grouped_gemm, the ep plans, and the names of one exp
   auto ep = EpPlanFromConfig(R"({"model_type": "qwen3_moe"})", names);
   REQUIRE(ep.ok());
   CHECK(ep->Lookup("model.layers.5.mlp.experts.gate_up_proj") == TpStyle::kGroupedGemm);
-  CHECK(ep->SplitsExperts("model.layers.5.mlp.experts"));
-  CHECK(ep->SplitsExperts("model.layers.5.block_sparse_moe.experts"));  // Mixtral's name
-  CHECK(!ep->SplitsExperts("model.layers.5.mlp.shared_experts"));
-  CHECK(!ep->SplitsExperts("model.layers.5.self_attn"));
+  CHECK(SplitsExperts(*ep, "model.layers.5.mlp.experts"));
+  CHECK(SplitsExperts(*ep, "model.layers.5.block_sparse_moe.experts"));  // Mixtral's name
+  CHECK(!SplitsExperts(*ep, "model.layers.5.mlp.shared_experts"));
+  CHECK(!SplitsExperts(*ep, "model.layers.5.self_attn"));
   CHECK(EpPlanFromConfig(R"({"model_type": "llama"})", names).status().code() ==
         StatusCode::kNotFound);
   auto given = EpPlanFromConfig(R"({"model_type": "llama",
       "base_model_ep_plan": {"layers.*.moe.experts.w": "grouped_gemm"}})",
                                 names);
   REQUIRE(given.ok());
-  CHECK(given->SplitsExperts("model.layers.1.moe.experts"));
+  CHECK(SplitsExperts(*given, "model.layers.1.moe.experts"));
 
   // EP rules take precedence: a tp rule on an ep module, or under one, is dropped.
   auto tp = TpPlan::FromJson(R"({"model.layers.*.mlp.experts": "colwise",
