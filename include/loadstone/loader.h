@@ -226,6 +226,14 @@ class LoadHandle {
   Status OnTensorReady(std::string_view name,
                        std::function<void(Status, loadstone::Tensor)> callback);
 
+  // Resolves when every tensor of module `prefix` is in place (on its device): every tensor
+  // named `prefix` or starting with `prefix` + "." ("model.layers.3" holds
+  // "model.layers.3.mlp.up_proj.weight", not "model.layers.30.…"; "" is every tensor), with OK;
+  // or with the load's failure or cancellation when it ends without one of them. A prefix that
+  // no tensor of the load is under gives a future that already holds NotFound (InvalidArgument
+  // on an empty handle). The waits are the OnTensorReady ones: no thread is blocked.
+  std::shared_future<Status> Module(std::string_view prefix) const;
+
   // Every tensor once Done() is OK, in plan order; empty before that.
   std::vector<loadstone::Tensor> Tensors() const;
 

@@ -5,6 +5,8 @@
 
 #include <cstring>
 #include <list>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -196,6 +198,62 @@ Status LoadHandle::OnDone(std::function<void(Status)> callback) {
   if (!state_) return NoLoad();
   state_->callbacks.AddDoneWaiter(std::move(callback));
   return Status::OK();
+}
+
+namespace {
+
+// Tensor `name` is module `prefix` or under it ("" holds every name).
+bool UnderModule(std::string_view name, std::string_view prefix) {
+  if (prefix.empty() || name == prefix) return true;
+  return name.size() > prefix.size() && name.starts_with(prefix) && name[prefix.size()] == '.';
+}
+
+std::shared_future<Status> Resolved(Status status) {
+  std::promise<Status> done;
+  done.set_value(std::move(status));
+  return done.get_future().share();
+}
+
+}  // namespace
+
+std::shared_future<Status> LoadHandle::Module(std::string_view prefix) const {
+  if (!state_) return Resolved(NoLoad());
+  std::vector<uint32_t> members;
+  for (const TensorPlan& t : state_->plan.tensors) {
+    if (t.source >= state_->checkpoint.tensors().size()) continue;
+    const std::string& name = state_->checkpoint.tensors()[t.source].name;
+    if (!UnderModule(name, prefix)) continue;
+    if (const std::optional<uint32_t> index = state_->tensors.IndexOf(name)) {
+      members.push_back(*index);
+    }
+  }
+  if (members.empty()) {
+    return Resolved(Status::NotFound(fmt::format(
+        "no tensor of this load is module '{}' or under it (a module's tensors are named "
+        "'{}.…')",
+        prefix, prefix)));
+  }
+  // Counts its tensors down; the first failure, or the last tensor, resolves it.
+  struct Wait {
+    std::mutex mu;
+    size_t left = 0;
+    bool resolved = false;
+    std::promise<Status> promise;
+  };
+  auto wait = std::make_shared<Wait>();
+  wait->left = members.size();
+  std::shared_future<Status> future = wait->promise.get_future().share();
+  for (uint32_t index : members) {
+    state_->callbacks.AddTensorWaiter(index, [wait](Status status, const loadstone::Tensor&) {
+      std::lock_guard lock(wait->mu);
+      if (wait->resolved) return;
+      if (!status.ok() || --wait->left == 0) {
+        wait->resolved = true;
+        wait->promise.set_value(std::move(status));
+      }
+    });
+  }
+  return future;
 }
 
 Status LoadHandle::OnTensorReady(std::string_view name,
