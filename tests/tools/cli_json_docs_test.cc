@@ -1,5 +1,6 @@
 // Every --json document is what docs/cli.md says it is: each field the CLI prints is documented
 // with its type, and each documented field not marked optional is printed.
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <set>
@@ -189,6 +190,19 @@ TEST_CASE("cli json: inspect, plan and load print what docs/cli.md documents", "
   REQUIRE(mapped.code == 0);
   REQUIRE(disk_load.code == 0);
   CheckAgainstDocs("load", {load.out, mapped.out, disk_load.out});
+  // The times are one clock's, from the Open call: the first tensor after opening and planning,
+  // and first_tensor_ms the earliest ready_ms.
+  for (const std::string& out : {load.out, mapped.out}) {
+    const auto doc = nlohmann::json::parse(out);
+    const double open_ms = doc["open_ms"].get<double>();
+    const double plan_ms = doc["plan_ms"].get<double>();
+    CHECK(open_ms > 0);
+    CHECK(plan_ms > 0);
+    double earliest = 1e300;
+    for (const auto& t : doc["tensors"]) earliest = std::min(earliest, t["ready_ms"].get<double>());
+    CHECK(earliest >= open_ms + plan_ms);
+    CHECK(doc["first_tensor_ms"].get<double>() == earliest);
+  }
 }
 
 TEST_CASE("cli json: inspect of .bin and GGUF files, and convert, print what docs/cli.md documents",

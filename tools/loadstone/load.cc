@@ -11,7 +11,10 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <string>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -100,6 +103,45 @@ Result<nlohmann::ordered_json> OffloadedJson(const Checkpoint& checkpoint, const
   return out;
 }
 
+// When each step of the command happened, in milliseconds from the Open call (the clock's
+// making): how long opening the checkpoint (its headers, the catalog) and planning took, and when
+// each tensor came into memory. Thread-safe.
+class LoadClock {
+ public:
+  double Now() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+        .count();
+  }
+  // For LoadOptions::on_tensor; the clock must outlive the load.
+  std::function<void(const loadstone::Tensor&)> OnTensor() {
+    return [this](const loadstone::Tensor& t) {
+      const double now = Now();
+      std::lock_guard lock(mu_);
+      ready_ms_[t.name()] = now;
+      if (!first_ms_) first_ms_ = now;
+    };
+  }
+  // When tensor `name` was in place; none when it did not go to memory.
+  std::optional<double> ready_ms(const std::string& name) const {
+    std::lock_guard lock(mu_);
+    const auto it = ready_ms_.find(name);
+    return it == ready_ms_.end() ? std::nullopt : std::optional<double>(it->second);
+  }
+  // When the first tensor was; none when no tensor went to memory (every one to disk).
+  std::optional<double> first_ms() const {
+    std::lock_guard lock(mu_);
+    return first_ms_;
+  }
+  double open_ms = 0;  // Checkpoint::Open (with the flags' resolution)
+  double plan_ms = 0;  // Plan()
+
+ private:
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, double> ready_ms_;
+  std::optional<double> first_ms_;
+};
+
 // What the offload did after the load: the folder's files written, the bytes read to write them.
 struct OffloadDone {
   OffloadSummary summary;
@@ -107,7 +149,7 @@ struct OffloadDone {
 };
 
 int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& platform,
-              std::optional<double> first_ms, const OffloadDone& offload,
+              const LoadClock& clock, const OffloadDone& offload,
               const nlohmann::ordered_json& offloaded, const std::vector<std::string>& warnings) {
   const Progress progress = load.progress();
   const ReadStats rs = load.read_stats();
@@ -122,6 +164,9 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
   doc["backend"] = load.backend();
   doc["platform"] = platform.description();
   doc["simulated"] = platform.simulated();
+  doc["open_ms"] = clock.open_ms;
+  doc["plan_ms"] = clock.plan_ms;
+  const std::optional<double> first_ms = clock.first_ms();
   doc["first_tensor_ms"] = first_ms ? nlohmann::ordered_json(*first_ms) : nullptr;
   doc["read"] = {{"direct_bytes", rs.direct_bytes},
                  {"buffered_bytes", rs.buffered_bytes},
@@ -142,7 +187,8 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
                        {"dtype", SafetensorsName(t.dtype())},
                        {"shape", t.shape()},
                        {"device", t.device()},
-                       {"crc32", *crc}});
+                       {"crc32", *crc},
+                       {"ready_ms", clock.ready_ms(t.name()).value_or(0)}});
   }
   auto& devices = doc["devices"] = nlohmann::ordered_json::object();
   for (const auto& [device, bytes] : per_device) {
@@ -172,9 +218,11 @@ struct LoadSetup {
 
 // Resolves the flags and plans; prints the warnings (and with --explain the plan's reasons) on
 // stderr; checks the --trace target. The first error met, in that order.
-Result<LoadSetup> Prepare(const LoadArgs& args) {
+Result<LoadSetup> Prepare(const LoadArgs& args, LoadClock& clock) {
   LOADSTONE_ASSIGN_OR_RETURN(PlanInput in, args.flags.Resolve("cpu"));
+  clock.open_ms = clock.Now();
   LOADSTONE_ASSIGN_OR_RETURN(LoadPlan plan, Plan(*in.checkpoint, in.options));
+  clock.plan_ms = clock.Now() - clock.open_ms;
   // The flags' warnings, then the plan's: on stderr, and in the document's "warnings".
   std::vector<std::string> warnings = in.warnings;
   LOADSTONE_ASSIGN_OR_RETURN(LoaderOptions loader_options,
@@ -191,29 +239,6 @@ Result<LoadSetup> Prepare(const LoadArgs& args) {
   return LoadSetup{std::move(in), std::move(plan), std::move(loader_options),
                    std::move(warnings)};
 }
-
-// When the first tensor came into memory, counted from the clock's making. Thread-safe.
-class FirstTensorClock {
- public:
-  // For LoadOptions::on_tensor; the clock must outlive the load.
-  std::function<void(const loadstone::Tensor&)> OnTensor() {
-    return [this](const loadstone::Tensor&) {
-      int64_t unset = -1;
-      first_tensor_ns_.compare_exchange_strong(
-          unset, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                     std::chrono::steady_clock::now() - start_).count());
-    };
-  }
-  // Milliseconds; none when no tensor went to memory (every one to disk).
-  std::optional<double> first_ms() const {
-    return first_tensor_ns_.load() >= 0 ? std::optional<double>(first_tensor_ns_.load() / 1e6)
-                                        : std::nullopt;
-  }
-
- private:
-  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  std::atomic<int64_t> first_tensor_ns_{-1};
-};
 
 // The disk tensors written to the offload folder (those not read in place), timed; Cancelled
 // when `interrupt` asks.
@@ -273,14 +298,14 @@ int RunLoad(const LoadArgs& args) {
     }
     return RunRankLoad(args.flags, args.read, args.rank, args.json);
   }
-  auto setup = Prepare(args);
+  LoadClock clock;  // from the Open call
+  auto setup = Prepare(args, clock);
   if (!setup.ok()) return ReportError(setup.status());
   const Checkpoint& checkpoint = *setup->in.checkpoint;
   const PlanOptions& plan_options = setup->in.options;
   const LoadPlan& plan = setup->plan;
 
   Loader loader(setup->loader_options);
-  FirstTensorClock clock;
   LoadOptions options;
   options.trace = !args.trace.empty();
   options.on_tensor = clock.OnTensor();
@@ -312,7 +337,7 @@ int RunLoad(const LoadArgs& args) {
     if (!offloaded.ok()) return ReportError(offloaded.status());
     return PrintJson(load, plan, plan_options.platform ? *plan_options.platform
                                                        : *Platform::Default(),
-                     clock.first_ms(), *written, *offloaded, setup->warnings);
+                     clock, *written, *offloaded, setup->warnings);
   }
   PrintHuman(load, progress, plan, plan_options, clock.first_ms(), *written);
   return 0;
