@@ -8,7 +8,9 @@
 //                                                      asio::use_awaitable);
 //
 // AsyncLoad completes with void(loadstone::Status, loadstone::LoadHandle): what Done() resolves
-// to, and the handle (its tensors, stats and trace). AsyncTensor completes with
+// to, and the handle (its tensors, stats and trace). AsyncModule completes with
+// void(loadstone::Status) once a module's tensors are all in place (LoadHandle::Module).
+// AsyncTensor completes with
 // void(loadstone::Status, loadstone::Tensor): OK and the tensor once it is in place, or why it
 // never will be (the load failed or was cancelled first; NotFound for a name the load does not
 // have; InvalidArgument for an empty handle).
@@ -25,8 +27,8 @@
 // with Cancelled; the slot is cleared before the handler runs. For AsyncTensor, `load` must
 // outlive the operation (the cancellation cancels it).
 //
-// Header-only over loader.h (LoadHandle::OnDone and OnTensorReady); needs standalone Asio 1.22
-// or later where it is included. Not part of what libloadstone itself needs.
+// Header-only over loader.h (LoadHandle::OnDone, OnTensorReady and OnModuleReady); needs
+// standalone Asio 1.22 or later where it is included. Not part of what libloadstone itself needs.
 #ifndef LOADSTONE_ASIO_H_
 #define LOADSTONE_ASIO_H_
 
@@ -142,6 +144,23 @@ auto AsyncTensor(LoadHandle& load, std::string name, CompletionToken&& token) {
           Op::Complete(op, std::move(status), std::move(tensor));
         });
         if (!registered.ok()) return Op::Complete(std::move(op), registered, Tensor());
+        op->Started();
+      },
+      token);
+}
+
+// Completes with void(loadstone::Status) once every tensor of module `prefix` is in place (OK),
+// or with why it never will be (LoadHandle::OnModuleReady); as AsyncTensor otherwise.
+template <typename CompletionToken>
+auto AsyncModule(LoadHandle& load, std::string prefix, CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(Status)>(
+      [&load, prefix = std::move(prefix)](auto handler) {
+        using Op = asio_detail::Pending<decltype(handler), Status>;
+        auto op = std::make_shared<Op>(std::move(handler));
+        op->OnCancel([&load] { load.Cancel(); });
+        const Status registered = load.OnModuleReady(
+            prefix, [op](Status status) { Op::Complete(op, std::move(status)); });
+        if (!registered.ok()) return Op::Complete(std::move(op), registered);
         op->Started();
       },
       token);

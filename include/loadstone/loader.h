@@ -234,6 +234,13 @@ class LoadHandle {
   // on an empty handle). The waits are the OnTensorReady ones: no thread is blocked.
   std::shared_future<Status> Module(std::string_view prefix) const;
 
+  // Module(prefix) as a callback: `callback` is called once, with OK when every tensor of the
+  // module is in place or with the load's failure, on the load's callback thread (at once on
+  // this thread when already known), and is an OnTensorReady callback in every other way (one
+  // that throws before the load ends fails it). Errors (the callback is not called): NotFound
+  // for a prefix no tensor is under, InvalidArgument on an empty handle.
+  Status OnModuleReady(std::string_view prefix, std::function<void(Status)> callback) const;
+
   // Every tensor once Done() is OK, in plan order; empty before that.
   std::vector<loadstone::Tensor> Tensors() const;
 

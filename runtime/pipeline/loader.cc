@@ -217,7 +217,16 @@ std::shared_future<Status> Resolved(Status status) {
 }  // namespace
 
 std::shared_future<Status> LoadHandle::Module(std::string_view prefix) const {
-  if (!state_) return Resolved(NoLoad());
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::shared_future<Status> future = promise->get_future().share();
+  const Status registered =
+      OnModuleReady(prefix, [promise](Status status) { promise->set_value(std::move(status)); });
+  return registered.ok() ? future : Resolved(registered);
+}
+
+Status LoadHandle::OnModuleReady(std::string_view prefix,
+                                 std::function<void(Status)> callback) const {
+  if (!state_) return NoLoad();
   std::vector<uint32_t> members;
   for (const TensorPlan& t : state_->plan.tensors) {
     if (t.source >= state_->checkpoint.tensors().size()) continue;
@@ -228,32 +237,33 @@ std::shared_future<Status> LoadHandle::Module(std::string_view prefix) const {
     }
   }
   if (members.empty()) {
-    return Resolved(Status::NotFound(fmt::format(
+    return Status::NotFound(fmt::format(
         "no tensor of this load is module '{}' or under it (a module's tensors are named "
         "'{}.…')",
-        prefix, prefix)));
+        prefix, prefix));
   }
-  // Counts its tensors down; the first failure, or the last tensor, resolves it.
+  // Counts its tensors down; the first failure, or the last tensor, calls back.
   struct Wait {
     std::mutex mu;
     size_t left = 0;
-    bool resolved = false;
-    std::promise<Status> promise;
+    std::function<void(Status)> callback;  // empty once called
   };
   auto wait = std::make_shared<Wait>();
   wait->left = members.size();
-  std::shared_future<Status> future = wait->promise.get_future().share();
+  wait->callback = std::move(callback);
   for (uint32_t index : members) {
     state_->callbacks.AddTensorWaiter(index, [wait](Status status, const loadstone::Tensor&) {
-      std::lock_guard lock(wait->mu);
-      if (wait->resolved) return;
-      if (!status.ok() || --wait->left == 0) {
-        wait->resolved = true;
-        wait->promise.set_value(std::move(status));
+      std::function<void(Status)> call;
+      {
+        std::lock_guard lock(wait->mu);
+        if (!wait->callback || (status.ok() && --wait->left > 0)) return;
+        call = std::move(wait->callback);
+        wait->callback = nullptr;
       }
+      call(std::move(status));  // outside the lock: it may wait on other tensors
     });
   }
-  return future;
+  return Status::OK();
 }
 
 Status LoadHandle::OnTensorReady(std::string_view name,

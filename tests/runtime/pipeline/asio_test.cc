@@ -165,6 +165,23 @@ TEST_CASE("asio: a tensor wait gets the load's failure when the load ends withou
   CHECK(load.Done().get().code() == StatusCode::kCancelled);
 }
 
+TEST_CASE("asio: a module wait, one that names nothing, and one the load ends without") {
+  testing::MixedModel model;
+  const LoadPlan plan = EveryChunkRead(model.ckpt);
+  auto slow = SlowReads(std::chrono::milliseconds(20));
+  Loader loader(OneReadAtATime(slow));
+  LoadHandle load = loader.Load(model.ckpt, plan);
+  auto layer = AsyncModule(load, "model.layers.1", asio::use_future);
+  auto none = AsyncModule(load, "model.layers.7", asio::use_future);
+  CHECK(layer.get().ok());
+  CHECK(load.Tensor("model.layers.1.ids").wait_for(std::chrono::seconds(0)) ==
+        std::future_status::ready);
+  CHECK(none.get().code() == StatusCode::kNotFound);
+  auto head = AsyncModule(load, "lm_head", asio::use_future);
+  load.Cancel();
+  CHECK(head.get().code() == StatusCode::kCancelled);
+}
+
 TEST_CASE("asio: OnDone and OnTensorReady from inside an on-tensor callback") {
   testing::MixedModel model;
   const Checkpoint& ckpt = model.ckpt;
