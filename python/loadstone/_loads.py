@@ -206,6 +206,24 @@ class LoadHandle:
         self._core.on_tensor_ready(name, landed)
         return fut
 
+    def module(self, prefix):
+        """A TensorFuture: resolves (to None) once every tensor of module `prefix` is in place —
+        those named `prefix` or `prefix.…`; "" is every tensor — or holds the load's error. A
+        prefix no tensor is under raises loadstone.NotFoundError here."""
+        fut = TensorFuture()
+        fut.set_running_or_notify_cancel()
+
+        def ready(error):
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(None)
+
+        self._core.on_module_ready(prefix, ready)
+        return fut
+
     def wait_tensor(self, name, timeout=None):
         """Tensor `name` once it is in place (interruptible, GIL released)."""
         box = []

@@ -330,6 +330,13 @@ void DefineWaits(nb::class_<PyLoad>& handle) {
         }));
       }, nb::arg("name"), nb::arg("callback"),
            "callback(error, tensor) once, on the load's callback thread (with the GIL).")
+      .def("on_module_ready", [](PyLoad& l, const std::string& prefix, nb::object callback) {
+        auto cb = std::make_shared<PyRef>(std::move(callback));
+        ThrowIfError(l.handle.OnModuleReady(prefix, [cb](Status s) {
+          RunPython([&] { cb->get()(s.ok() ? nb::none() : MakeException(s)); });
+        }));
+      }, nb::arg("prefix"), nb::arg("callback"),
+           "callback(error_or_None) once every tensor of module `prefix` is in place.")
       .def("on_done", [](PyLoad& l, nb::object callback) {
         auto cb = std::make_shared<PyRef>(std::move(callback));
         ThrowIfError(l.handle.OnDone([cb](Status s) {

@@ -48,6 +48,23 @@ def test_futures_resolve_to_each_tensor(model):
         handle.tensor("no.such.tensor")
 
 
+def test_a_module_future_resolves_once_its_tensors_are_in_place(model):
+    path, tensors = model
+    handle = loadstone.Loader().load(path)
+    layer = handle.module("layers.1")  # layers.1.weight, not layers.10 or layers.11
+    assert isinstance(layer, concurrent.futures.Future)
+    assert layer.result(timeout=30) is None
+    # In place by then: waiting for it takes no time.
+    got = handle.wait_tensor("layers.1.weight", timeout=0)
+    assert torch.equal(to_torch(got), tensors["layers.1.weight"])
+    assert handle.module("").result(timeout=30) is None
+    assert sorted(handle.result()) == sorted(tensors)
+    with pytest.raises(loadstone.NotFoundError):
+        handle.module("layers.99")
+    with pytest.raises(loadstone.NotFoundError):
+        handle.module("layer")
+
+
 def test_asyncio_awaits_without_blocking_its_loop(model):
     path, tensors = model
 
