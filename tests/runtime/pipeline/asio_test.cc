@@ -28,15 +28,10 @@ namespace {
 
 constexpr const char* kTensor = "model.layers.1.attn.q.weight";
 
+using testing::EveryChunkRead;
 using testing::OneReadAtATime;
 using testing::SlowReads;
 
-// A plan whose every chunk goes through the (slow) reader: no page-cache copies.
-LoadPlan EveryChunkRead(const Checkpoint& ckpt) {
-  PlanOptions po;
-  po.routes.fill_fresh_pages = false;
-  return testing::MixedModel::PlanOf(ckpt, po);
-}
 
 TEST_CASE("asio: a plain callback gets the status and the handle, off the Loader's threads") {
   testing::MixedModel model;

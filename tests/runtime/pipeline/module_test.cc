@@ -13,6 +13,7 @@
 namespace loadstone {
 namespace {
 
+using testing::EveryChunkRead;
 using testing::OneReadAtATime;
 using testing::SlowReads;
 
@@ -24,12 +25,6 @@ bool Ready(const std::shared_future<Status>& f) {
   return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
-// A plan whose every chunk goes through the (slow) reader: no page-cache copies.
-LoadPlan EveryChunkRead(const Checkpoint& ckpt) {
-  PlanOptions po;
-  po.routes.fill_fresh_pages = false;
-  return testing::MixedModel::PlanOf(ckpt, po);
-}
 
 TEST_CASE("module: resolves once every tensor under it is in place, and not before") {
   testing::MixedModel model;

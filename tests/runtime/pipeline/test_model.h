@@ -127,6 +127,14 @@ struct MixedModel {
   LoadPlan plan = PlanOf(ckpt);
 };
 
+// A plan of `ckpt` whose every chunk goes through the reader (a slow one in tests that act on a
+// running load): no page-cache copies.
+inline LoadPlan EveryChunkRead(const Checkpoint& ckpt) {
+  PlanOptions po;
+  po.routes.fill_fresh_pages = false;
+  return MixedModel::PlanOf(ckpt, po);
+}
+
 inline size_t SpecIndex(const std::string& name) {
   const auto specs = MixedTensors();
   for (size_t i = 0; i < specs.size(); ++i) {
