@@ -21,13 +21,12 @@ import argparse
 import datetime
 import json
 import os
-import random
 import statistics
 import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tp_bench import drop_cache, launch  # noqa: E402
+from tp_bench import drop_cache, launch, timed_rounds  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H, I, E, L, VOCAB, HEADS, KV = 1024, 768, 64, 8, 32000, 16, 4
@@ -97,15 +96,7 @@ def main():
         write_model(a.model)
     base = ["load", a.model, "--tp", str(a.ranks)]
     modes = {"ep": base + ["--ep"], "tp": base}
-    times = {mode: [] for mode in modes}
-    for _ in range(a.rounds):
-        order = list(modes)
-        random.shuffle(order)
-        for mode in order:
-            drop_cache(a.model)
-            seconds, _ = launch(a.cli, a.ranks, modes[mode])
-            times[mode].append(seconds)
-            print(f"{mode}: {seconds:.2f} s", file=sys.stderr)
+    times = timed_rounds(a.cli, a.ranks, a.model, modes, a.rounds)
     docs = {}
     for mode, args in modes.items():
         drop_cache(a.model)

@@ -66,6 +66,20 @@ def launch(cli, ranks, args, timeout=600):
     return seconds, run.stdout
 
 
+def timed_rounds(cli, ranks, model, modes, rounds):
+    """{mode: [seconds, ...]}: every mode's launch once a round, in a shuffled order, cold."""
+    times = {mode: [] for mode in modes}
+    for _ in range(rounds):
+        order = list(modes)
+        random.shuffle(order)
+        for mode in order:
+            drop_cache(model)
+            seconds, _ = launch(cli, ranks, modes[mode])
+            times[mode].append(seconds)
+            print(f"{mode}: {seconds:.2f} s", file=sys.stderr)
+    return times
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="/var/tmp/loadstone-bench-llama40")
@@ -83,15 +97,7 @@ def main():
             json.dump(LLAMA_PLAN, f)
         split = ["load", a.model, "--tp", str(a.ranks), "--tp-plan", plan]
         modes = {"split": split, "whole": ["load", a.model], "once": split + ["--read-once"]}
-        times = {mode: [] for mode in modes}
-        for _ in range(a.rounds):
-            order = list(modes)
-            random.shuffle(order)
-            for mode in order:
-                drop_cache(a.model)
-                seconds, _ = launch(a.cli, a.ranks, modes[mode])
-                times[mode].append(seconds)
-                print(f"{mode}: {seconds:.2f} s", file=sys.stderr)
+        times = timed_rounds(a.cli, a.ranks, a.model, modes, a.rounds)
         documents = {}
         for mode, extra in (("split", []), ("once", ["--read-once"]),
                             ("auto", ["--read-mode", "auto"])):
