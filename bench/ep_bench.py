@@ -26,7 +26,7 @@ import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tp_bench import drop_cache, launch, timed_rounds  # noqa: E402
+from tp_bench import drop_cache, launch, report, timed_rounds  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H, I, E, L, VOCAB, HEADS, KV = 1024, 768, 64, 8, 32000, 16, 4
@@ -124,12 +124,7 @@ def main():
                "reads_sum": sum(d["requested_bytes"] for d in tp)},
     }
     result["ep"]["reads_within_bound"] = result["ep"]["reads_sum"] <= result["ep"]["reads_bound"]
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out + ".tmp", "w") as f:
-            f.write(text + "\n")
-        os.replace(a.out + ".tmp", a.out)
+    report(result, a.out)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,16 @@ def launch(cli, ranks, args, timeout=600):
     return seconds, run.stdout
 
 
+def report(result, out):
+    """Prints `result` as JSON, and writes it to `out` (when given) whole: beside, then renamed."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        with open(out + ".tmp", "w") as f:
+            f.write(text + "\n")
+        os.replace(out + ".tmp", out)
+
+
 def timed_rounds(cli, ranks, model, modes, rounds):
     """{mode: [seconds, ...]}: every mode's launch once a round, in a shuffled order, cold."""
     times = {mode: [] for mode in modes}
@@ -147,12 +157,7 @@ def main():
         "split_load_seconds": [d["load_seconds"] for d in docs],
         "split_exchange_seconds": [d["exchange_seconds"] for d in docs],
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out + ".tmp", "w") as f:
-            f.write(text + "\n")
-        os.replace(a.out + ".tmp", a.out)
+    report(result, a.out)
 
 
 if __name__ == "__main__":
