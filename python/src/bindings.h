@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 
 #include "loadstone/checkpoint.h"
+#include "loadstone/loader.h"
 #include "loadstone/plan.h"
 
 namespace loadstone::python {
@@ -20,6 +21,9 @@ struct PyPlan {
 void RegisterCheckpoint(nanobind::module_& m);  // py_checkpoint.cc
 void RegisterLoad(nanobind::module_& m);        // py_load.cc
 void RegisterModel(nanobind::module_& m);       // py_model.cc
+
+nanobind::dict ProgressDict(const Progress& p);     // py_stats.cc
+nanobind::dict ReadStatsDict(const ReadStats& s);   // py_stats.cc
 
 }  // namespace loadstone::python
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -194,38 +195,6 @@ nb::tuple NextLanded(PyLoad& load, nb::handle timeout) {
   return nb::make_tuple(ended ? 2 : 1, nb::none());
 }
 
-nb::dict ProgressDict(const Progress& p) {
-  nb::dict d;
-  d["bytes_total"] = p.bytes_total;
-  d["bytes_read"] = p.bytes_read;
-  d["bytes_to_place"] = p.bytes_to_place;
-  d["bytes_placed"] = p.bytes_placed;
-  d["tensors_total"] = p.tensors_total;
-  d["tensors_done"] = p.tensors_done;
-  d["seconds"] = p.seconds;
-  d["read_gbps"] = p.read_gbps;
-  d["eta_seconds"] = p.eta_seconds;
-  return d;
-}
-
-nb::dict ReadStatsDict(const ReadStats& s) {
-  nb::dict d;
-  d["direct_bytes"] = s.direct_bytes;
-  d["buffered_bytes"] = s.buffered_bytes;
-  d["bounced_bytes"] = s.bounced_bytes;
-  d["resubmits"] = s.resubmits;
-  d["conversions_moved"] = s.conversions_moved;
-  nb::dict routes;
-  for (size_t i = 0; i < kReadRouteCount; ++i) {
-    const RouteCount& r = s.routes[i];
-    if (r.reads == 0) continue;
-    routes[std::string(ReadRouteName(static_cast<ReadRoute>(i))).c_str()] =
-        nb::make_tuple(r.reads, r.bytes);
-  }
-  d["routes"] = routes;
-  return d;
-}
-
 void InitLoader(PyLoader* self, const std::string& backend, int queue_depth, int worker_threads,
                 uint64_t staging_bytes, bool direct_io, nb::handle platform) {
   LoaderOptions options;
@@ -295,6 +264,14 @@ nb::dict WriteOffloadFor(PyLoader& self, const PyPlan& plan, uint64_t batch_byte
 }
 
 // LoadHandle's waits and callbacks (wait ... next_landed).
+// `callback(error_or_None)`, called with the GIL from a load's callback thread.
+std::function<void(Status)> StatusCallback(nb::object callback) {
+  auto cb = std::make_shared<PyRef>(std::move(callback));
+  return [cb](Status s) {
+    RunPython([&] { cb->get()(s.ok() ? nb::none() : MakeException(s)); });
+  };
+}
+
 void DefineWaits(nb::class_<PyLoad>& handle) {
   handle
       .def("wait", [](PyLoad& l, nb::handle timeout) { return WaitFor(l.handle.Done(), timeout); },
@@ -331,17 +308,11 @@ void DefineWaits(nb::class_<PyLoad>& handle) {
       }, nb::arg("name"), nb::arg("callback"),
            "callback(error, tensor) once, on the load's callback thread (with the GIL).")
       .def("on_module_ready", [](PyLoad& l, const std::string& prefix, nb::object callback) {
-        auto cb = std::make_shared<PyRef>(std::move(callback));
-        ThrowIfError(l.handle.OnModuleReady(prefix, [cb](Status s) {
-          RunPython([&] { cb->get()(s.ok() ? nb::none() : MakeException(s)); });
-        }));
+        ThrowIfError(l.handle.OnModuleReady(prefix, StatusCallback(std::move(callback))));
       }, nb::arg("prefix"), nb::arg("callback"),
            "callback(error_or_None) once every tensor of module `prefix` is in place.")
       .def("on_done", [](PyLoad& l, nb::object callback) {
-        auto cb = std::make_shared<PyRef>(std::move(callback));
-        ThrowIfError(l.handle.OnDone([cb](Status s) {
-          RunPython([&] { cb->get()(s.ok() ? nb::none() : MakeException(s)); });
-        }));
+        ThrowIfError(l.handle.OnDone(StatusCallback(std::move(callback))));
       }, nb::arg("callback"), "callback(error_or_None) once the load has ended.")
       .def("next_landed", &NextLanded, nb::arg("timeout") = nb::none(),
            "(0, tensor) for the next tensor to land (each once, in landing order), (1, None) "
