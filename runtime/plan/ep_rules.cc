@@ -5,6 +5,8 @@
 #include <array>
 #include <cctype>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -109,13 +111,14 @@ bool SplitsByExpert(const TpPlan& plan, const ExpertTensor& e) {
 Result<ExpertOwners> ExpertOwners::Of(std::span<const std::string> names, const TpPlan& plan,
                                       int tp) {
   std::unordered_map<std::string, std::unordered_set<uint64_t>> seen;
+  std::vector<std::pair<const std::string*, ExpertTensor>> split;  // the names it splits
   for (const std::string& name : names) {
     auto expert = ExpertTensorOf(name);
     if (!expert || !SplitsByExpert(plan, *expert)) continue;
     seen[expert->experts].insert(expert->index);
+    split.emplace_back(&name, std::move(*expert));
   }
-  ExpertOwners out;
-  out.plan_ = plan;
+  std::unordered_map<std::string, uint64_t> per_rank;  // experts module → experts a rank holds
   for (const auto& [module, indices] : seen) {
     const uint64_t n = indices.size();
     const uint64_t top = *std::max_element(indices.begin(), indices.end());
@@ -131,18 +134,19 @@ Result<ExpertOwners> ExpertOwners::Of(std::span<const std::string> names, const 
           "(transformers refuses it too); give a --tp that divides {}, or load without --ep",
           module, n, tp, n));
     }
-    out.per_rank_.emplace(module, n / static_cast<uint64_t>(tp));
+    per_rank.emplace(module, n / static_cast<uint64_t>(tp));
+  }
+  ExpertOwners out;
+  for (const auto& [name, expert] : split) {
+    out.owner_.emplace(*name, static_cast<int>(expert.index / per_rank.at(expert.experts)));
   }
   return out;
 }
 
 std::optional<int> ExpertOwners::OwnerOf(std::string_view name) const {
-  if (per_rank_.empty()) return std::nullopt;
-  const auto expert = ExpertTensorOf(name);
-  if (!expert || !SplitsByExpert(plan_, *expert)) return std::nullopt;
-  const auto it = per_rank_.find(expert->experts);
-  if (it == per_rank_.end()) return std::nullopt;
-  return static_cast<int>(expert->index / it->second);
+  const auto it = owner_.find(std::string(name));
+  if (it == owner_.end()) return std::nullopt;
+  return it->second;
 }
 
 }  // namespace loadstone::planning

@@ -61,8 +61,7 @@ class ExpertOwners {
   std::optional<int> OwnerOf(std::string_view name) const;
 
  private:
-  TpPlan plan_;
-  std::unordered_map<std::string, uint64_t> per_rank_;  // experts module → experts a rank holds
+  std::unordered_map<std::string, int> owner_;  // each split expert tensor → its rank
 };
 
 }  // namespace loadstone::planning
