@@ -211,6 +211,11 @@ struct ModelConfig {
   std::optional<int64_t> group_size;
   std::string checkpoint_format;
   std::string version;
+  // num_hidden_layers (else text_config's) and num_nextn_predict_layers (DeepSeek's
+  // multi-token-prediction layers, stored after the decoder's): the execution order puts those
+  // last (PlanOptions::order). Unset / 0 when absent or not a count.
+  std::optional<int> num_hidden_layers;
+  int num_nextn_predict_layers = 0;
 };
 
 struct OpenOptions {

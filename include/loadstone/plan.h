@@ -22,6 +22,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/device_map.h"
 #include "loadstone/dtype.h"
+#include "loadstone/plan_order.h"
 #include "loadstone/status.h"
 
 namespace loadstone {
@@ -262,6 +263,11 @@ struct ReadChunk {
 struct PlanOptions : DeviceMapOptions {
   PlanOptions() { device_map = "cpu"; }
 
+  // The order tensors are planned and read in. kGiven: `order_prefixes` (module prefixes or
+  // tensor names; each must name at least one tensor of the checkpoint, else InvalidArgument).
+  TensorOrder order = TensorOrder::kExecution;
+  std::vector<std::string> order_prefixes;
+
   // A map given in full (accelerate's dict form; `loadstone plan --json` prints one), used as it
   // is instead of inferring one from `device_map`. Every tensor must fall under a key.
   std::optional<DeviceMap> explicit_map;
@@ -322,8 +328,13 @@ struct PlanOptions : DeviceMapOptions {
 };
 
 struct LoadPlan {
-  std::vector<TensorPlan> tensors;  // priority order: shard order, then natural name order
+  std::vector<TensorPlan> tensors;  // priority order: PlanOptions::order, module by module
   std::vector<ReadChunk> reads;     // the read schedule, in priority order
+  TensorOrder order = TensorOrder::kExecution;  // PlanOptions::order
+  // `tensors` cut into the modules of the order, in that order (every tensor in one): a module
+  // is the dotted name up to its first number ("model.layers.3"), a diffusers mid_block, else a
+  // tensor's parent module; kGiven's prefixes. In file order a module may come back later.
+  std::vector<PlanModule> modules;
   // Tensors mapped to "disk", in priority order: not read by Loader::Load (see OffloadPlan).
   std::vector<OffloadPlan> offloaded;
   std::string offload_folder;       // PlanOptions::offload_folder

@@ -52,11 +52,28 @@ Status ToQuantization(const nlohmann::json& q, const std::string& what, ModelCon
   return Status::OK();
 }
 
+// A layer count at the top level of `doc`, else in its text_config: none when absent or not a
+// count (it only orders reads).
+std::optional<int> LayerCount(const nlohmann::json& doc, const char* key) {
+  const nlohmann::json* at = nullptr;
+  if (auto n = doc.find(key); n != doc.end()) {
+    at = &*n;
+  } else if (auto text = doc.find("text_config"); text != doc.end() && text->is_object()) {
+    if (auto m = text->find(key); m != text->end()) at = &*m;
+  }
+  if (at == nullptr || !at->is_number_integer()) return std::nullopt;
+  const int64_t n = at->get<int64_t>();
+  if (n < 0 || n > (1 << 20)) return std::nullopt;
+  return static_cast<int>(n);
+}
+
 Result<ModelConfig> ToConfig(const nlohmann::json& doc, const std::string& path,
                              const std::string& what) {
   ModelConfig config;
   config.path = path;
   if (!doc.is_object()) return Status::Corruption(what + " is not a JSON object");
+  config.num_hidden_layers = LayerCount(doc, "num_hidden_layers");
+  config.num_nextn_predict_layers = LayerCount(doc, "num_nextn_predict_layers").value_or(0);
   auto q = doc.find("quantization_config");
   if (q == doc.end() || q->is_null()) return config;
   if (!q->is_object()) return Status::Corruption(what + ": quantization_config is not an object");

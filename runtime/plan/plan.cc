@@ -14,6 +14,7 @@
 #include "io/formats/offload_folder.h"
 #include "runtime/convert/cast.h"
 #include "runtime/convert/fp8_block.h"
+#include "runtime/plan/exec_order.h"
 #include "runtime/plan/fp8_pairs.h"
 #include "runtime/plan/plan_warnings.h"
 #include "runtime/plan/schedule.h"
@@ -337,8 +338,12 @@ Result<LoadPlan> Plan(const Checkpoint& checkpoint, const PlanOptions& options) 
   plan.warnings = std::move(plan.devices.warnings);
   plan.devices.warnings.clear();
   planning::WarnIneffective(checkpoint, options, &plan.warnings);
+  LOADSTONE_ASSIGN_OR_RETURN(const planning::TensorOrdering ordering,
+                             planning::OrderTensors(checkpoint, options));
   TensorPlanner planner(checkpoint, options, targets, scale_pairs, is_scale, &plan);
-  LOADSTONE_RETURN_IF_ERROR(planner.AddAll(planning::PriorityOrder(infos)));
+  LOADSTONE_RETURN_IF_ERROR(planner.AddAll(ordering.order));
+  plan.order = options.order;
+  planning::CutModules(ordering.module, &plan);
   plan.offload_folder = options.offload_folder;
   CountUsage(plan, planner.device_of(), &plan.devices.usage);
   planning::IndexTargets(planner.device_of(), &plan);

@@ -1,7 +1,6 @@
 #include "runtime/plan/schedule.h"
 
 #include <algorithm>
-#include <charconv>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -10,26 +9,6 @@
 
 namespace loadstone::planning {
 namespace {
-
-// Natural order of dotted names: numeric components compare as numbers ("layers.2" before
-// "layers.10"), the rest as text.
-bool NaturalLess(std::string_view a, std::string_view b) {
-  while (!a.empty() && !b.empty()) {
-    const size_t ea = std::min(a.find('.'), a.size()), eb = std::min(b.find('.'), b.size());
-    const std::string_view ca = a.substr(0, ea), cb = b.substr(0, eb);
-    uint64_t na = 0, nb = 0;
-    const bool num_a = !ca.empty() && std::from_chars(ca.data(), ca.data() + ca.size(), na).ptr ==
-                                          ca.data() + ca.size();
-    const bool num_b = !cb.empty() && std::from_chars(cb.data(), cb.data() + cb.size(), nb).ptr ==
-                                          cb.data() + cb.size();
-    if (num_a && num_b && na != nb) return na < nb;
-    if (num_a != num_b) return num_a;  // numbers before names at the same level
-    if (ca != cb) return ca < cb;
-    a.remove_prefix(std::min(ea + 1, a.size()));
-    b.remove_prefix(std::min(eb + 1, b.size()));
-  }
-  return a.size() < b.size();
-}
 
 // Memory of this size or more is worth a fresh-pages mapping of its own (a tensor, or a shared
 // buffer); smaller: not worth the mapping.
@@ -174,16 +153,6 @@ Status ScheduleGroup(const std::vector<TensorInfo>& infos, const std::vector<uin
 }
 
 }  // namespace
-
-std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos) {
-  std::vector<size_t> order(infos.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (infos[a].file != infos[b].file) return infos[a].file < infos[b].file;
-    return NaturalLess(infos[a].name, infos[b].name);
-  });
-  return order;
-}
 
 ReadRoute RouteWithoutFreshPages(const ReadRouteOptions& routes) {
   return routes.stage_cold_reads ? ReadRoute::kStagedWhenCold : ReadRoute::kInPlace;

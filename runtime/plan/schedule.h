@@ -20,10 +20,6 @@ inline constexpr uint64_t kMaxRelayoutSpan = 256ULL << 20;
 // PlanOptions::coalesce_gap may allow.
 inline constexpr uint64_t kCoalesceGap = 4096;
 
-// Priority order (indices into `infos`): shard order, then natural name order within a shard
-// ("layers.2" before "layers.10").
-std::vector<size_t> PriorityOrder(const std::vector<TensorInfo>& infos);
-
 // LoadPlan::targets from the device of each planned tensor (`device_of[i]` holds tensor i),
 // and TensorPlan::device as an index into it.
 void IndexTargets(const std::vector<Device>& device_of, LoadPlan* plan);

@@ -109,5 +109,39 @@ TEST_CASE("plan: a checkpoint, default no-split, overrides and the table", "[too
   CHECK(explain.out.find("no-split: none") != std::string::npos);
 }
 
+TEST_CASE("plan --order: execution by default, file, a file of prefixes, and its errors",
+          "[tools][plan]") {
+  const std::string llama = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/tp/models/llama";
+  const std::string deepseek = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures/order/deepseek";
+  Run execution = Plan(deepseek + " --json");
+  REQUIRE(execution.code == 0);
+  CHECK(execution.out.find(R"("order": "execution", "modules": [{"prefix":"model.embed_tokens")") !=
+        std::string::npos);
+  Run file = Plan(deepseek + " --order file --json");
+  REQUIRE(file.code == 0);
+  CHECK(file.out.find(R"("order": "file", "modules": [{"prefix":"lm_head","tensors":1)") !=
+        std::string::npos);
+  testing::TempDir dir;
+  std::ofstream(dir.Path("order.txt")) << "# the head first\n  lm_head  \nmodel.layers.1\n\n";
+  Run given = Plan(llama + " --order " + dir.Path("order.txt"));
+  INFO(given.err);
+  REQUIRE(given.code == 0);
+  CHECK(given.out.find("order: given, 5 modules: lm_head, model.layers.1, model.embed_tokens, "
+                       "model.layers.0, model.norm\n") != std::string::npos);
+  Run missing = Plan(llama + " --order " + dir.Path("none.txt"));
+  CHECK(missing.code == 1);
+  CHECK(missing.err.rfind("error: InvalidArgument: --order: '" + dir.Path("none.txt") +
+                              "' is not execution, file or a readable file",
+                          0) == 0);
+  std::ofstream(dir.Path("bad.txt")) << "model.layers.9\n";
+  Run bad = Plan(llama + " --order " + dir.Path("bad.txt"));
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("prefix 'model.layers.9' of the given order names no tensor") !=
+        std::string::npos);
+  std::ofstream(dir.Path("empty.txt")) << "# nothing\n";
+  CHECK(Plan(llama + " --order " + dir.Path("empty.txt")).err.find("names no module prefix") !=
+        std::string::npos);
+}
+
 }  // namespace
 }  // namespace loadstone

@@ -35,6 +35,17 @@ std::string StringList(const std::vector<std::string>& items) {
   return out + "]";
 }
 
+// The read order, module by module, with each module's tensors and placed bytes.
+nlohmann::ordered_json ModulesJson(const LoadPlan& load_plan) {
+  nlohmann::ordered_json modules = nlohmann::ordered_json::array();
+  for (const PlanModule& m : load_plan.modules) {
+    uint64_t bytes = 0;
+    for (uint32_t t = m.first; t < m.end; ++t) bytes += load_plan.tensors[t].nbytes;
+    modules.push_back({{"prefix", m.prefix}, {"tensors", m.end - m.first}, {"bytes", bytes}});
+  }
+  return modules;
+}
+
 // `load_plan` (a checkpoint's plan): sizes are as the load places each tensor, and its routes
 // are shown; null: sized as accelerate sizes.
 void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings, bool explain,
@@ -84,6 +95,10 @@ void PrintJson(const DevicePlan& plan, const std::vector<std::string>& warnings,
     }
     std::cout << ", \"quantized\": "
               << quantized.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    std::cout << ", \"order\": " << Quote(TensorOrderName(load_plan->order))
+              << ", \"modules\": "
+              << ModulesJson(*load_plan).dump(-1, ' ', false,
+                                              nlohmann::json::error_handler_t::replace);
     std::cout << ", \"reads\": " << load_plan->reads.size()
               << ", \"routes\": " << RoutesJson(load_plan->RouteTotals()).dump();
   }
@@ -181,9 +196,21 @@ void PrintQuantized(const LoadPlan& load_plan, const std::vector<TensorInfo>& ch
   }
 }
 
-// The number of reads, then the reads and bytes of each route taken.
+// The read order and its modules (the first and last few), the number of reads, then the reads
+// and bytes of each route taken.
 void PrintReads(const LoadPlan& load_plan) {
-  std::cout << fmt::format("\nreads: {}\n", load_plan.reads.size());
+  const auto& modules = load_plan.modules;
+  std::string shown;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (modules.size() > 6 && i == 3) {
+      shown += fmt::format(", … {} more …", modules.size() - 6);
+      i = modules.size() - 3;
+    }
+    shown += (shown.empty() ? "" : ", ") + modules[i].prefix;
+  }
+  std::cout << fmt::format("\norder: {}, {} modules: {}\n", TensorOrderName(load_plan.order),
+                           modules.size(), shown);
+  std::cout << fmt::format("reads: {}\n", load_plan.reads.size());
   const auto totals = load_plan.RouteTotals();
   for (size_t r = 0; r < totals.size(); ++r) {
     if (totals[r].reads == 0) continue;

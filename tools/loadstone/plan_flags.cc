@@ -1,5 +1,6 @@
 #include "tools/loadstone/plan_flags.h"
 
+#include <cctype>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "io/formats/json_util.h"
 #include "loadstone/platform.h"
 #include "tools/loadstone/parse.h"
 
@@ -94,6 +96,10 @@ void PlanFlags::Register(CLI::App* cmd, bool path_required) {
                 "Quantized tensors stay packed as stored even with --dtype (else dequantized)");
   cmd->add_flag("--pin-memory", pin_memory,
                 "Put CPU tensors in pinned host memory of the GPU (fails without one)");
+  cmd->add_option("--order", order,
+                  "Read order: execution (default: the order the model runs), file (as stored), "
+                  "or FILE: module prefixes, one a line, read first in that order")
+      ->type_name("ORDER");
   cmd->add_option("--assume-gpus", assume_gpus,
                   "Plan for a machine with COUNT GPUs of SIZE each (e.g. 2x80GiB) instead of this "
                   "one; `load` then places their tensors on simulated devices (host memory)");
@@ -188,6 +194,41 @@ void SetSwitches(const PlanFlags& flags, PlanOptions& o) {
   o.routes.mmap = flags.mmap;
 }
 
+// --order into o.order: "execution", "file", or a file naming module prefixes (one a line;
+// blank lines and '#' comments skipped). InvalidArgument for a file that cannot be read.
+Status SetOrder(const std::string& order, PlanOptions& o) {
+  if (order.empty() || order == "execution") return Status::OK();
+  if (order == "file") {
+    o.order = TensorOrder::kFile;
+    return Status::OK();
+  }
+  auto text = io::ReadSmallFile(order, "--order file", 16 << 20, "16 MiB");
+  if (!text.ok()) {
+    return Status::InvalidArgument(fmt::format(
+        "--order: '{}' is not execution, file or a readable file of module prefixes ({})", order,
+        text.status().message()));
+  }
+  o.order = TensorOrder::kGiven;
+  for (std::string_view rest = *text; !rest.empty();) {
+    const size_t end = std::min(rest.find('\n'), rest.size());
+    std::string_view line = rest.substr(0, end);
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+    line = line.substr(0, std::min(line.find('#'), line.size()));
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) {
+      line.remove_suffix(1);
+    }
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front()))) {
+      line.remove_prefix(1);
+    }
+    if (!line.empty()) o.order_prefixes.emplace_back(line);
+  }
+  if (o.order_prefixes.empty()) {
+    return Status::InvalidArgument(fmt::format(
+        "--order: '{}' names no module prefix (one a line, '#' starts a comment)", order));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
@@ -219,6 +260,7 @@ Result<PlanInput> PlanFlags::Resolve(std::string_view default_map) const {
   if (strategy == "greedy") o.strategy = PlanStrategy::kGreedy;
   LOADSTONE_RETURN_IF_ERROR(SetFixes(fixes, o.fixes));
   SetSwitches(*this, o);
+  LOADSTONE_RETURN_IF_ERROR(SetOrder(order, o));
   if (!assume_gpus.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(SimulatedMachine machine, ParseAssumeGpus(assume_gpus, &in.warnings));
     o.platform = Platform::Simulated(machine.WithDevices());  // `load` runs the plan on them

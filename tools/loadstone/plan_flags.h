@@ -52,6 +52,7 @@ struct PlanFlags {
   bool pin_memory = false;  // PlanOptions::pin_cpu_tensors
   bool keep_packed = false;  // PlanOptions::keep_packed
   std::string assume_gpus;  // COUNTxSIZE: plan (and load) on a simulated machine
+  std::string order;  // --order: execution, file, or a file of module prefixes
 
   // `path_required`: load and bench need a checkpoint; plan takes one, a description or both.
   void Register(CLI::App* cmd, bool path_required);

@@ -19,7 +19,7 @@ std::vector<std::string> Names(const Checkpoint& ckpt, const LoadPlan& plan) {
   return names;
 }
 
-TEST_CASE("plan: tensors come in shard order, then natural name order") {
+TEST_CASE("plan: tensors come in execution order: embeddings, layers by number, head last") {
   TempDir dir;
   Checkpoint ckpt = testing::WriteMixedCheckpoint(dir, 1'000'000'000);  // one file
   auto plan = Plan(ckpt);
@@ -28,7 +28,9 @@ TEST_CASE("plan: tensors come in shard order, then natural name order") {
   auto pos = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
   CHECK(pos("model.layers.2.fp8.weight") < pos("model.layers.10.attn.q.weight"));
   CHECK(pos("model.layers.0.attn.q.bias") < pos("model.layers.1.attn.q.weight"));
-  CHECK(pos("lm_head.weight") < pos("model.embed_tokens.weight"));  // names, not module order
+  // Module order, not names: the file stores lm_head first (tests/runtime/plan/order_test.cc).
+  CHECK(pos("model.embed_tokens.weight") < pos("model.layers.0.attn.q.bias"));
+  CHECK(pos("lm_head.weight") == static_cast<std::ptrdiff_t>(names.size()) - 1);
 }
 
 TEST_CASE("plan: every byte is read exactly once, chunks bounded by max_chunk") {
