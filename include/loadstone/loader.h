@@ -241,6 +241,24 @@ class LoadHandle {
   // for a prefix no tensor is under, InvalidArgument on an empty handle.
   Status OnModuleReady(std::string_view prefix, std::function<void(Status)> callback) const;
 
+  // Calls `callback` once for each module of the plan's order (LoadPlan::modules), in that
+  // order: with OK once every tensor of it and of every module before it is in place — the step
+  // an engine running the model layer by layer takes — or, once and then never again, with the
+  // load's failure for the first module not in place when the load ends without it. On the
+  // load's callback thread, or at once on this thread for the modules already known; never two
+  // at once. An OnTensorReady callback in every other way. Errors: InvalidArgument on an empty
+  // handle.
+  Status OnModules(std::function<void(const PlanModule&, Status)> callback) const;
+
+  // Moves the reads of module `prefix` (as Module names it; with the scales its quantized
+  // weights wait for) not yet issued to the front of the load's queue, ahead of the plan's
+  // order and of modules prioritized before: an engine asked for a module (an expert, a LoRA)
+  // that is not loaded yet has it first. Returns at once; reads already in flight go on, and
+  // once the load has ended, or when every read of the module is issued, nothing changes.
+  // Thread-safe; may be called from a callback. Errors: NotFound for a prefix no tensor is
+  // under, InvalidArgument on an empty handle.
+  Status Prioritize(std::string_view prefix) const;
+
   // Every tensor once Done() is OK, in plan order; empty before that.
   std::vector<loadstone::Tensor> Tensors() const;
 

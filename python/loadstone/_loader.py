@@ -58,8 +58,9 @@ class Loader:
         """Starts loading `checkpoint` (a path or a loadstone.Checkpoint) and returns a LoadHandle
         at once. Options are the plan's: device ("cpu", "cuda:0", 0) or device_map ("auto",
         "balanced", "sequential", a dict), dtype, max_memory, no_split, keep_in_fp32,
-        special_dtypes, include (names), keep_packed, mmap, offload_folder, ... Tensors the map
-        sends to "disk" are not loaded (write_offload writes them).
+        special_dtypes, include (names), keep_packed, mmap, offload_folder, order ("execution",
+        the default: the order the model runs; "file"; or a list of module prefixes read first),
+        ... Tensors the map sends to "disk" are not loaded (write_offload writes them).
 
         progress: a tqdm bar while a wait runs (None: when tqdm is installed and stderr is a
         terminal). destinations: {name: (address, nbytes)} of memory the caller owns and keeps

@@ -224,6 +224,20 @@ class LoadHandle:
         self._core.on_module_ready(prefix, ready)
         return fut
 
+    def on_modules(self, callback):
+        """Calls callback(prefix, error_or_None) for each module of the plan's read order
+        (embeddings, layers 0 … N-1, the norm, the head), in that order, once it and every
+        module before it are in place — the step of a forward pass run layer by layer; once, with
+        the load's error, for the first module not in place when the load ends without it. On
+        the load's callback thread, with the GIL."""
+        self._core.on_modules(callback)
+
+    def prioritize(self, prefix):
+        """Moves the pending reads of module `prefix` (those named `prefix` or `prefix.…`) to the
+        front of the load's queue: an engine asked for a module (an expert, a LoRA) has it first.
+        Returns at once. A prefix no tensor is under raises loadstone.NotFoundError."""
+        self._core.prioritize(prefix)
+
     def wait_tensor(self, name, timeout=None):
         """Tensor `name` once it is in place (interruptible, GIL released)."""
         box = []

@@ -164,6 +164,23 @@ void TakeDeviceMapOptions(nb::dict& kwargs, DeviceMapOptions& options) {
   if (nb::object v = Take(kwargs, "explain"); !v.is_none()) options.explain = nb::cast<bool>(v);
 }
 
+// `order`: "execution", "file", or a list of module prefixes read first (PlanOptions::order).
+void TakeOrder(nb::dict& kwargs, PlanOptions& options) {
+  nb::object v = Take(kwargs, "order");
+  if (v.is_none()) return;
+  if (nb::isinstance<nb::str>(v)) {
+    const std::string order = Str(v);
+    if (order != "execution" && order != "file") {
+      throw nb::value_error(("order: '" + order + "' is not \"execution\", \"file\" or a list "
+                             "of module prefixes").c_str());
+    }
+    options.order = order == "file" ? TensorOrder::kFile : TensorOrder::kExecution;
+    return;
+  }
+  options.order = TensorOrder::kGiven;
+  options.order_prefixes = StringList(v, "order");
+}
+
 PlanOptions ParsePlanOptions(nb::dict kwargs) {
   PlanOptions options;
   TakeDeviceMapOptions(kwargs, options);
@@ -204,6 +221,7 @@ PlanOptions ParsePlanOptions(nb::dict kwargs) {
     auto block = nb::cast<std::tuple<uint64_t, uint64_t>>(v);
     options.fp8_block = std::array<uint64_t, 2>{std::get<0>(block), std::get<1>(block)};
   }
+  TakeOrder(kwargs, options);
   if (nb::object v = Take(kwargs, "max_chunk"); !v.is_none()) {
     options.max_chunk = nb::cast<uint64_t>(v);
   }

@@ -311,6 +311,16 @@ void DefineWaits(nb::class_<PyLoad>& handle) {
         ThrowIfError(l.handle.OnModuleReady(prefix, StatusCallback(std::move(callback))));
       }, nb::arg("prefix"), nb::arg("callback"),
            "callback(error_or_None) once every tensor of module `prefix` is in place.")
+      .def("on_modules", [](PyLoad& l, nb::object callback) {
+        auto cb = std::make_shared<PyRef>(std::move(callback));
+        ThrowIfError(l.handle.OnModules([cb](const PlanModule& m, Status s) {
+          RunPython([&] { cb->get()(m.prefix, s.ok() ? nb::none() : MakeException(s)); });
+        }));
+      }, nb::arg("callback"),
+           "callback(prefix, error_or_None) for each module of the plan's order, in order.")
+      .def("prioritize", [](PyLoad& l, const std::string& prefix) {
+        ThrowIfError(l.handle.Prioritize(prefix));
+      }, nb::arg("prefix"), "Moves module `prefix`'s pending reads to the front.")
       .def("on_done", [](PyLoad& l, nb::object callback) {
         ThrowIfError(l.handle.OnDone(StatusCallback(std::move(callback))));
       }, nb::arg("callback"), "callback(error_or_None) once the load has ended.")

@@ -134,6 +134,12 @@ void LoadHandle::State::RequestCancel() {
   });
 }
 
+void LoadHandle::State::RequestPriority(std::vector<uint64_t> ids) {
+  OnLoop([this, ids = std::move(ids)] {
+    if (!finished && !stopping_) read_.Prioritize(ids);
+  });
+}
+
 void LoadHandle::State::Schedule() {
   if (finished) return;
   if (!stopping_) read_.Pump();

@@ -42,6 +42,11 @@
 namespace loadstone {
 
 // Defined here so that the pipeline can reach it; the public header only names it.
+namespace pipeline {
+// What a LoadHandle that holds no load answers: InvalidArgument.
+Status NoLoad();
+}  // namespace pipeline
+
 struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State>,
                            private pipeline::LoadLink {
   // Set when this State is gone — after the loop, the workers and the callbacks let go of it and
@@ -65,6 +70,8 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State>,
   void Begin();  // Start() but for the `started` signal
   // Thread-safe: posts a cancel to the loop.
   void RequestCancel();
+  // Thread-safe: posts to the loop that reads `ids` (ascending) go next (ReadWindow::Prioritize).
+  void RequestPriority(std::vector<uint64_t> ids);
   // Thread-safe: RequestCancel when the platform's test hook asks for it at `stage`.
   void CancelIfAskedAt(LoadStage stage) override;
   // Thread-safe: the progress now (LoadHandle::progress).

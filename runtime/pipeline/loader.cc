@@ -138,15 +138,13 @@ LoadHandle& LoadHandle::operator=(LoadHandle&& other) noexcept {
   return *this;
 }
 
-namespace {
-
-Status NoLoad() {
+Status pipeline::NoLoad() {
   return Status::InvalidArgument(
       "this LoadHandle holds no load (default-constructed or moved from); use the handle "
       "Loader::Load returned");
 }
 
-}  // namespace
+using pipeline::NoLoad;
 
 LoadHandle::~LoadHandle() {
   if (!state_) return;
@@ -197,72 +195,6 @@ Status LoadHandle::OnTensor(std::function<void(const loadstone::Tensor&)> callba
 Status LoadHandle::OnDone(std::function<void(Status)> callback) {
   if (!state_) return NoLoad();
   state_->callbacks.AddDoneWaiter(std::move(callback));
-  return Status::OK();
-}
-
-namespace {
-
-// Tensor `name` is module `prefix` or under it ("" holds every name).
-bool UnderModule(std::string_view name, std::string_view prefix) {
-  if (prefix.empty() || name == prefix) return true;
-  return name.size() > prefix.size() && name.starts_with(prefix) && name[prefix.size()] == '.';
-}
-
-std::shared_future<Status> Resolved(Status status) {
-  std::promise<Status> done;
-  done.set_value(std::move(status));
-  return done.get_future().share();
-}
-
-}  // namespace
-
-std::shared_future<Status> LoadHandle::Module(std::string_view prefix) const {
-  auto promise = std::make_shared<std::promise<Status>>();
-  std::shared_future<Status> future = promise->get_future().share();
-  const Status registered =
-      OnModuleReady(prefix, [promise](Status status) { promise->set_value(std::move(status)); });
-  return registered.ok() ? future : Resolved(registered);
-}
-
-Status LoadHandle::OnModuleReady(std::string_view prefix,
-                                 std::function<void(Status)> callback) const {
-  if (!state_) return NoLoad();
-  std::vector<uint32_t> members;
-  for (const TensorPlan& t : state_->plan.tensors) {
-    if (t.source >= state_->checkpoint.tensors().size()) continue;
-    const std::string& name = state_->checkpoint.tensors()[t.source].name;
-    if (!UnderModule(name, prefix)) continue;
-    if (const std::optional<uint32_t> index = state_->tensors.IndexOf(name)) {
-      members.push_back(*index);
-    }
-  }
-  if (members.empty()) {
-    return Status::NotFound(fmt::format(
-        "no tensor of this load is module '{}' or under it (a module's tensors are named "
-        "'{}.…')",
-        prefix, prefix));
-  }
-  // Counts its tensors down; the first failure, or the last tensor, calls back.
-  struct Wait {
-    std::mutex mu;
-    size_t left = 0;
-    std::function<void(Status)> callback;  // empty once called
-  };
-  auto wait = std::make_shared<Wait>();
-  wait->left = members.size();
-  wait->callback = std::move(callback);
-  for (uint32_t index : members) {
-    state_->callbacks.AddTensorWaiter(index, [wait](Status status, const loadstone::Tensor&) {
-      std::function<void(Status)> call;
-      {
-        std::lock_guard lock(wait->mu);
-        if (!wait->callback || (status.ok() && --wait->left > 0)) return;
-        call = std::move(wait->callback);
-        wait->callback = nullptr;
-      }
-      call(std::move(status));  // outside the lock: it may wait on other tensors
-    });
-  }
   return Status::OK();
 }
 

@@ -72,6 +72,8 @@ class ReadStage {
   // Nothing of this stage in flight: no read, no page-cache copy, no slot being prepared.
   bool idle() const;
   void Cancel() { window_.Cancel(); }  // reads in flight end with Cancelled
+  // Reads `ids` (ascending) go next, ahead of the plan's order (LoadHandle::Prioritize).
+  void Prioritize(const std::vector<uint64_t>& ids) { window_.Prioritize(ids); }
   // At the load's end (REQUIRES: idle()): the reader's figures and the routes taken, the ring
   // and the files closed now; nothing when the reader never opened. FreeStaging: every slot.
   std::optional<ReadStats> Close(uint64_t conversions_moved);

@@ -20,10 +20,32 @@ Status ReadWindow::Open(asio::io_context& loop, const std::vector<std::string>& 
   return Status::OK();
 }
 
+size_t ReadWindow::next() {
+  while (!front_.empty() && issued_[front_.front()]) front_.pop_front();
+  if (!front_.empty()) return front_.front();
+  while (cursor_ < reads_ && issued_[cursor_]) ++cursor_;
+  return cursor_;
+}
+
+void ReadWindow::MarkIssued() {
+  const size_t id = next();
+  issued_[id] = true;
+  ++issued_count_;
+}
+
+size_t ReadWindow::Prioritize(const std::vector<uint64_t>& ids) {
+  std::vector<uint64_t> moved;
+  for (uint64_t id : ids) {
+    if (id < reads_ && !issued_[id]) moved.push_back(id);
+  }
+  front_.insert(front_.begin(), moved.begin(), moved.end());
+  return moved.size();
+}
+
 void ReadWindow::Issue(const io::ReadRequest& request) {
+  MarkIssued();
   batch_.push_back(request);
   ++in_flight_;
-  ++next_;
 }
 
 void ReadWindow::Flush() {

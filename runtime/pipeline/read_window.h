@@ -1,7 +1,8 @@
 // The read window of one load: its reader (io_uring, else pread) and the reader's completion
 // eventfd watched on the load's event loop, and the plan's reads issued in order while fewer than
-// a limit are in flight (backpressure: the reader's queue depth, twice over). Used on the event
-// loop only; what each read is for stays with the caller (ReadStage, read_stage.h).
+// a limit are in flight (backpressure: the reader's queue depth, twice over) — in plan order,
+// but for the reads Prioritize moved to the front. Used on the event loop only; what each read
+// is for stays with the caller (ReadStage, read_stage.h).
 #ifndef LOADSTONE_RUNTIME_PIPELINE_READ_WINDOW_H_
 #define LOADSTONE_RUNTIME_PIPELINE_READ_WINDOW_H_
 
@@ -9,6 +10,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,11 +33,16 @@ class ReadWindow {
   bool open() const { return reader_ != nullptr; }
   const io::Reader& reader() const { return *reader_; }  // REQUIRES: open()
 
-  // The next read of the plan, while one is left and there is room for it.
-  bool has_next() const { return next_ < reads_ && in_flight_ < limit_; }
-  size_t next() const { return next_; }
+  // The next read of the plan, while one is left and there is room for it: the first read
+  // moved to the front not yet issued, else the first in plan order not yet issued.
+  bool has_next() const { return issued_count_ < reads_ && in_flight_ < limit_; }
+  size_t next();
   // The next read is done without the reader (mapped, copied from the page cache).
-  void Skip() { ++next_; }
+  void Skip() { MarkIssued(); }
+  // Moves the reads `ids` (ascending) that are not issued yet to the front, before those an
+  // earlier call moved, in their plan order (a float8 weight's scales, planned before it, stay
+  // before it: a read never waits for one issued after it). Returns how many it moved.
+  size_t Prioritize(const std::vector<uint64_t>& ids);
   // The next read goes to the reader, with the others of this turn at Flush().
   void Issue(const io::ReadRequest& request);
   void Flush();
@@ -61,7 +68,12 @@ class ReadWindow {
   uint64_t eventfd_buffer_ = 0;
   std::vector<io::ReadRequest> batch_;
   std::vector<io::ReadCompletion> reaped_;
-  size_t next_ = 0;
+  void MarkIssued();
+
+  std::vector<bool> issued_ = std::vector<bool>(reads_);
+  size_t issued_count_ = 0;
+  size_t cursor_ = 0;            // the first read in plan order that may not be issued
+  std::deque<uint64_t> front_;   // reads moved to the front, maybe issued since
   size_t in_flight_ = 0;
 };
 

@@ -65,6 +65,35 @@ def test_a_module_future_resolves_once_its_tensors_are_in_place(model):
         handle.module("layer")
 
 
+def test_modules_come_in_execution_order_and_a_module_can_go_first(model):
+    path, tensors = model
+    handle = loadstone.Loader().load(path)
+    handle.prioritize("layers.11")  # read first; called back in order all the same
+    seen = []
+    handle.on_modules(lambda prefix, error: seen.append((prefix, error)))
+    handle.result(timeout=30)
+    # The embedding first (an input), then the layers by number (layers.2 before layers.10,
+    # which the file stores first).
+    assert seen == [("embed", None)] + [(f"layers.{i}", None) for i in range(12)]
+    with pytest.raises(loadstone.NotFoundError):
+        handle.prioritize("layers.99")
+    # The order is a plan option: as stored (safetensors' order: layers.10 before layers.2), or
+    # given.
+    stored, given = [], []
+    by_file = loadstone.Loader().load(path, order="file")
+    by_file.on_modules(lambda prefix, error: stored.append(prefix))
+    by_file.result(timeout=30)
+    offsets = safetensors.safe_open(path, "pt").offset_keys()
+    assert stored == [k.removesuffix(".weight") for k in offsets]
+    assert stored.index("layers.10") < stored.index("layers.2")
+    first = loadstone.Loader().load(path, order=["layers.5", "layers.3"])
+    first.on_modules(lambda prefix, error: given.append(prefix))
+    first.result(timeout=30)
+    assert given[:3] == ["layers.5", "layers.3", "embed"]
+    with pytest.raises(ValueError):
+        loadstone.Loader().load(path, order="backwards")
+
+
 def test_asyncio_awaits_without_blocking_its_loop(model):
     path, tensors = model
 

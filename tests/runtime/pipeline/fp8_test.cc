@@ -136,6 +136,27 @@ TEST_CASE("fp8 block: the CPU load dequantizes with the right scales, in any com
   CheckFp8Load(m, load, to);
 }
 
+TEST_CASE("fp8 block: a weight prioritized by its own name brings its scales, two slots never "
+          "deadlock") {
+  TempDir dir;
+  const auto m = testing::WriteFp8Checkpoint(dir);
+  PlanOptions po;
+  po.dtype = DType::kBF16;
+  po.max_chunk = 64 << 10;  // many pieces per weight, each holding a slot until its scales land
+  auto plan = Plan(m.ckpt, po);
+  REQUIRE(plan.ok());
+  LoaderOptions lo;
+  lo.staging_bytes = 1;  // the two-slot minimum
+  Loader loader(ColdAndReordered(lo));
+  LoadHandle load = loader.Load(m.ckpt, *plan);
+  // The weights, last first: each prefix is the weight alone, not its "_scale_inv" sibling.
+  for (auto it = m.ckpt.tensors().rbegin(); it != m.ckpt.tensors().rend(); ++it) {
+    if (m.ckpt.Find(it->name + "_scale_inv") != nullptr) REQUIRE(load.Prioritize(it->name).ok());
+  }
+  REQUIRE(load.Done().wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  CheckFp8Load(m, load, DType::kBF16);
+}
+
 TEST_CASE("fp8 block: without a dtype, weights and scales load as stored") {
   TempDir dir;
   const auto m = testing::WriteFp8Checkpoint(dir);
