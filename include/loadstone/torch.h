@@ -198,6 +198,52 @@ struct LoadReport {
 Result<LoadReport> LoadInto(torch::nn::Module& model, const std::string& path,
                             const TorchLoadOptions& options = {});
 
+// A load into a module that goes on while the caller computes (StartLoadInto): each parameter
+// and persistent buffer is filled as its tensor lands, in the plan's execution order
+// (PlanOptions::order: embeddings, layers 0 … N-1, the norm, the head), so a submodule may run
+// once Module(its prefix) resolves while the rest streams:
+//
+//   auto load = loadstone::libtorch::StartLoadInto(*model, path);
+//   x = model->embed(ids);  // after (*load)->Module("model.embed_tokens").get()
+//   for (k ...) { (*load)->Module(fmt::format("model.layers.{}", k)).get(); x = layer[k](x); }
+//   auto report = (*load)->Finish();
+//
+// Destroying it before Finish cancels the load and waits for it (the model may then hold some
+// new values, never a half-written tensor but with copy_into_parameters).
+class ModuleLoad {
+ public:
+  ~ModuleLoad();
+  ModuleLoad(const ModuleLoad&) = delete;
+  ModuleLoad& operator=(const ModuleLoad&) = delete;
+
+  // Resolves with OK once every parameter and buffer of submodule `prefix` ("model.layers.3";
+  // "" every one) holds its checkpoint's values, or with the load's failure (the first fill's
+  // when one failed). A prefix no tensor of the load is under: NotFound at once.
+  std::shared_future<Status> Module(std::string_view prefix) const;
+  // The load: Prioritize, OnModules, progress, Cancel.
+  LoadHandle& handle();
+  // Its plan; plan().modules is the order the modules come in.
+  const LoadPlan& plan() const;
+  // Waits for the rest and returns LoadInto's report. Errors: those of LoadInto; InvalidArgument
+  // when called twice.
+  Result<LoadReport> Finish();
+
+  struct Impl;
+
+ private:
+  friend Result<std::unique_ptr<ModuleLoad>> StartLoadInto(torch::nn::Module&,
+                                                          const std::string&,
+                                                          const TorchLoadOptions&);
+  explicit ModuleLoad(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// LoadInto's load, started: returns once it runs (the disk tensors written, their parameters
+// emptied). Errors: those LoadInto meets before loading (keys, planning).
+Result<std::unique_ptr<ModuleLoad>> StartLoadInto(torch::nn::Module& model,
+                                                  const std::string& path,
+                                                  const TorchLoadOptions& options = {});
+
 // Materialises every offloaded parameter and buffer of `model` on `device` (what accelerate's
 // hooks do before a forward pass), from `placement`. Errors: those of the loads.
 Status MaterializeOffloaded(torch::nn::Module& model, const Placement& placement,
