@@ -43,7 +43,7 @@ struct Config {
 };
 
 struct RmsNormImpl : torch::nn::Module {
-  RmsNormImpl(int64_t size, double eps) : eps(eps) {
+  RmsNormImpl(int64_t size, double epsilon) : eps(epsilon) {
     weight = register_parameter("weight", torch::ones({size}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
@@ -62,7 +62,7 @@ inline torch::Tensor RotateHalf(const torch::Tensor& x) {
 }
 
 struct AttentionImpl : torch::nn::Module {
-  explicit AttentionImpl(const Config& c) : c(c) {
+  explicit AttentionImpl(const Config& config) : c(config) {
     auto linear = [](int64_t in, int64_t out) {
       return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
     };
@@ -79,8 +79,9 @@ struct AttentionImpl : torch::nn::Module {
     };
     torch::Tensor q = heads(q_proj(x), c.heads), k = heads(k_proj(x), c.kv_heads);
     const torch::Tensor v = heads(v_proj(x), c.kv_heads).repeat_interleave(c.heads / c.kv_heads, 1);
-    q = q * cos + RotateHalf(q) * sin;
-    k = (k * cos + RotateHalf(k) * sin).repeat_interleave(c.heads / c.kv_heads, 1);
+    const torch::Tensor cs = cos.to(q.scalar_type()), sn = sin.to(q.scalar_type());
+    q = q * cs + RotateHalf(q) * sn;
+    k = (k * cs + RotateHalf(k) * sn).repeat_interleave(c.heads / c.kv_heads, 1);
     torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(double(c.head_dim));
     const torch::Tensor causal = torch::ones({s, s}, torch::kBool).triu(1);
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
@@ -141,7 +142,7 @@ TORCH_MODULE(Model);
 
 // LlamaForCausalLM, run one step at a time: Embed, each Layer, then Head; Forward runs them all.
 struct ForCausalLMImpl : torch::nn::Module {
-  explicit ForCausalLMImpl(const Config& c) : c(c) {
+  explicit ForCausalLMImpl(const Config& config) : c(config) {
     model = register_module("model", Model(c));
     lm_head = register_module(
         "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden, c.vocab).bias(false)));
