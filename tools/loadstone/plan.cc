@@ -196,20 +196,30 @@ void PrintQuantized(const LoadPlan& load_plan, const std::vector<TensorInfo>& ch
   }
 }
 
-// The read order and its modules (the first and last few), the number of reads, then the reads
-// and bytes of each route taken.
-void PrintReads(const LoadPlan& load_plan) {
+// The read order and its modules: the first and last few, as many as fit 80 columns.
+void PrintOrder(const LoadPlan& load_plan) {
   const auto& modules = load_plan.modules;
+  const std::string head = fmt::format("order: {}, {} modules: ", TensorOrderName(load_plan.order),
+                                       modules.size());
   std::string shown;
-  for (size_t i = 0; i < modules.size(); ++i) {
-    if (modules.size() > 6 && i == 3) {
-      shown += fmt::format(", … {} more …", modules.size() - 6);
-      i = modules.size() - 3;
+  for (size_t ends = std::min<size_t>(3, (modules.size() + 1) / 2);; --ends) {
+    const bool all = modules.size() <= 2 * ends;
+    shown.clear();
+    for (size_t i = 0; i < modules.size(); ++i) {
+      if (!all && i == ends) {
+        shown += fmt::format(", … {} more", modules.size() - 2 * ends);
+        i = modules.size() - ends;
+      }
+      shown += (shown.empty() ? "" : ", ") + modules[i].prefix;
     }
-    shown += (shown.empty() ? "" : ", ") + modules[i].prefix;
+    if (head.size() + shown.size() <= 80 || ends <= 1) break;
   }
-  std::cout << fmt::format("\norder: {}, {} modules: {}\n", TensorOrderName(load_plan.order),
-                           modules.size(), shown);
+  std::cout << "\n" << head << shown << "\n";
+}
+
+// The read order, the number of reads, then the reads and bytes of each route taken.
+void PrintReads(const LoadPlan& load_plan) {
+  PrintOrder(load_plan);
   std::cout << fmt::format("reads: {}\n", load_plan.reads.size());
   const auto totals = load_plan.RouteTotals();
   for (size_t r = 0; r < totals.size(); ++r) {
