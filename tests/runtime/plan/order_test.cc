@@ -1,6 +1,6 @@
 // The plan's order (PlanOptions::order, runtime/plan/exec_order.h): execution order against the
 // order each model's own forward pass calls its modules in (tests/fixtures/order, made by
-// make_order_fixtures.py with diffusers and transformers), a model description's registration
+// make_order_fixtures.py with diffusers, transformers and gguf), a model description's registration
 // order, file order and a given order.
 #include <algorithm>
 #include <fstream>
