@@ -72,7 +72,8 @@ struct AttentionImpl : torch::nn::Module {
     o_proj = register_module("o_proj", linear(c.heads * c.head_dim, c.hidden));
   }
   // x: [batch, seq, hidden]; cos, sin: [seq, head_dim].
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
     const int64_t b = x.size(0), s = x.size(1);
     auto heads = [&](const torch::Tensor& t, int64_t n) {
       return t.view({b, s, n, c.head_dim}).transpose(1, 2);
@@ -114,10 +115,12 @@ struct DecoderLayerImpl : torch::nn::Module {
   explicit DecoderLayerImpl(const Config& c) {
     input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden, c.eps));
     self_attn = register_module("self_attn", Attention(c));
-    post_attention_layernorm = register_module("post_attention_layernorm", RmsNorm(c.hidden, c.eps));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", RmsNorm(c.hidden, c.eps));
     mlp = register_module("mlp", Mlp(c));
   }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
     const torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
     return h + mlp(post_attention_layernorm(h));
   }

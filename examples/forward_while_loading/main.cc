@@ -55,8 +55,8 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << report.status() << "\n";
     return 1;
   }
-  std::cout << "logits out at " << ms() << " ms; next token " << logits[0][-1].argmax().item<int64_t>()
-            << "\n";
+  std::cout << "logits out at " << ms() << " ms; next token "
+            << logits[0][-1].argmax().item<int64_t>() << "\n";
 
   llama::ForCausalLM whole(config);
   if (auto report = loadstone::libtorch::LoadInto(*whole, path); !report.ok()) {

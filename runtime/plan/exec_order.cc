@@ -289,7 +289,8 @@ Result<TensorOrdering> OrderTensors(const Checkpoint& checkpoint, const PlanOpti
     const uint32_t r = by_file ? 0 : rank[module_index[i]];
     return std::tuple(given[i], r, infos[i].file, infos[i].offset, i);
   };
-  std::sort(out.order.begin(), out.order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  std::sort(out.order.begin(), out.order.end(),
+            [&](size_t a, size_t b) { return key(a) < key(b); });
   return out;
 }
 

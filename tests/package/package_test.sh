@@ -65,11 +65,13 @@ if [ -e "$prefix/include/loadstone/torch.h" ]; then
   done
   # examples/forward_while_loading: a Llama's forward pass layer by layer as each layer lands.
   cmake -S "$src/examples/forward_while_loading" -B "$work/fwl" -DCMAKE_PREFIX_PATH="$prefix" \
-        -DCMAKE_BUILD_TYPE=Release >"$work/configure-fwl.log" 2>&1 || { cat "$work/configure-fwl.log"; exit 1; }
+        -DCMAKE_BUILD_TYPE=Release >"$work/configure-fwl.log" 2>&1 ||
+    { cat "$work/configure-fwl.log"; exit 1; }
   cmake --build "$work/fwl" >"$work/build-fwl.log" 2>&1 || { cat "$work/build-fwl.log"; exit 1; }
   out=$("$work/fwl/forward_while_loading" "$src/tests/fixtures/tp/models/llama")
   echo "$out"
-  echo "$out" | grep -q '^model.embed_tokens ready at ' || { echo "FAIL: forward_while_loading order"; exit 1; }
+  echo "$out" | grep -q '^model.embed_tokens ready at ' ||
+    { echo "FAIL: forward_while_loading order"; exit 1; }
   echo "$out" | grep -q '^identical to the forward pass after a whole load' ||
     { echo "FAIL: forward_while_loading logits"; exit 1; }
 else

@@ -1,7 +1,7 @@
 // The plan's order (PlanOptions::order, runtime/plan/exec_order.h): execution order against the
 // order each model's own forward pass calls its modules in (tests/fixtures/order, made by
-// make_order_fixtures.py with diffusers, transformers and gguf), a model description's registration
-// order, file order and a given order.
+// make_order_fixtures.py with diffusers, transformers and gguf), a model description's
+// registration order, file order and a given order.
 #include <algorithm>
 #include <fstream>
 #include <limits>
@@ -57,7 +57,9 @@ void CheckFollowsCalls(const Checkpoint& checkpoint, const LoadPlan& plan,
     for (uint32_t t = m.first; t < m.end; ++t) {
       const std::string& name = checkpoint.tensors()[plan.tensors[t].source].name;
       CHECK((name == m.prefix || name.starts_with(m.prefix + ".")));
-      if (auto it = called.find(name); it != called.end()) first_call = std::min(first_call, it->second);
+      if (auto it = called.find(name); it != called.end()) {
+        first_call = std::min(first_call, it->second);
+      }
     }
     INFO("module " << m.prefix << " first called at " << first_call << ", the one before at "
                    << last);
