@@ -120,10 +120,11 @@ TEST_CASE("prioritize: racing the load's end and its cancellation, the Loader go
   for (int round = 0; round < 20; ++round) {
     LoadHandle load = loader.Load(model.ckpt, plan);
     std::atomic<bool> stop{false};
+    std::atomic<int> refused{0};  // counted here, checked below: Catch is not thread-safe
     std::thread prioritizer([&] {
       for (int i = 0; !stop.load() && i < 200; ++i) {
         const PlanModule& m = plan.modules[plan.modules.size() - 1 - i % plan.modules.size()];
-        REQUIRE(load.Prioritize(m.prefix).ok());
+        if (!load.Prioritize(m.prefix).ok()) ++refused;
       }
     });
     if (round % 2 == 1) {
@@ -133,6 +134,7 @@ TEST_CASE("prioritize: racing the load's end and its cancellation, the Loader go
     const Status done = load.Done().get();
     stop = true;
     prioritizer.join();
+    CHECK(refused == 0);
     INFO("round " << round << ": " << done.ToString());
     CHECK((done.ok() || done.code() == StatusCode::kCancelled));
     if (done.ok()) {
@@ -152,10 +154,12 @@ TEST_CASE("on modules: each module once, in the plan's order, with all before it
   LoadHandle load = loader.Load(model.ckpt, plan);
   // Completions out of plan order (the head first) must not change the callbacks' order.
   REQUIRE(load.Prioritize("lm_head").ok());
+  // Written on the load's callback thread, read once Done() has resolved (after them): no
+  // Catch assertion in the callback, Catch is not thread-safe.
   std::vector<std::string> called;
-  bool all_before_ready = true;
+  bool all_before_ready = true, all_ok = true;
   REQUIRE(load.OnModules([&](const PlanModule& m, Status s) {
-                REQUIRE(s.ok());
+                all_ok = all_ok && s.ok();
                 called.push_back(m.prefix);
                 for (uint32_t t = 0; t < m.end; ++t) {
                   const auto f = load.Tensor(model.ckpt.tensors()[plan.tensors[t].source].name);
@@ -169,6 +173,7 @@ TEST_CASE("on modules: each module once, in the plan's order, with all before it
   std::vector<std::string> expected;
   for (const PlanModule& m : plan.modules) expected.push_back(m.prefix);
   CHECK(called == expected);
+  CHECK(all_ok);
   CHECK(all_before_ready);
   // After the load: every module at once, in order, on this thread.
   std::vector<std::string> late;
