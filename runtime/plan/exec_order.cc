@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "runtime/device_map/module_tree.h"
+#include "runtime/plan/pp_rules.h"
 
 namespace loadstone::planning {
 namespace {
@@ -75,10 +76,8 @@ constexpr Known kKnown[] = {
     {"text_projection", Role::kHead, 0},
 };
 
-bool IsMtp(std::string_view part) { return part == "mtp" || part.starts_with("mtp_"); }
-
 std::pair<Role, int> RoleOf(std::string_view part) {
-  if (IsMtp(part)) return {Role::kMtp, 0};
+  if (IsMtpComponent(part)) return {Role::kMtp, 0};
   for (const Known& k : kKnown) {
     if (k.name == part) return {k.role, k.rank};
   }
@@ -142,7 +141,7 @@ class OrderTree {
   int Child(int parent, std::string_view prefix, std::string_view part) {
     auto [it, added] = by_prefix_.emplace(prefix, static_cast<int>(nodes_.size()));
     if (added) {
-      nodes_.push_back({prefix, part, {}, -1, IsMtp(part)});
+      nodes_.push_back({prefix, part, {}, -1, IsMtpComponent(part)});
       nodes_[parent].children.push_back(it->second);
     }
     return it->second;
@@ -174,17 +173,22 @@ class OrderTree {
   // Siblings by what the rules know of their names (role, then rank), then in the model tree's
   // registration order (diffusers registers up_blocks before mid_block, and conv_in before the
   // time embedding its forward calls first: the rules win), then by name.
+  // Each child's key is found once (a table scan and two lookups in the model tree), not at
+  // every comparison.
   void SortChildren(std::vector<int>& children) const {
-    auto key = [&](int c) {
+    using Key = std::tuple<Role, int, bool, int32_t>;
+    std::vector<std::pair<Key, int>> keyed;
+    keyed.reserve(children.size());
+    for (int c : children) {
       const int32_t place = TreePlace(nodes_[c].prefix);
       const auto [role, rank] = RoleOf(nodes_[c].part);
-      return std::tuple(role, rank, place < 0, place);
-    };
-    std::sort(children.begin(), children.end(), [&](int a, int b) {
-      const auto ka = key(a), kb = key(b);
-      if (ka != kb) return ka < kb;
-      return NaturalLess(nodes_[a].part, nodes_[b].part);
+      keyed.push_back({Key(role, rank, place < 0, place), c});
+    }
+    std::sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+      if (a.first != b.first) return a.first < b.first;
+      return NaturalLess(nodes_[a.second].part, nodes_[b.second].part);
     });
+    for (size_t i = 0; i < keyed.size(); ++i) children[i] = keyed[i].second;
   }
 
   void Walk(int node, bool mtp, std::vector<int>* main, std::vector<int>* last) {
@@ -246,13 +250,16 @@ Result<TensorOrdering> OrderTensors(const Checkpoint& checkpoint, const PlanOpti
   const auto& infos = checkpoint.tensors();
   TensorOrdering out;
   out.module.resize(infos.size());
-  OrderTree tree(checkpoint.config(), options.model ? &*options.model : nullptr);
-  std::vector<int> module_index(infos.size());
-  for (size_t i = 0; i < infos.size(); ++i) {
-    out.module[i] = OrderModuleOf(infos[i].name);
-    module_index[i] = tree.Add(out.module[i]);
+  for (size_t i = 0; i < infos.size(); ++i) out.module[i] = OrderModuleOf(infos[i].name);
+  const bool by_file = options.order == TensorOrder::kFile;
+  std::vector<uint32_t> rank(infos.size());  // each tensor's module's place in execution order
+  if (!by_file) {  // file order needs no module tree
+    OrderTree tree(checkpoint.config(), options.model ? &*options.model : nullptr);
+    std::vector<int> module_index(infos.size());
+    for (size_t i = 0; i < infos.size(); ++i) module_index[i] = tree.Add(out.module[i]);
+    const std::vector<uint32_t> ranks = tree.Ranks();
+    for (size_t i = 0; i < infos.size(); ++i) rank[i] = ranks[module_index[i]];
   }
-  const std::vector<uint32_t> rank = tree.Ranks();
   // Given prefixes go first: each tensor's, or none (after them).
   std::vector<size_t> given(infos.size(), 0);
   if (options.order == TensorOrder::kGiven) {
@@ -284,10 +291,8 @@ Result<TensorOrdering> OrderTensors(const Checkpoint& checkpoint, const PlanOpti
   }
   out.order.resize(infos.size());
   for (size_t i = 0; i < infos.size(); ++i) out.order[i] = i;
-  const bool by_file = options.order == TensorOrder::kFile;
   auto key = [&](size_t i) {
-    const uint32_t r = by_file ? 0 : rank[module_index[i]];
-    return std::tuple(given[i], r, infos[i].file, infos[i].offset, i);
+    return std::tuple(given[i], rank[i], infos[i].file, infos[i].offset, i);
   };
   std::sort(out.order.begin(), out.order.end(),
             [&](size_t a, size_t b) { return key(a) < key(b); });

@@ -90,6 +90,10 @@ bool IsInputEmbedding(std::string_view name) {
   return false;
 }
 
+bool IsMtpComponent(std::string_view part) {
+  return part == "mtp" || part.starts_with("mtp_");
+}
+
 namespace {
 
 // A count from config.json: `key` at the top level, else in its text_config; none when absent.
@@ -109,12 +113,11 @@ Result<std::optional<int>> ConfigCount(const nlohmann::json& config, const char*
 }
 
 // A stack of multi-token-prediction layers kept apart ("model.mtp_layers.", "mtp.layers."): a
-// name component that is "mtp" or starts with "mtp_".
+// name component that IsMtpComponent.
 bool IsMtpStack(std::string_view stack) {
   for (size_t start = 0; start < stack.size();) {
     const size_t dot = std::min(stack.find('.', start), stack.size());
-    const std::string_view part = stack.substr(start, dot - start);
-    if (part == "mtp" || part.starts_with("mtp_")) return true;
+    if (IsMtpComponent(stack.substr(start, dot - start))) return true;
     start = dot + 1;
   }
   return false;

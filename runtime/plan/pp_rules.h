@@ -40,6 +40,10 @@ std::string_view StackOf(std::string_view name);
 // "wte", "wpe", "word_embeddings" or "embeddings".
 bool IsInputEmbedding(std::string_view name);
 
+// A name component of a multi-token-prediction stack kept apart ("mtp" of "mtp.layers.0",
+// "mtp_layers" of "model.mtp_layers.0"): "mtp", or one starting with "mtp_".
+bool IsMtpComponent(std::string_view part);
+
 // What the stages need of a checkpoint: the decoder stack, its length, the multi-token-prediction
 // layers stored after it, and whether the head is the input embedding (tied).
 struct PpModel {
