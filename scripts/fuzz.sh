@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
 minutes=${2:-1}
-targets=(safetensors_header pickle checkpoint config strings zip gguf folder quant_state)
+targets=(safetensors_header pickle checkpoint config strings zip gguf folder quant_state json_scan)
 if [ "$which" != all ]; then
   [[ " ${targets[*]} " == *" $which "* ]] || { echo "fuzz.sh: no target $which (${targets[*]})" >&2; exit 2; }
   targets=("$which")

@@ -74,6 +74,8 @@ def main():
             n = struct.unpack("<Q", data[:8])[0]
             if 0 < n <= len(data) - 8:
                 write("safetensors_header", data[8:8 + n])
+                write("json_scan", b"\x00" + data[8:8 + n])
+                write("json_scan", b"\x05" + data[8:8 + n])
     for path in fixtures("**/*.bin"):
         data = open(path, "rb").read()
         write("checkpoint", b"\x01" + data)
@@ -92,6 +94,11 @@ def main():
         write("config", b"\x01" + open(path, "rb").read())
     for path in fixtures("**/*index*.json"):
         write("config", b"\x02" + open(path, "rb").read())
+    for path in fixtures("**/*.json"):
+        write("json_scan", b"\x00" + open(path, "rb").read())
+    for text in ['"\\ud83d\\ude00"', "[1e500, -0, 18446744073709551616]", '{"a":1,"a":2}',
+                 "[[[[[[[[]]]]]]]]", '"\xc3\xa9\\u00e9"', "{}\x00x"]:
+        write("json_scan", b"\x00" + text.encode("latin-1"))
     for text in ["10GiB", "1.5GB", "0", "512MiB", "18446744073709551615"]:
         write("strings", b"\x00" + text.encode())
     for text in ["cpu", "cuda:1", "disk", "meta", "3"]:
