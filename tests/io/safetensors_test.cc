@@ -214,6 +214,22 @@ TEST_CASE("safetensors: duplicate keys are rejected (the reference keeps the las
   RequireRejected(SafetensorsBytes(R"({"__metadata__":{"a":"b","a":"c"}})", 0), "DuplicateKey");
 }
 
+TEST_CASE("safetensors: the first error is the one met first, a repeated key included") {
+  // The header is read once without checking names as they come, then again checking when
+  // anything is wrong: a repeat is still refused where it stands, before what follows it.
+  const std::string t = R"("t":{"dtype":"I32","shape":[],"data_offsets":[0,4]})";
+  RequireRejected(SafetensorsBytes("{" + t + "," + t + R"(,"u":{"dtype":"NOPE"}})", 4),
+                  "DuplicateKey");
+  RequireRejected(SafetensorsBytes(R"({"u":{"dtype":"NOPE"},)" + t + "," + t + "}", 4),
+                  "InvalidHeaderDeserialization");
+  RequireRejected(SafetensorsBytes(R"({"__metadata__":{},"__metadata__":null,)" + t + "}", 4),
+                  "DuplicateKey");
+  RequireRejected(SafetensorsBytes("{" + t + "," + t + "}", 4), "DuplicateKey");
+  const auto header = ParseBytes(SafetensorsBytes("{" + t + "," + t + R"(,"u":1})", 4));
+  REQUIRE_FALSE(header.ok());
+  CHECK_THAT(std::string(header.status().message()), Catch::Contains("key 't' appears twice"));
+}
+
 TEST_CASE("safetensors: messages name the file and the tensor") {
   auto header = ParseBytes(
       SafetensorsBytes(R"({"w3":{"dtype":"I32","shape":[2,2],"data_offsets":[16,32]}})", 32));
