@@ -1,5 +1,6 @@
 #include "loadstone/checkpoint.h"
 
+#include <cstring>
 #include <filesystem>
 #include <optional>
 
@@ -19,17 +20,31 @@ namespace {
 using io::ResolvedCheckpoint;
 using io::Wide;
 
-// FNV-1a over the catalog (Checkpoint::fingerprint).
+// A 64-bit hash over the catalog (Checkpoint::fingerprint), eight bytes a step: each value's
+// bytes, then its length, so that ("ab", "c") differs from ("a", "bc").
 class Fingerprint {
  public:
   void Add(std::string_view bytes) {
-    for (unsigned char c : bytes) h_ = (h_ ^ c) * 0x100000001b3ULL;
-    h_ = (h_ ^ 0xff) * 0x100000001b3ULL;  // a separator: ("ab", "c") differs from ("a", "bc")
+    size_t i = 0;
+    for (; i + 8 <= bytes.size(); i += 8) {
+      uint64_t word;
+      std::memcpy(&word, bytes.data() + i, 8);
+      Mix(word);
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, bytes.data() + i, bytes.size() - i);
+    Mix(tail);
+    Mix(bytes.size());
   }
-  void Add(uint64_t value) { Add(std::string_view(reinterpret_cast<const char*>(&value), sizeof(value))); }
+  void Add(uint64_t value) { Mix(value); }
   uint64_t value() const { return h_; }
 
  private:
+  void Mix(uint64_t word) {
+    h_ = (h_ ^ word) * 0x9E3779B97F4A7C15ULL;
+    h_ ^= h_ >> 31;
+  }
+
   uint64_t h_ = 0xcbf29ce484222325ULL;
 };
 
@@ -67,12 +82,10 @@ ResolvedCheckpoint OffloadFolderAt(const std::string& folder) {
 
 // Fills impl->by_name; Corruption when a name appears twice.
 Status IndexByName(Checkpoint::Impl* impl) {
-  impl->by_name.reserve(impl->tensors.size());
-  for (size_t i = 0; i < impl->tensors.size(); ++i) {
-    auto [it, inserted] = impl->by_name.emplace(impl->tensors[i].name, i);
-    if (!inserted) {  // only reachable without an index: one file never repeats a key
-      return Status::Corruption(fmt::format("tensor '{}' appears twice", impl->tensors[i].name));
-    }
+  // Only reachable without an index (which refuses a tensor in two shards): one file never
+  // repeats a key.
+  if (const TensorInfo* repeat = impl->IndexNames()) {
+    return Status::Corruption(fmt::format("tensor '{}' appears twice", repeat->name));
   }
   return Status::OK();
 }
@@ -106,10 +119,7 @@ void ReadConfigs(const std::string& config_dir, Checkpoint::Impl* impl) {
 // Sets `packed` on the quantized weights: bitsandbytes, then pack-quantized, then GPTQ / AWQ,
 // each looking companions up through impl->by_name.
 Status CatalogQuantized(Checkpoint::Impl* impl) {
-  const auto find = [impl](std::string_view name) -> TensorInfo* {
-    const auto it = impl->by_name.find(name);
-    return it == impl->by_name.end() ? nullptr : &impl->tensors[it->second];
-  };
+  const auto find = [impl](std::string_view name) { return impl->Find(name); };
   LOADSTONE_RETURN_IF_ERROR(io::CatalogBitsandbytes(impl->files, &impl->tensors, find));
   LOADSTONE_RETURN_IF_ERROR(io::CatalogPackQuantized(impl->files, &impl->tensors, find));
   return io::CatalogGptqAwq(impl->files, impl->config, &impl->tensors, find, &impl->warnings);
@@ -204,6 +214,7 @@ Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) cons
   impl->config = impl_->config;
   impl->resolution = fmt::format("{} tensors viewed in {}", tensors.size(), impl_->resolution);
   impl->tensors = std::move(tensors);
+  const TensorInfo* repeat = impl->IndexNames();
   for (size_t i = 0; i < impl->tensors.size(); ++i) {
     const TensorInfo& t = impl->tensors[i];
     if (t.file >= impl->files.size() || t.offset > impl->files[t.file].bytes ||
@@ -218,7 +229,7 @@ Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) cons
       return Status::InvalidArgument(fmt::format("tensor '{}': {} bytes for its shape and dtype",
                                                  t.name, t.nbytes));
     }
-    if (!impl->by_name.emplace(t.name, i).second) {
+    if (&t == repeat) {
       return Status::InvalidArgument(fmt::format("tensor '{}' is listed twice", t.name));
     }
     impl->total_bytes += t.nbytes;
@@ -239,8 +250,7 @@ uint64_t Checkpoint::total_bytes() const { return impl_->total_bytes; }
 uint64_t Checkpoint::fingerprint() const { return impl_->fingerprint; }
 
 const TensorInfo* Checkpoint::Find(std::string_view name) const {
-  auto it = impl_->by_name.find(name);
-  return it == impl_->by_name.end() ? nullptr : &impl_->tensors[it->second];
+  return impl_->Find(name);
 }
 
 }  // namespace loadstone

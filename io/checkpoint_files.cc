@@ -1,10 +1,14 @@
 // Reading a resolved checkpoint path's files into the catalog: one file by its format (a GGUF
 // split set as a whole), the shards of an index checked against it, an offload folder.
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -39,8 +43,12 @@ void AddTensors(const File& file, std::vector<TensorInfo> tensors, Checkpoint::I
   for (TensorInfo& t : tensors) {
     t.file = file_index;
     impl->total_bytes += t.nbytes;
-    impl->tensors.push_back(std::move(t));
   }
+  if (impl->tensors.empty()) {  // the first file's: taken whole
+    impl->tensors = std::move(tensors);
+    return;
+  }
+  for (TensorInfo& t : tensors) impl->tensors.push_back(std::move(t));
 }
 
 Status AddSafetensorsFile(const std::string& path, Checkpoint::Impl* impl) {
@@ -135,13 +143,11 @@ Status AddFile(CheckpointFormat format, const std::string& path, Checkpoint::Imp
   return Status::Unsupported(fmt::format("'{}': unknown checkpoint format", path));
 }
 
-// Every mapped tensor is in its shard, every shard tensor is mapped to that shard, no tensor
-// is in two shards.
-Status CheckIndexAgainstShards(const ShardIndex& index, const Checkpoint::Impl& impl) {
+// What is wrong between an index and its shards: the first shard tensor (in file order) that is
+// in two shards, that the index does not list, or that it maps to another shard; else the mapped
+// tensor (the first by name) that no shard holds. OK when nothing is.
+Status IndexMismatch(const ShardIndex& index, const Checkpoint::Impl& impl) {
   // Files were added in the order of index.shards: file i is shard i.
-  std::unordered_map<std::string_view, uint32_t> mapped;  // tensor → shard
-  mapped.reserve(index.weight_map.size());
-  for (const auto& [tensor, shard] : index.weight_map) mapped.emplace(tensor, shard);
   std::unordered_map<std::string_view, uint32_t> where;  // tensor → file index
   where.reserve(impl.tensors.size());
   for (const TensorInfo& t : impl.tensors) {
@@ -151,24 +157,93 @@ Status CheckIndexAgainstShards(const ShardIndex& index, const Checkpoint::Impl& 
           "tensor '{}' is in two shards, '{}' and '{}' (index '{}')", t.name,
           impl.files[it->second].path, impl.files[t.file].path, index.path));
     }
-    auto m = mapped.find(t.name);
-    if (m == mapped.end()) {
+    const std::optional<uint32_t> shard = index.ShardOf(t.name);
+    if (!shard) {
       return Status::Corruption(fmt::format(
           "shard '{}' holds tensor '{}' (offset {}), which index '{}' does not list",
           impl.files[t.file].path, t.name, t.offset, index.path));
     }
-    if (m->second != t.file) {
+    if (*shard != t.file) {
       return Status::Corruption(fmt::format(
           "index '{}' maps tensor '{}' to '{}', but it is in shard '{}'", index.path, t.name,
-          index.shards[m->second], impl.files[t.file].path));
+          index.shards[*shard], impl.files[t.file].path));
     }
   }
-  for (const auto& [tensor, shard] : index.weight_map) {
-    if (!where.count(tensor)) {
-      return Status::Corruption(fmt::format(
-          "index '{}' maps tensor '{}' to shard '{}', which does not hold it", index.path,
-          tensor, index.shards[shard]));
+  const std::pair<std::string, uint32_t>* missing = nullptr;
+  for (const auto& entry : index.weight_map) {
+    if (!where.count(entry.first) && (missing == nullptr || entry.first < missing->first)) {
+      missing = &entry;
     }
+  }
+  if (missing == nullptr) return Status::OK();
+  return Status::Corruption(fmt::format(
+      "index '{}' maps tensor '{}' to shard '{}', which does not hold it", index.path,
+      missing->first, index.shards[missing->second]));
+}
+
+// Every mapped tensor is in its shard, every shard tensor is mapped to that shard, no tensor
+// is in two shards. One lookup per tensor when that holds: each shard tensor found mapped to
+// its own shard, and as many of them as the index maps, is every mapped tensor once (one shard
+// never holds a name twice, so two that match are two mapped names).
+Status CheckIndexAgainstShards(const ShardIndex& index, const Checkpoint::Impl& impl) {
+  size_t matched = 0;
+  for (const TensorInfo& t : impl.tensors) {
+    if (index.ShardOf(t.name) != t.file) break;
+    ++matched;
+  }
+  if (matched == impl.tensors.size() && matched == index.weight_map.size()) return Status::OK();
+  return IndexMismatch(index, impl);
+}
+
+// Appends `part` (a catalog of its own, files numbered from 0) to `impl`, after what it holds.
+void Append(Checkpoint::Impl&& part, Checkpoint::Impl* impl) {
+  const auto base = static_cast<uint32_t>(impl->files.size());
+  for (CheckpointFile& f : part.files) impl->files.push_back(std::move(f));
+  for (TensorInfo& t : part.tensors) {
+    t.file += base;
+    impl->tensors.push_back(std::move(t));
+  }
+  impl->total_bytes += part.total_bytes;
+  for (auto& [key, value] : part.metadata) impl->metadata.emplace(key, std::move(value));
+  for (std::string& w : part.warnings) impl->warnings.push_back(std::move(w));
+}
+
+// Adds the shards at `paths`, in that order, as AddFile one after the other would, and with the
+// same first error; their headers are read on up to kMaxHeaderThreads threads at once (one
+// header's parse needs nothing of another's).
+Status AddShards(const std::vector<std::string>& paths, const std::string& index_path,
+                 CheckpointFormat format, Checkpoint::Impl* impl) {
+  constexpr unsigned kMaxHeaderThreads = 8;
+  std::vector<Checkpoint::Impl> parts(paths.size());
+  std::vector<Status> added(paths.size());
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
+      std::error_code ec;
+      added[i] = std::filesystem::exists(paths[i], ec)
+                     ? AddFile(format, paths[i], &parts[i])
+                     : Status::NotFound(fmt::format("shard '{}' named by index '{}' does not exist",
+                                                    paths[i], index_path));
+    }
+  };
+  const size_t threads = std::min<size_t>(
+      {paths.size(), std::max(1u, std::thread::hardware_concurrency()), kMaxHeaderThreads});
+  std::vector<std::thread> helpers;
+  for (size_t k = 1; k < threads; ++k) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {  // no more threads: those running do the rest
+      break;
+    }
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+  size_t tensors = impl->tensors.size();
+  for (const Checkpoint::Impl& part : parts) tensors += part.tensors.size();
+  impl->tensors.reserve(tensors);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    LOADSTONE_RETURN_IF_ERROR(added[i]);
+    Append(std::move(parts[i]), impl);
   }
   return Status::OK();
 }
@@ -176,15 +251,9 @@ Status CheckIndexAgainstShards(const ShardIndex& index, const Checkpoint::Impl& 
 Status OpenIndex(const std::string& index_path, CheckpointFormat format, Checkpoint::Impl* impl) {
   LOADSTONE_ASSIGN_OR_RETURN(ShardIndex index, ReadShardIndex(index_path));
   const std::filesystem::path dir = std::filesystem::path(index_path).parent_path();
-  for (const std::string& shard : index.shards) {
-    const std::string shard_path = (dir / shard).string();
-    std::error_code ec;
-    if (!std::filesystem::exists(shard_path, ec)) {
-      return Status::NotFound(fmt::format("shard '{}' named by index '{}' does not exist",
-                                          shard_path, index_path));
-    }
-    LOADSTONE_RETURN_IF_ERROR(AddFile(format, shard_path, impl));
-  }
+  std::vector<std::string> paths;
+  for (const std::string& shard : index.shards) paths.push_back((dir / shard).string());
+  LOADSTONE_RETURN_IF_ERROR(AddShards(paths, index_path, format, impl));
   LOADSTONE_RETURN_IF_ERROR(CheckIndexAgainstShards(index, *impl));
   impl->index_path = index_path;
   return Status::OK();

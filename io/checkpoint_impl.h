@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "io/formats/hf_layout.h"
+#include "io/name_index.h"
 #include "loadstone/checkpoint.h"
 #include "loadstone/dtype.h"
 #include "loadstone/status.h"
@@ -23,7 +24,25 @@ struct Checkpoint::Impl {
   CheckpointFormat format = CheckpointFormat::kSafetensors;
   std::vector<CheckpointFile> files;
   std::vector<TensorInfo> tensors;
-  std::unordered_map<std::string_view, size_t> by_name;  // views into tensors[i].name
+  io::NameIndex by_name;  // tensors' names
+
+  // Indexes the tensors' names; the first name that repeats an earlier one, or nullptr.
+  const TensorInfo* IndexNames() {
+    const size_t repeat = by_name.Build(tensors.size(), TensorName{this});
+    return repeat == io::NameIndex::kNone ? nullptr : &tensors[repeat];
+  }
+  TensorInfo* Find(std::string_view name) {
+    const std::optional<size_t> at = by_name.Find(name, TensorName{this});
+    return at ? &tensors[*at] : nullptr;
+  }
+  const TensorInfo* Find(std::string_view name) const {
+    return const_cast<Impl*>(this)->Find(name);
+  }
+  struct TensorName {
+    const Impl* impl;
+    std::string_view operator()(size_t i) const { return impl->tensors[i].name; }
+  };
+
   std::map<std::string, std::string> metadata;
   std::string index_path;
   std::string resolution;

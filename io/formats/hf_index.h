@@ -4,20 +4,34 @@
 #define LOADSTONE_IO_FORMATS_HF_INDEX_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "io/name_index.h"
 #include "loadstone/status.h"
 
 namespace loadstone::io {
 
 struct ShardIndex {
   std::string path;
-  // tensor name → its shard (an index into `shards`), in the index's order.
+  // tensor name → its shard (an index into `shards`).
   std::vector<std::pair<std::string, uint32_t>> weight_map;
   // Distinct shard names, sorted (model-00001-of-00003 first).
   std::vector<std::string> shards;
+  // weight_map's names, indexed.
+  NameIndex names;
+
+  // The shard of `tensor`, if the index maps it.
+  std::optional<uint32_t> ShardOf(std::string_view tensor) const {
+    const auto at = names.Find(tensor, [this](size_t i) -> std::string_view {
+      return weight_map[i].first;
+    });
+    if (!at) return std::nullopt;
+    return weight_map[*at].second;
+  }
 };
 
 // Errors: Corruption for invalid JSON, a duplicate key, a non-string shard name, or a shard

@@ -2,7 +2,10 @@
 // nesting and sizes end in one clean error, never an exception, a stack overflow or a stall.
 #include "io/formats/json_util.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -90,6 +93,80 @@ TEST_CASE("json: an index with hostile values is refused with one line naming it
   REQUIRE_FALSE(n.ok());
   CHECK(n.status().code() == StatusCode::kCorruption);
   CHECK(n.status().message().find(huge) != std::string_view::npos);
+}
+
+// The index as read: its entries in order, its shards.
+std::vector<std::pair<std::string, std::string>> Entries(const io::ShardIndex& index) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [tensor, shard] : index.weight_map) out.emplace_back(tensor, index.shards[shard]);
+  return out;
+}
+
+TEST_CASE("json: an index reads the same in one pass as through the document") {
+  testing::TempDir dir;
+  // As producers write it, names out of order: read in one pass, the entries in the document's
+  // order. The same bytes after a byte-order mark (which the one pass leaves to nlohmann): the
+  // entries of the parsed document, by name. Same index either way.
+  const std::string text = R"({"metadata": {"total_size": 96, "format": ["pt", {"x": null}]},
+    "weight_map": {"z.weight": "model-00002-of-00002.safetensors",
+                   "a.weight": "model-00001-of-00002.safetensors",
+                   "caf\u00e9.bias": "model-00002-of-00002.safetensors",
+                   "m.weight": "model-00001-of-00002.safetensors"}, "extra": 1.5})";
+  auto fast = io::ReadShardIndex(dir.Write("fast/model.safetensors.index.json", text));
+  auto slow = io::ReadShardIndex(dir.Write("bom/model.safetensors.index.json", "\xEF\xBB\xBF" + text));
+  REQUIRE(fast.ok());
+  REQUIRE(slow.ok());
+  using Entry = std::pair<std::string, std::string>;
+  const std::vector<Entry> in_document = {{"z.weight", "model-00002-of-00002.safetensors"},
+                                          {"a.weight", "model-00001-of-00002.safetensors"},
+                                          {"caf\xC3\xA9.bias", "model-00002-of-00002.safetensors"},
+                                          {"m.weight", "model-00001-of-00002.safetensors"}};
+  CHECK(Entries(*fast) == in_document);
+  std::vector<Entry> by_name = in_document;
+  std::sort(by_name.begin(), by_name.end());
+  CHECK(Entries(*slow) == by_name);
+  for (const auto* index : {&*fast, &*slow}) {
+    CHECK(index->shards == std::vector<std::string>{"model-00001-of-00002.safetensors",
+                                                    "model-00002-of-00002.safetensors"});
+    CHECK(index->ShardOf("z.weight") == 1u);
+    CHECK(index->ShardOf("a.weight") == 0u);
+    CHECK(index->ShardOf("caf\xC3\xA9.bias") == 1u);
+    CHECK_FALSE(index->ShardOf("a").has_value());
+  }
+}
+
+TEST_CASE("json: what the one pass declines is read and refused as before") {
+  testing::TempDir dir;
+  int n = 0;
+  const auto refused = [&](const std::string& text, const std::string& message) {
+    INFO(text);
+    auto index = io::ReadShardIndex(
+        dir.Write(std::to_string(n++) + "/model.safetensors.index.json", text));
+    REQUIRE_FALSE(index.ok());
+    CHECK(index.status().code() == StatusCode::kCorruption);
+    CHECK_THAT(std::string(index.status().message()), Catch::EndsWith(message));
+  };
+  refused(R"({"weight_map": {"a": "s.safetensors", "a": "s.safetensors"}})",
+          ": key 'a' appears twice in one object");
+  refused(R"({"metadata": {"k": 1, "k": 2}, "weight_map": {}})",
+          ": key 'k' appears twice in one object");
+  refused(R"({"weight_map": {}, "weight_map": {}})", ": key 'weight_map' appears twice in one object");
+  refused(R"({"weight_map": ["a"]})", ": \"weight_map\" is not an object");
+  refused(R"({"weight_map": {"a": 7}})", "tensor 'a' maps to number 7, not to a file name");
+  refused(R"({"weight_map": {"a": {"b": "c"}}})",
+          "tensor 'a' maps to an object of 1 keys, not to a file name");
+  refused(R"({"metadata": {}})", " has \"metadata\" but no \"weight_map\"");
+  refused(R"({"weight_map": {"a": "/etc/passwd"}})",
+          "tensor 'a' maps to '/etc/passwd', which is not a file inside the index's folder");
+  refused(R"({"weight_map": {"a": "x/../../s.safetensors"}})",
+          "which is not a file inside the index's folder");
+  refused(R"([{"weight_map": {}}])", " is not a JSON object");
+  // A flat map (no "weight_map") is read through the document: accepted.
+  auto flat = io::ReadShardIndex(dir.Write("flat/model.safetensors.index.json",
+                                           R"({"b": "s2.safetensors", "a": "s1.safetensors"})"));
+  REQUIRE(flat.ok());
+  CHECK(Entries(*flat) == std::vector<std::pair<std::string, std::string>>{
+                              {"a", "s1.safetensors"}, {"b", "s2.safetensors"}});
 }
 
 }  // namespace
