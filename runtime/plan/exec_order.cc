@@ -78,9 +78,13 @@ constexpr Known kKnown[] = {
 
 std::pair<Role, int> RoleOf(std::string_view part) {
   if (IsMtpComponent(part)) return {Role::kMtp, 0};
-  for (const Known& k : kKnown) {
-    if (k.name == part) return {k.role, k.rank};
-  }
+  // kKnown by name, made once: a lookup for each name component of every tensor.
+  static const std::unordered_map<std::string_view, std::pair<Role, int>> known = [] {
+    std::unordered_map<std::string_view, std::pair<Role, int>> by_name;
+    for (const Known& k : kKnown) by_name.emplace(k.name, std::pair(k.role, k.rank));
+    return by_name;
+  }();
+  if (const auto it = known.find(part); it != known.end()) return it->second;
   return {Role::kBody, kUnknownRank};
 }
 
@@ -217,7 +221,49 @@ size_t GivenOf(std::string_view name,
   }
 }
 
+// The tensor indices by (given, rank, index), for a catalog in file order (FileOrdered), where
+// index order is file order: two counting-sort passes, no comparison.
+std::vector<size_t> SortByModule(const std::vector<size_t>& given, size_t given_kinds,
+                                 const std::vector<uint32_t>& rank, size_t n) {
+  const auto by = [n](const auto& key, size_t kinds, const std::vector<size_t>& in) {
+    std::vector<size_t> start(kinds + 1, 0);
+    for (size_t i : in) ++start[key[i] + 1];
+    for (size_t k = 1; k <= kinds; ++k) start[k] += start[k - 1];
+    std::vector<size_t> sorted(n);
+    for (size_t i : in) sorted[start[key[i]]++] = i;
+    return sorted;
+  };
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
+  const size_t ranks = rank.empty() ? 1 : *std::max_element(rank.begin(), rank.end()) + 1;
+  return by(given, given_kinds, by(rank, ranks, all));
+}
+
+// The same for any catalog: by (given, rank, file, offset, index), each key made once and the
+// keys sorted side by side (not by index into the catalog, whose entries a comparison would
+// then have to reach).
+std::vector<size_t> SortByKey(const std::vector<size_t>& given, const std::vector<uint32_t>& rank,
+                              const std::vector<TensorInfo>& infos) {
+  std::vector<std::tuple<size_t, uint32_t, uint32_t, uint64_t, size_t>> keys(infos.size());
+  for (size_t i = 0; i < infos.size(); ++i) {
+    keys[i] = {given[i], rank[i], infos[i].file, infos[i].offset, i};
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<size_t> order(keys.size());
+  for (size_t k = 0; k < keys.size(); ++k) order[k] = std::get<4>(keys[k]);
+  return order;
+}
+
 }  // namespace
+
+bool FileOrdered(const std::vector<TensorInfo>& infos) {
+  for (size_t i = 1; i < infos.size(); ++i) {
+    if (std::tie(infos[i].file, infos[i].offset) < std::tie(infos[i - 1].file, infos[i - 1].offset)) {
+      return false;
+    }
+  }
+  return true;
+}
 
 bool NaturalLess(std::string_view a, std::string_view b) {
   while (!a.empty() && !b.empty()) {
@@ -289,13 +335,9 @@ Result<TensorOrdering> OrderTensors(const Checkpoint& checkpoint, const PlanOpti
           options.order_prefixes[p], options.order_prefixes[p]));
     }
   }
-  out.order.resize(infos.size());
-  for (size_t i = 0; i < infos.size(); ++i) out.order[i] = i;
-  auto key = [&](size_t i) {
-    return std::tuple(given[i], rank[i], infos[i].file, infos[i].offset, i);
-  };
-  std::sort(out.order.begin(), out.order.end(),
-            [&](size_t a, size_t b) { return key(a) < key(b); });
+  const size_t kinds = options.order_prefixes.size() + 1;  // given: a prefix's index, or none
+  out.order = FileOrdered(infos) ? SortByModule(given, kinds, rank, infos.size())
+                                 : SortByKey(given, rank, infos);
   return out;
 }
 

@@ -25,6 +25,10 @@ bool NaturalLess(std::string_view a, std::string_view b);
 // its own.
 std::string_view OrderModuleOf(std::string_view name);
 
+// Whether the catalog's tensors are in file order: by file, then offset (each safetensors file's
+// by offset, as Open catalogs them; a PyTorch archive's need not be).
+bool FileOrdered(const std::vector<TensorInfo>& infos);
+
 struct TensorOrdering {
   std::vector<size_t> order;  // every checkpoint tensor, as indices into Checkpoint::tensors()
   // The module of each checkpoint tensor (by index): a view into its name or into

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/plan/exec_order.h"
+
 namespace loadstone::planning {
 namespace {
 
@@ -79,20 +81,53 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
   }
 }
 
-// Planned tensors whose file bytes overlap others' (views of one PyTorch storage, tied weights),
-// as groups of two or more in file order; mapped tensors are not read, so never grouped.
-std::vector<std::vector<uint32_t>> OverlapGroups(const std::vector<TensorInfo>& infos,
-                                                 const LoadPlan& plan) {
+// The planned tensors that are read (bytes, not mapped), in file order: (file, offset) and
+// then their index. A catalog in file order needs no comparison: its tensors by source index
+// (a counting sort); another's keys are sorted side by side, not by index into the catalog.
+std::vector<uint32_t> InFileOrder(const std::vector<TensorInfo>& infos, const LoadPlan& plan) {
+  const auto read = [&](uint32_t i) {
+    const TensorInfo& t = infos[plan.tensors[i].source];
+    return t.nbytes > 0 && RouteOf(plan, i) != ReadRoute::kMapped;
+  };
   std::vector<uint32_t> order;
-  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
-    if (infos[plan.tensors[i].source].nbytes > 0 && RouteOf(plan, i) != ReadRoute::kMapped) {
-      order.push_back(i);
+  if (FileOrdered(infos)) {
+    std::vector<uint32_t> start(infos.size() + 1, 0);
+    for (const TensorPlan& tp : plan.tensors) ++start[tp.source + 1];
+    for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+    std::vector<uint32_t> by_source(plan.tensors.size());
+    for (uint32_t i = 0; i < plan.tensors.size(); ++i) by_source[start[plan.tensors[i].source]++] = i;
+    for (uint32_t i : by_source) {
+      if (read(i)) order.push_back(i);
     }
+    // Tensors at one offset (views of one storage): by index, as the keys would order them.
+    const auto at = [&](uint32_t i) {
+      const TensorInfo& t = infos[plan.tensors[i].source];
+      return std::pair(t.file, t.offset);
+    };
+    for (size_t run = 0; run < order.size();) {
+      size_t end = run + 1;
+      while (end < order.size() && at(order[end]) == at(order[run])) ++end;
+      std::sort(order.begin() + run, order.begin() + end);
+      run = end;
+    }
+    return order;
   }
+  std::vector<std::tuple<uint32_t, uint64_t, uint32_t>> keys;
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const TensorInfo& t = infos[plan.tensors[i].source];
+    if (read(i)) keys.emplace_back(t.file, t.offset, i);
+  }
+  std::sort(keys.begin(), keys.end());
+  for (const auto& key : keys) order.push_back(std::get<2>(key));
+  return order;
+}
+
+// Planned tensors whose file bytes overlap others' (views of one PyTorch storage, tied weights),
+// as groups of two or more in file order; `order`: InFileOrder's.
+std::vector<std::vector<uint32_t>> OverlapGroups(const std::vector<TensorInfo>& infos,
+                                                 const LoadPlan& plan,
+                                                 const std::vector<uint32_t>& order) {
   auto info = [&](uint32_t i) -> const TensorInfo& { return infos[plan.tensors[i].source]; };
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-    return std::tie(info(a).file, info(a).offset, a) < std::tie(info(b).file, info(b).offset, b);
-  });
   std::vector<std::vector<uint32_t>> groups;
   std::vector<uint32_t> group;
   uint64_t end = 0;
@@ -199,13 +234,14 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
   LoadPlan& plan = *out;
   std::vector<std::pair<uint32_t, ReadChunk>> keyed;  // (priority, read)
   std::vector<bool> grouped(plan.tensors.size());
-  for (const std::vector<uint32_t>& group : OverlapGroups(infos, plan)) {
+  const std::vector<uint32_t> in_file_order = InFileOrder(infos, plan);
+  for (const std::vector<uint32_t>& group : OverlapGroups(infos, plan, in_file_order)) {
     const size_t first = keyed.size();
     LOADSTONE_RETURN_IF_ERROR(ScheduleGroup(infos, group, options.max_chunk, plan, &keyed));
     for (size_t r = first; r < keyed.size(); ++r) plan.read_bytes += keyed[r].second.length;
     for (uint32_t i : group) grouped[i] = true;
   }
-  std::vector<uint32_t> small;
+  std::vector<bool> is_small(plan.tensors.size());
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorPlan& tp = plan.tensors[i];
     const TensorInfo& src = infos[tp.source];
@@ -219,7 +255,7 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
     // Small: below coalesce_below, and never above max_chunk (no read is longer than that).
     const uint64_t small_below = std::min(options.coalesce_below, options.max_chunk);
     if (src.nbytes < small_below && !fp8_pair && route != ReadRoute::kMapped) {
-      small.push_back(i);
+      is_small[i] = true;
       continue;
     }
     const uint64_t piece = PieceBytes(src, tp, plan.device_of(i) != Device::Cpu(), options);
@@ -228,11 +264,10 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
                            route}});
     }
   }
-  std::sort(small.begin(), small.end(), [&](uint32_t a, uint32_t b) {
-    const TensorInfo& x = infos[plan.tensors[a].source];
-    const TensorInfo& y = infos[plan.tensors[b].source];
-    return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
-  });
+  std::vector<uint32_t> small;  // by file offset (small tensors are read: in in_file_order)
+  for (uint32_t i : in_file_order) {
+    if (is_small[i]) small.push_back(i);
+  }
   CoalesceSmall(infos, small, options.max_chunk, std::min(options.coalesce_gap, kCoalesceGap),
                 &plan, &keyed);
   std::stable_sort(keyed.begin(), keyed.end(),

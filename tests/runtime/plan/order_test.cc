@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "loadstone/device_map.h"
@@ -183,6 +184,46 @@ TEST_CASE("a given order: its prefixes first, the longest match, the rest in exe
   CHECK(Plan(llama, options).status().code() == StatusCode::kInvalidArgument);
   options.order_prefixes = {"lm_head", ""};
   CHECK_THAT(std::string(Plan(llama, options).status().message()), Catch::Contains("prefix 2"));
+}
+
+// What a plan orders, by name: its tensors, its reads (file, offset, length, the tensors in each),
+// its modules.
+std::vector<std::string> Ordered(const Checkpoint& checkpoint, const LoadPlan& plan) {
+  std::vector<std::string> out;
+  const auto name = [&](uint32_t t) { return checkpoint.tensors()[plan.tensors[t].source].name; };
+  for (uint32_t t = 0; t < plan.tensors.size(); ++t) out.push_back(name(t));
+  for (const ReadChunk& r : plan.reads) {
+    std::string read = fmt::format("read {} {} {}:", r.file, r.offset, r.length);
+    for (uint32_t t : r.tensors) read += " " + name(t);
+    out.push_back(read);
+  }
+  for (const PlanModule& m : plan.modules) out.push_back(fmt::format("{} {} {}", m.prefix, m.first, m.end));
+  return out;
+}
+
+// A catalog in file order (every safetensors checkpoint's) is ordered without comparisons; one
+// out of it (here the same tensors listed backwards) by sorting keys. Both must plan alike.
+TEST_CASE("a catalog out of file order plans as the same catalog in it", "[order]") {
+  for (const char* folder : {"order/deepseek", "order/unet", "order/flux", "order/gguf/llama.gguf",
+                             "tp/models/llama"}) {
+    INFO(folder);
+    const Checkpoint checkpoint = Open(folder);
+    REQUIRE(planning::FileOrdered(checkpoint.tensors()));
+    std::vector<TensorInfo> backwards(checkpoint.tensors().rbegin(), checkpoint.tensors().rend());
+    auto reversed = checkpoint.WithTensors(backwards);
+    REQUIRE(reversed.ok());
+    REQUIRE_FALSE(planning::FileOrdered(reversed->tensors()));
+    for (TensorOrder order : {TensorOrder::kExecution, TensorOrder::kFile, TensorOrder::kGiven}) {
+      PlanOptions options;
+      options.order = order;
+      options.order_prefixes = {checkpoint.tensors().back().name};
+      auto a = Plan(checkpoint, options);
+      auto b = Plan(*reversed, options);
+      REQUIRE(a.ok());
+      REQUIRE(b.ok());
+      CHECK(Ordered(checkpoint, *a) == Ordered(*reversed, *b));
+    }
+  }
 }
 
 TEST_CASE("the module of a tensor in the order", "[order]") {
