@@ -2,13 +2,10 @@
 // split set as a whole), the shards of an index checked against it, an offload folder.
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <system_error>
-#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -22,6 +19,7 @@
 #include "io/formats/safetensors.h"
 #include "io/formats/sniff.h"
 #include "io/formats/torch_zip.h"
+#include "io/shard_reader.h"
 
 namespace loadstone::io {
 namespace {
@@ -133,7 +131,9 @@ Status AddGgufSet(const std::string& path, Checkpoint::Impl* impl) {
   return Status::OK();
 }
 
-Status AddFile(CheckpointFormat format, const std::string& path, Checkpoint::Impl* impl) {
+}  // namespace
+
+Status AddCheckpointFile(CheckpointFormat format, const std::string& path, Checkpoint::Impl* impl) {
   switch (format) {
     case CheckpointFormat::kSafetensors: return AddSafetensorsFile(path, impl);
     case CheckpointFormat::kPyTorch: return AddTorchFile(path, impl);
@@ -142,6 +142,8 @@ Status AddFile(CheckpointFormat format, const std::string& path, Checkpoint::Imp
   }
   return Status::Unsupported(fmt::format("'{}': unknown checkpoint format", path));
 }
+
+namespace {
 
 // What is wrong between an index and its shards: the first shard tensor (in file order) that is
 // in two shards, that the index does not list, or that it maps to another shard; else the mapped
@@ -195,65 +197,12 @@ Status CheckIndexAgainstShards(const ShardIndex& index, const Checkpoint::Impl& 
   return IndexMismatch(index, impl);
 }
 
-// Appends `part` (a catalog of its own, files numbered from 0) to `impl`, after what it holds.
-void Append(Checkpoint::Impl&& part, Checkpoint::Impl* impl) {
-  const auto base = static_cast<uint32_t>(impl->files.size());
-  for (CheckpointFile& f : part.files) impl->files.push_back(std::move(f));
-  for (TensorInfo& t : part.tensors) {
-    t.file += base;
-    impl->tensors.push_back(std::move(t));
-  }
-  impl->total_bytes += part.total_bytes;
-  for (auto& [key, value] : part.metadata) impl->metadata.emplace(key, std::move(value));
-  for (std::string& w : part.warnings) impl->warnings.push_back(std::move(w));
-}
-
-// Adds the shards at `paths`, in that order, as AddFile one after the other would, and with the
-// same first error; their headers are read on up to kMaxHeaderThreads threads at once (one
-// header's parse needs nothing of another's).
-Status AddShards(const std::vector<std::string>& paths, const std::string& index_path,
-                 CheckpointFormat format, Checkpoint::Impl* impl) {
-  constexpr unsigned kMaxHeaderThreads = 8;
-  std::vector<Checkpoint::Impl> parts(paths.size());
-  std::vector<Status> added(paths.size());
-  std::atomic<size_t> next{0};
-  const auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
-      std::error_code ec;
-      added[i] = std::filesystem::exists(paths[i], ec)
-                     ? AddFile(format, paths[i], &parts[i])
-                     : Status::NotFound(fmt::format("shard '{}' named by index '{}' does not exist",
-                                                    paths[i], index_path));
-    }
-  };
-  const size_t threads = std::min<size_t>(
-      {paths.size(), std::max(1u, std::thread::hardware_concurrency()), kMaxHeaderThreads});
-  std::vector<std::thread> helpers;
-  for (size_t k = 1; k < threads; ++k) {
-    try {
-      helpers.emplace_back(work);
-    } catch (const std::system_error&) {  // no more threads: those running do the rest
-      break;
-    }
-  }
-  work();
-  for (std::thread& t : helpers) t.join();
-  size_t tensors = impl->tensors.size();
-  for (const Checkpoint::Impl& part : parts) tensors += part.tensors.size();
-  impl->tensors.reserve(tensors);
-  for (size_t i = 0; i < paths.size(); ++i) {
-    LOADSTONE_RETURN_IF_ERROR(added[i]);
-    Append(std::move(parts[i]), impl);
-  }
-  return Status::OK();
-}
-
 Status OpenIndex(const std::string& index_path, CheckpointFormat format, Checkpoint::Impl* impl) {
-  LOADSTONE_ASSIGN_OR_RETURN(ShardIndex index, ReadShardIndex(index_path));
-  const std::filesystem::path dir = std::filesystem::path(index_path).parent_path();
-  std::vector<std::string> paths;
-  for (const std::string& shard : index.shards) paths.push_back((dir / shard).string());
-  LOADSTONE_RETURN_IF_ERROR(AddShards(paths, index_path, format, impl));
+  ShardReader shards(format, std::filesystem::path(index_path).parent_path().string(), index_path);
+  LOADSTONE_ASSIGN_OR_RETURN(
+      ShardIndex index,
+      ReadShardIndex(index_path, [&shards](const std::string& name) { shards.Add(name); }));
+  LOADSTONE_RETURN_IF_ERROR(shards.Finish(index.shards, impl));
   LOADSTONE_RETURN_IF_ERROR(CheckIndexAgainstShards(index, *impl));
   impl->index_path = index_path;
   return Status::OK();
@@ -380,7 +329,8 @@ Status AddCheckpointFiles(const ResolvedCheckpoint& resolved, Checkpoint::Impl* 
   if (resolved.kind == ResolvedCheckpoint::Kind::kIndex) {
     return OpenIndex(resolved.path, resolved.format, impl);
   }
-  return AddFile(resolved.format, resolved.path, impl);
+  return AddCheckpointFile(resolved.format, resolved.path, impl);
 }
+
 
 }  // namespace loadstone::io

@@ -76,6 +76,10 @@ inline std::optional<Wide> ShapeBits(DType dtype, const std::vector<uint64_t>& s
 // by_name to the caller.
 Status AddCheckpointFiles(const ResolvedCheckpoint& resolved, Checkpoint::Impl* impl);
 
+// Appends the file at `path` of `format` to `impl` (a GGUF split set whole), as
+// AddCheckpointFiles does for each file it adds.
+Status AddCheckpointFile(CheckpointFormat format, const std::string& path, Checkpoint::Impl* impl);
+
 }  // namespace io
 }  // namespace loadstone
 

@@ -114,6 +114,8 @@ Result<ShardIndex> ToShardIndex(const nlohmann::json& doc, const std::string& pa
 class CommonIndexSax {
  public:
   using json = nlohmann::json;
+  explicit CommonIndexSax(const std::function<void(const std::string&)>& on_shard)
+      : on_shard_(on_shard) {}
 
   bool null() { return Value(); }
   bool boolean(bool) { return Value(); }
@@ -125,7 +127,10 @@ class CommonIndexSax {
     if (depth_ != kMapDepth || !in_map_) return Value();
     bool fresh;
     const uint32_t id = numbers_.Of(s, &fresh);
-    if (fresh && EscapesFolder(s)) return false;
+    if (fresh) {
+      if (EscapesFolder(s)) return false;
+      if (on_shard_) on_shard_(s);
+    }
     index.weight_map.emplace_back(key_, id);
     return true;
   }
@@ -184,6 +189,7 @@ class CommonIndexSax {
   // the weight_map itself.
   bool Value() const { return depth_ > 0 && !in_map_ && !(depth_ == 1 && top_key_ == "weight_map"); }
 
+  const std::function<void(const std::string&)>& on_shard_;
   int depth_ = 0;
   bool in_map_ = false;
   bool seen_map_ = false;
@@ -195,11 +201,12 @@ class CommonIndexSax {
 
 }  // namespace
 
-Result<ShardIndex> ReadShardIndex(const std::string& path) {
+Result<ShardIndex> ReadShardIndex(const std::string& path,
+                                  const std::function<void(const std::string&)>& on_shard) {
   const std::string what = fmt::format("index '{}'", path);
   LOADSTONE_ASSIGN_OR_RETURN(
       std::string text, ReadSmallFile(path, what, kMaxShardIndexBytes, "kMaxShardIndexBytes"));
-  CommonIndexSax common;
+  CommonIndexSax common(on_shard);
   if (ScanJson(text, &common) == ScanResult::kParsed) {
     if (std::optional<ShardIndex> index = common.Finish(path)) return std::move(*index);
   }

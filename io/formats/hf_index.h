@@ -4,6 +4,7 @@
 #define LOADSTONE_IO_FORMATS_HF_INDEX_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,7 +37,11 @@ struct ShardIndex {
 
 // Errors: Corruption for invalid JSON, a duplicate key, a non-string shard name, or a shard
 // name that leaves the folder (absolute, or with a ".." component).
-Result<ShardIndex> ReadShardIndex(const std::string& path);
+// `on_shard`, when given, hears each shard name as the reading first meets it, already checked to
+// be a file inside the folder (the index may yet fail, or name more): a caller may start on the
+// shards before the index is read.
+Result<ShardIndex> ReadShardIndex(const std::string& path,
+                                  const std::function<void(const std::string&)>& on_shard = {});
 
 }  // namespace loadstone::io
 
