@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "loadstone/dtype.h"
@@ -162,6 +163,39 @@ struct PackedLayout {
   const std::vector<std::string>& companions() const;
 };
 
+// An optional T kept on the heap: std::optional's interface (empty, or one T that copies copy),
+// a pointer's size. For a large member that most values leave empty: a catalog of 100,000
+// tensors, few of them packed, stays half the size with TensorInfo::packed boxed.
+template <typename T>
+class Boxed {
+ public:
+  Boxed() = default;
+  Boxed(std::nullopt_t) {}  // NOLINT: as std::optional converts from nullopt
+  Boxed(T value) : value_(std::make_unique<T>(std::move(value))) {}  // NOLINT: as optional
+  Boxed(const Boxed& other) : value_(other ? std::make_unique<T>(*other) : nullptr) {}
+  Boxed(Boxed&&) noexcept = default;
+  Boxed& operator=(const Boxed& other) {
+    if (this != &other) value_ = other ? std::make_unique<T>(*other) : nullptr;
+    return *this;
+  }
+  Boxed& operator=(Boxed&&) noexcept = default;
+  Boxed& operator=(std::nullopt_t) {
+    value_.reset();
+    return *this;
+  }
+
+  bool has_value() const { return value_ != nullptr; }
+  explicit operator bool() const { return has_value(); }
+  T& operator*() { return *value_; }
+  const T& operator*() const { return *value_; }
+  T* operator->() { return value_.get(); }
+  const T* operator->() const { return value_.get(); }
+  void reset() { value_.reset(); }
+
+ private:
+  std::unique_ptr<T> value_;
+};
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::kF32;
@@ -181,7 +215,7 @@ struct TensorInfo {
   // a load swaps their bytes.
   bool big_endian = false;
   // Set for a block-quantized tensor cataloged packed (above); it loads as stored.
-  std::optional<PackedLayout> packed;
+  Boxed<PackedLayout> packed;
 
   uint64_t numel() const;  // 1 for a scalar, 0 when any dimension is 0
   // Its elements: numel(), or for a packed tensor those of PackedLayout::element_shape.

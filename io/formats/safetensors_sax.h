@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/formats/limits.h"
+#include "io/name_index.h"
 #include "io/formats/safetensors.h"
 
 namespace loadstone::io::safetensors_sax {
@@ -47,12 +48,10 @@ class HeaderSax : public nlohmann::json_sax<nlohmann::json> {
   // Whether a top-level key (a tensor's name, or "__metadata__") appeared twice.
   bool RepeatsKey() const {
     if (metadata_keys_ > 1) return true;
-    std::unordered_set<std::string_view> names;
-    names.reserve(tensors.size());
-    for (const TensorInfo& t : tensors) {
-      if (!names.insert(t.name).second) return true;
-    }
-    return false;
+    NameIndex names;
+    return names.Build(tensors.size(), [this](size_t i) -> std::string_view {
+             return tensors[i].name;
+           }) != NameIndex::kNone;
   }
 
   bool null() override {

@@ -181,7 +181,7 @@ void PrintQuantized(const LoadPlan& load_plan, const std::vector<TensorInfo>& ch
   std::map<std::string, std::pair<size_t, size_t>> schemes;  // scheme → dequantized, packed
   std::set<std::string> into;
   for (const TensorPlan& t : load_plan.tensors) {
-    const std::optional<PackedLayout>& packed = checkpoint_tensors[t.source].packed;
+    const Boxed<PackedLayout>& packed = checkpoint_tensors[t.source].packed;
     if (!packed) continue;
     const bool decoded = Unpacks(t.conversion);
     (decoded ? schemes[packed->scheme].first : schemes[packed->scheme].second) += 1;
