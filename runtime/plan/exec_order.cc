@@ -15,8 +15,8 @@ namespace {
 
 std::optional<uint64_t> Number(std::string_view part) {
   uint64_t n = 0;
-  if (part.empty() || std::from_chars(part.data(), part.data() + part.size(), n).ptr !=
-                          part.data() + part.size()) {
+  if (part.empty() || part[0] < '0' || part[0] > '9') return std::nullopt;  // most names
+  if (std::from_chars(part.data(), part.data() + part.size(), n).ptr != part.data() + part.size()) {
     return std::nullopt;
   }
   return n;

@@ -85,37 +85,37 @@ void CoalesceSmall(const std::vector<TensorInfo>& infos, const std::vector<uint3
 // then their index. A catalog in file order needs no comparison: its tensors by source index
 // (a counting sort); another's keys are sorted side by side, not by index into the catalog.
 std::vector<uint32_t> InFileOrder(const std::vector<TensorInfo>& infos, const LoadPlan& plan) {
-  const auto read = [&](uint32_t i) {
-    const TensorInfo& t = infos[plan.tensors[i].source];
+  const auto read = [&](uint32_t i, const TensorInfo& t) {
     return t.nbytes > 0 && RouteOf(plan, i) != ReadRoute::kMapped;
   };
   std::vector<uint32_t> order;
+  order.reserve(plan.tensors.size());
   if (FileOrdered(infos)) {
     std::vector<uint32_t> start(infos.size() + 1, 0);
     for (const TensorPlan& tp : plan.tensors) ++start[tp.source + 1];
     for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
     std::vector<uint32_t> by_source(plan.tensors.size());
     for (uint32_t i = 0; i < plan.tensors.size(); ++i) by_source[start[plan.tensors[i].source]++] = i;
-    for (uint32_t i : by_source) {
-      if (read(i)) order.push_back(i);
-    }
     // Tensors at one offset (views of one storage): by index, as the keys would order them.
-    const auto at = [&](uint32_t i) {
+    const TensorInfo* run_of = nullptr;  // the tensor at the offset of the run `order` ends in
+    size_t run = 0;
+    for (uint32_t i : by_source) {
       const TensorInfo& t = infos[plan.tensors[i].source];
-      return std::pair(t.file, t.offset);
-    };
-    for (size_t run = 0; run < order.size();) {
-      size_t end = run + 1;
-      while (end < order.size() && at(order[end]) == at(order[run])) ++end;
-      std::sort(order.begin() + run, order.begin() + end);
-      run = end;
+      if (!read(i, t)) continue;
+      if (run_of == nullptr || t.file != run_of->file || t.offset != run_of->offset) {
+        std::sort(order.begin() + run, order.end());
+        run = order.size();
+        run_of = &t;
+      }
+      order.push_back(i);
     }
+    std::sort(order.begin() + run, order.end());
     return order;
   }
   std::vector<std::tuple<uint32_t, uint64_t, uint32_t>> keys;
   for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
     const TensorInfo& t = infos[plan.tensors[i].source];
-    if (read(i)) keys.emplace_back(t.file, t.offset, i);
+    if (read(i, t)) keys.emplace_back(t.file, t.offset, i);
   }
   std::sort(keys.begin(), keys.end());
   for (const auto& key : keys) order.push_back(std::get<2>(key));
@@ -279,9 +279,13 @@ Status ScheduleReads(const std::vector<TensorInfo>& infos, const std::vector<boo
 }
 
 void IndexTargets(const std::vector<Device>& device_of, LoadPlan* plan) {
-  plan->targets.assign(device_of.begin(), device_of.end());
-  std::sort(plan->targets.begin(), plan->targets.end());
-  plan->targets.erase(std::unique(plan->targets.begin(), plan->targets.end()), plan->targets.end());
+  // The distinct devices, sorted: a handful, found in one pass (not by sorting every tensor's).
+  plan->targets.clear();
+  for (const Device& d : device_of) {
+    if (!plan->targets.empty() && plan->targets.back() == d) continue;  // runs of one device
+    const auto at = std::lower_bound(plan->targets.begin(), plan->targets.end(), d);
+    if (at == plan->targets.end() || *at != d) plan->targets.insert(at, d);
+  }
   for (size_t i = 0; i < plan->tensors.size(); ++i) {
     plan->tensors[i].device = static_cast<uint32_t>(
         std::lower_bound(plan->targets.begin(), plan->targets.end(), device_of[i]) -
