@@ -12,7 +12,9 @@ another one's 3.6 GiB was freed can take half the speed, whichever binary (bench
 With --pin (warm runs only), the model's files are held in the page cache (mapped and mlock'ed)
 for the whole run, so that a VM reclaiming page cache behind the runs (DAMON's kdamond) cannot
 turn a warm run partly cold. Prints one JSON document: each run's GB/s, the medians, and
-new/old per mode (higher is faster). Only the standard library.
+new/old per mode (higher is faster), and the start-up of each run as `load --json` reports it
+(open_ms, plan_ms, first_tensor_ms, counted from the Open call) with its medians. Only the
+standard library.
 """
 import argparse
 import ctypes
@@ -74,10 +76,14 @@ class Pinned:
                 os.close(fd)
 
 
+STARTUP = ("open_ms", "plan_ms", "first_tensor_ms")
+
+
 def run(binary, model, extra):
     out = subprocess.run([binary, "load", model, "--json", *extra], capture_output=True,
                          text=True, check=True).stdout
-    return json.loads(out)["gbps"]
+    doc = json.loads(out)
+    return doc["gbps"], {key: doc.get(key) for key in STARTUP}
 
 
 def main():
@@ -102,6 +108,7 @@ def main():
         warm(files)
         Pinned(files)
     runs = {mode: {"old": [], "new": []} for mode in modes}
+    startup = {mode: {"old": [], "new": []} for mode in modes}
     for _ in range(args.rounds):
         for mode in modes:
             order = ["old", "new"]
@@ -110,14 +117,21 @@ def main():
                 (drop if mode == "cold" else warm)(files)
                 time.sleep(args.settle)
                 binary = args.old if which == "old" else args.new
-                runs[mode][which].append(run(binary, args.model, args.extra))
+                gbps, times = run(binary, args.model, args.extra)
+                runs[mode][which].append(gbps)
+                startup[mode][which].append(times)
     doc = {"old": args.old, "new": args.new, "model": args.model, "rounds": args.rounds,
            "seed": args.seed, "settle": args.settle, "pin": args.pin, "extra": args.extra,
-           "gbps": runs}
+           "gbps": runs, "startup": startup}
     for mode in runs:
         old, new = statistics.median(runs[mode]["old"]), statistics.median(runs[mode]["new"])
         doc[f"{mode}_median_gbps"] = {"old": old, "new": new}
         doc[f"{mode}_new_over_old"] = new / old
+        doc[f"{mode}_startup_median_ms"] = {
+            which: {key: statistics.median(t[key] for t in startup[mode][which]
+                                           if t[key] is not None)
+                    for key in STARTUP if any(t[key] is not None for t in startup[mode][which])}
+            for which in ("old", "new")}
     json.dump(doc, sys.stdout, indent=2)
     print()
 
