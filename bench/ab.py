@@ -86,6 +86,17 @@ def run(binary, model, extra):
     return doc["gbps"], {key: doc.get(key) for key in STARTUP}
 
 
+def startup_medians(times):
+    """The median of each start-up figure over the runs that report it (an older binary may
+    report none)."""
+    medians = {}
+    for key in STARTUP:
+        values = [t[key] for t in times if t[key] is not None]
+        if values:
+            medians[key] = statistics.median(values)
+    return medians
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("old")
@@ -127,11 +138,8 @@ def main():
         old, new = statistics.median(runs[mode]["old"]), statistics.median(runs[mode]["new"])
         doc[f"{mode}_median_gbps"] = {"old": old, "new": new}
         doc[f"{mode}_new_over_old"] = new / old
-        doc[f"{mode}_startup_median_ms"] = {
-            which: {key: statistics.median(t[key] for t in startup[mode][which]
-                                           if t[key] is not None)
-                    for key in STARTUP if any(t[key] is not None for t in startup[mode][which])}
-            for which in ("old", "new")}
+        doc[f"{mode}_startup_median_ms"] = {which: startup_medians(startup[mode][which])
+                                            for which in ("old", "new")}
     json.dump(doc, sys.stdout, indent=2)
     print()
 
