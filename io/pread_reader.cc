@@ -34,6 +34,7 @@ struct PreadReader::Impl {
   std::deque<std::shared_ptr<PendingRead>> queue;  // not fully scheduled; guarded by mu
   bool cancelled = false;                          // guarded by mu
   bool stopping = false;                           // guarded by mu
+  uint64_t bytes_in_flight = 0;                    // pieces being read; guarded by mu
   std::vector<std::thread> threads;
 };
 
@@ -78,8 +79,9 @@ const std::byte* PreadReader::CachedView(uint32_t file, uint64_t offset, uint64_
 }
 
 std::string PreadReader::Describe() const {
-  return fmt::format("pread ({} threads, {} MiB chunks, page cache)", impl_->options.threads,
-                     impl_->options.max_chunk >> 20);
+  const ReaderOptions& o = impl_->options;
+  return fmt::format("pread ({} threads, {} MiB chunks{}, page cache)", o.threads,
+                     o.max_chunk >> 20, InFlightNote(o));
 }
 
 void PreadReader::Submit(std::span<const ReadRequest> requests) {
@@ -104,13 +106,20 @@ void PreadReader::Submit(std::span<const ReadRequest> requests) {
 void PreadReader::Impl::Work() {
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
-    cv.wait(lock, [&] { return stopping || !queue.empty(); });
+    // A piece (at most max_chunk) only if it fits under the bound, or alone.
+    const uint64_t cap = options.max_bytes_in_flight;
+    cv.wait(lock, [&] {
+      return stopping || (!queue.empty() && (cap == 0 || bytes_in_flight == 0 ||
+                                             bytes_in_flight + options.max_chunk <= cap));
+    });
     if (queue.empty()) return;
     std::shared_ptr<PendingRead> read = queue.front();
     const uint64_t start = read->scheduled;
     const uint64_t length = std::min(read->remaining(), options.max_chunk);
     read->scheduled += length;
     ++read->in_flight;
+    bytes_in_flight += length;
+    RaisePeak(stats.peak_bytes_in_flight, bytes_in_flight);
     if (read->fully_scheduled()) queue.pop_front();
     if (!queue.empty()) cv.notify_one();  // more pieces for another thread
 
@@ -125,6 +134,8 @@ void PreadReader::Impl::Work() {
       if (it != queue.end()) queue.erase(it);
     }
     --read->in_flight;
+    bytes_in_flight -= length;
+    if (cap != 0 && !queue.empty()) cv.notify_one();  // room for a piece a thread waits with
     if (read->TakeCompletion()) {
       if (read->status.ok()) Add(stats.bytes, read->request.length);
       completions->Push(read->request.tag, read->status);

@@ -42,6 +42,7 @@ std::unique_ptr<ReadPiece> TakePiece(const std::shared_ptr<PendingRead>& read, c
   auto piece = std::make_unique<ReadPiece>();
   piece->read = read;
   piece->kind = cut.kind;
+  piece->bytes = cut.length;
   if (cut.kind == PieceKind::kBounce) {
     piece->start = offset / align * align;
     piece->base = bounce;
@@ -132,7 +133,13 @@ ReaderStats StatCounters::Snapshot() const {
   s.buffered_bytes = get(buffered_bytes);
   s.bounced_bytes = get(bounced_bytes);
   s.resubmits = get(resubmits);
+  s.peak_bytes_in_flight = get(peak_bytes_in_flight);
   return s;
+}
+
+std::string InFlightNote(const ReaderOptions& o) {
+  if (o.max_bytes_in_flight == 0) return std::string();
+  return fmt::format(", at most {} MiB in flight", (o.max_bytes_in_flight + (1 << 20) - 1) >> 20);
 }
 
 Status CheckOptions(const ReaderOptions& o) {

@@ -55,7 +55,14 @@ struct StatCounters {
   std::atomic<uint64_t> buffered_bytes{0};
   std::atomic<uint64_t> bounced_bytes{0};
   std::atomic<uint64_t> resubmits{0};
+  std::atomic<uint64_t> peak_bytes_in_flight{0};
 };
+
+// Raises `peak` to `now` if it is lower (one writer at a time: the ring thread, or under the
+// pread reader's lock).
+inline void RaisePeak(std::atomic<uint64_t>& peak, uint64_t now) {
+  if (now > peak.load(std::memory_order_relaxed)) peak.store(now, std::memory_order_relaxed);
+}
 
 inline void Add(std::atomic<uint64_t>& counter, uint64_t n) {
   counter.fetch_add(n, std::memory_order_relaxed);
@@ -102,6 +109,7 @@ struct ReadPiece {
   bool cached = false;      // mostly in the page cache when cut
   bool direct_now = false;  // the submission in flight went to the O_DIRECT descriptor
   uint64_t asked = 0;       // bytes the submission in flight asked for
+  uint64_t bytes = 0;       // the request's bytes this piece reads (its cut's length)
 };
 
 // Schedules the next `cut.length` bytes of `read` as a piece. For a kBounce cut, `bounce` is
@@ -155,6 +163,8 @@ std::vector<std::shared_ptr<PendingRead>> Admit(std::span<const ReadRequest> req
 // queue_depth, max_chunk, threads and bounce_bytes within their documented ranges;
 // InvalidArgument naming the option otherwise.
 Status CheckOptions(const ReaderOptions& options);
+// ", at most N MiB in flight" for a reader's description when max_bytes_in_flight bounds it.
+std::string InFlightNote(const ReaderOptions& options);
 
 // The checks every backend makes before queueing: the file index exists, offset + length does
 // not overflow, dst is set when length > 0. InvalidArgument otherwise.

@@ -66,6 +66,7 @@ struct ReaderStats {
   uint64_t buffered_bytes = 0;  // read through the page cache
   uint64_t bounced_bytes = 0;   // of the requested bytes, those copied out of a bounce buffer
   uint64_t resubmits = 0;       // short reads, EAGAIN, EINTR continued
+  uint64_t peak_bytes_in_flight = 0;  // the most bytes of pieces out at once
   // `bytes` counts the requested bytes of requests that completed OK; direct_bytes +
   // buffered_bytes count what the OS transferred, which includes the aligned superset around
   // bounced ranges and bytes of requests that later failed.
@@ -139,6 +140,11 @@ struct ReaderOptions {
   // ceiling's setting, keeps 128 MiB in flight (enough for far faster disks) and Cancel() quick.
   int queue_depth = 32;             // reads in flight (1..4096)
   uint64_t max_chunk = 4ULL << 20;  // a request longer than this is split (4 KiB..1 GiB)
+  // At most this many bytes of pieces in the kernel's (or the pread threads') hands at once
+  // (one piece alone may be more), 0 for no bound but queue_depth (or threads) × max_chunk. A
+  // device shares itself among the reads it holds, so a read completes with those submitted
+  // after it while they are out: a bound in bytes keeps completions near submission order.
+  uint64_t max_bytes_in_flight = 0;
   bool direct = true;               // try O_DIRECT where the file system and alignment allow
   // O_DIRECT bounce buffers (aligned, registered with the ring when possible) for requests
   // whose `dst` is not aligned like their offset; 0 reads those through the page cache.

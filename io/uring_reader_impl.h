@@ -63,6 +63,7 @@ struct UringReader::Impl {
   std::deque<std::shared_ptr<PendingRead>> queue;  // not fully scheduled, in order
   std::deque<std::unique_ptr<ReadPiece>> retry;    // to resubmit (short read, EAGAIN, ...)
   unsigned in_flight = 0;                          // pieces prepared and not yet back
+  uint64_t bytes_in_flight = 0;  // the lengths of the pieces cut and not yet retired
   // Set when the kernel refused a submission for good: every read not in the kernel fails
   // with it, and the ring is only waited on, never submitted to again.
   Status broken;

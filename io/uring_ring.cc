@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "io/read_state.h"
+
 namespace loadstone::io {
 namespace {
 
@@ -168,8 +170,8 @@ Result<RingSetup> SetUpRing(Ring& ring, const std::vector<File>& files,
   const std::string file_note = RegisterFiles(ring, files, twins, &setup);
   const std::string direct_note = SetUpDirect(ring, files, twins, options, &setup);
   setup.description =
-      fmt::format("io_uring ({} deep, {} MiB chunks, {}, {}, {})", options.queue_depth,
-                  options.max_chunk >> 20, direct_note, file_note, kind);
+      fmt::format("io_uring ({} deep, {} MiB chunks{}, {}, {}, {})", options.queue_depth,
+                  options.max_chunk >> 20, InFlightNote(options), direct_note, file_note, kind);
   return setup;
 }
 

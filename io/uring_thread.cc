@@ -1,5 +1,5 @@
 // The ring thread of a UringReader: takes the reads submitted, cuts them into pieces, keeps at
-// most options.queue_depth of them in the kernel, drains completions in batches, retries short
+// most options.queue_depth of them (and options.max_bytes_in_flight bytes) in the kernel, drains completions in batches, retries short
 // and refused reads, and posts what finished to the completion queue.
 #include <liburing.h>
 #include <poll.h>
@@ -136,8 +136,13 @@ void UringReader::Impl::Fill() {
         continue;
       }
     } else {
+      // A piece is at most max_chunk: cut one only if that fits under the bound, or alone.
+      const uint64_t cap = options.max_bytes_in_flight;
+      if (cap != 0 && in_flight > 0 && bytes_in_flight + options.max_chunk > cap) break;
       piece = CutNext();
       if (!piece) break;
+      bytes_in_flight += piece->bytes;  // until Retire, retries included
+      RaisePeak(stats.peak_bytes_in_flight, bytes_in_flight);
     }
     io_uring_sqe* sqe = ring.GetSqe();
     if (sqe == nullptr) {
@@ -235,6 +240,7 @@ void UringReader::Impl::Handle(ReadPiece* raw, int res) {
 
 void UringReader::Impl::Retire(std::unique_ptr<ReadPiece> piece) {
   if (piece->slot >= 0) setup.pool.Release(piece->slot);
+  bytes_in_flight -= piece->bytes;
   PendingRead& read = *piece->read;
   --read.in_flight;
   if (read.TakeCompletion()) {

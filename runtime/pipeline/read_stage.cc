@@ -49,6 +49,7 @@ Result<std::string> ReadStage::Open() {
   ro.queue_depth = options_.queue_depth;
   ro.direct = options_.direct_io;
   ro.catalogued = context_.checkpoint.files();
+  ro.max_bytes_in_flight = options_.bytes_in_flight;
   // ro.max_chunk stays the reader's default: it splits the plan's reads into the pieces the
   // kernel handles best (io/reader.h).
   // Every read this stage issues lands in phase with its file offset (staging slots and whole

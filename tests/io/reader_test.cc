@@ -228,6 +228,53 @@ TEST_CASE("reader: deep queue with many more requests than the ring") {
   CHECK(FirstMismatch(dst.data(), 0, 17, dst.size()) == -1);
 }
 
+// max_bytes_in_flight bounds the bytes of pieces out at once, whatever their kind: pieces read
+// straight into place with O_DIRECT (cold, on /var/tmp when it is a disk), bounced ones and
+// ones through the page cache (tmpfs); without it the queue depth alone bounds them.
+TEST_CASE("reader: max_bytes_in_flight bounds the bytes out at once, and every byte arrives") {
+  const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
+  const bool disk = GENERATE(false, true);
+  const uint64_t cap = GENERATE(uint64_t{0}, uint64_t{3} << 20);
+  CAPTURE(Name(backend), disk, cap);
+  const std::string base = disk ? "/var/tmp" : kTmp;
+  if (disk && (!std::filesystem::is_directory(base) || OnTmpfs(base))) {
+    WARN("skipped: /var/tmp is missing or on tmpfs");
+    return;
+  }
+  ScratchDir dir(base);
+  REQUIRE(dir.ok());
+  const std::string path = dir.Path("bound.bin");
+  constexpr uint64_t kFile = 32ULL << 20, kChunk = 1ULL << 20;
+  WritePatternFile(path, 0, kFile);
+  DropFromCache(path);
+  ReaderOptions options = Options(backend);
+  options.queue_depth = 16;
+  options.threads = 16;
+  options.max_chunk = kChunk;
+  options.max_bytes_in_flight = cap;
+  auto reader = OpenOrSkip({path}, options);
+  if (!reader) return;
+  if (cap != 0) CHECK(reader->Describe().find("at most 3 MiB in flight") != std::string::npos);
+  // One read straight into place, one bounced (out of phase): 16 + 8 pieces of 1 MiB.
+  AlignedBytes in_phase(16 << 20), out_of_phase(8 << 20);
+  std::vector<ReadRequest> requests = {{0, 0, 16 << 20, in_phase.At(0), 1},
+                                       {0, (20 << 20) + 10, 8 << 20, out_of_phase.At(3), 2}};
+  reader->Submit(requests);
+  auto done = DrainAll(*reader, requests.size());
+  for (const ReadRequest& r : requests) {
+    INFO("request " << r.tag << " " << done[r.tag].ToString());
+    REQUIRE(done[r.tag].ok());
+    REQUIRE(FirstMismatch(r.dst, 0, r.offset, r.length) == -1);
+  }
+  const uint64_t peak = reader->stats().peak_bytes_in_flight;
+  CHECK(peak >= kChunk);  // a piece was out, and counted
+  if (cap != 0) {
+    CHECK(peak <= cap);  // pieces of 1 MiB under a 3 MiB bound
+  } else if (backend == ReaderBackend::kUring) {
+    CHECK(peak > (3ULL << 20));  // the ring takes queue_depth pieces at once
+  }
+}
+
 TEST_CASE("reader: a read past the end of the file is Corruption naming path and offset") {
   const ReaderBackend backend = GENERATE(ReaderBackend::kUring, ReaderBackend::kPread);
   const bool truncate_after_open = GENERATE(false, true);

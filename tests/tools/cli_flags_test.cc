@@ -637,6 +637,16 @@ TEST_CASE("cli: messages name the rule: GPU count, the multiplication sign, queu
   CHECK(depth.err.find("--queue-depth abc: give the number of reads in flight, a whole number "
                        "from 1 to 4096") != std::string::npos);
   CHECK(OneErrorLine(RunCli("load " + m.path + " --queue-depth 0")));
+  // --in-flight reaches the reader, which says so on the backend line.
+  const auto zero = RunCli("load " + m.path + " --in-flight 0");
+  CHECK(OneErrorLine(zero));
+  CHECK(zero.err.find("--in-flight 0: give a size such as 64MiB") != std::string::npos);
+  CHECK(OneErrorLine(RunCli("load " + m.path + " --in-flight lots")));
+  const auto bounded = RunCli("load " + m.path + " --in-flight 8MiB --json");
+  INFO(bounded.err);
+  REQUIRE(bounded.code == 0);
+  CHECK(nlohmann::json::parse(bounded.out)["backend"].get<std::string>().find(
+            "at most 8 MiB in flight") != std::string::npos);
   for (const std::string dtype : {"none", "''"}) {
     const auto load = RunCli("load " + m.path + " --dtype " + dtype);
     INFO(load.err);

@@ -272,6 +272,9 @@ void ReadFlags::Register(CLI::App* cmd, std::string_view default_staging) {
   cmd->add_option("--backend", backend, "Read backend: auto, uring (io_uring) or pread")
       ->check(CLI::IsMember({"auto", "uring", "io_uring", "pread"}));
   cmd->add_option("--queue-depth", queue_depth, "Reads in flight, 1 to 4096 (default 32)");
+  cmd->add_option("--in-flight", in_flight,
+                  "At most this many bytes of reads in the kernel's hands at once, e.g. 32MiB "
+                  "(default: queue depth x 4 MiB)");
   cmd->add_option("--staging", staging,
                   fmt::format("Staging pool per load, e.g. 64MiB (default {})", default_staging));
 }
@@ -292,6 +295,16 @@ Result<LoaderOptions> ReadFlags::ToLoaderOptions(std::shared_ptr<const Platform>
                     : backend == "pread"                        ? ReadBackend::kPread
                                                                 : ReadBackend::kAuto;
   options.queue_depth = n;
+  if (!in_flight.empty()) {
+    std::string warning;
+    LOADSTONE_ASSIGN_OR_RETURN(options.bytes_in_flight,
+                               ParseSizeFlag(in_flight, "--in-flight " + in_flight, &warning));
+    if (options.bytes_in_flight == 0) {
+      return Status::InvalidArgument(
+          "--in-flight 0: give a size such as 64MiB (leave the flag out for the default)");
+    }
+    if (warnings && !warning.empty()) warnings->push_back(warning);
+  }
   if (!staging.empty()) {
     std::string warning;
     LOADSTONE_ASSIGN_OR_RETURN(options.staging_bytes,

@@ -66,6 +66,7 @@ struct PlanFlags {
 struct ReadFlags {
   std::string backend = "auto";
   std::string queue_depth = "32";
+  std::string in_flight;  // --in-flight; empty: chosen per load
   std::string staging;  // size string; empty: the command's default
 
   // `default_staging`: what --help says the pool is without --staging.
