@@ -37,13 +37,15 @@ class Loader:
 
     Options: backend ("auto", "uring", "pread"), queue_depth (reads in flight), worker_threads
     (conversion workers; 0 = one per core), staging_bytes (the staging pool per load, which bounds
-    host memory in flight), direct_io (O_DIRECT where possible), platform (None: this machine).
+    host memory in flight), direct_io (O_DIRECT where possible), platform (None: this machine),
+    bytes_in_flight (at most this many bytes of reads in the kernel's hands at once; 0: no bound
+    but queue_depth pieces of 4 MiB; the handle's backend line says "at most N MiB in flight").
     """
 
     def __init__(self, *, backend="auto", queue_depth=32, worker_threads=0,
-                 staging_bytes=256 << 20, direct_io=True, platform=None):
+                 staging_bytes=256 << 20, direct_io=True, platform=None, bytes_in_flight=0):
         self._core = _core.Loader(backend, queue_depth, worker_threads, staging_bytes, direct_io,
-                                  platform)
+                                  platform, bytes_in_flight)
 
     @property
     def platform(self):

@@ -196,7 +196,8 @@ nb::tuple NextLanded(PyLoad& load, nb::handle timeout) {
 }
 
 void InitLoader(PyLoader* self, const std::string& backend, int queue_depth, int worker_threads,
-                uint64_t staging_bytes, bool direct_io, nb::handle platform) {
+                uint64_t staging_bytes, bool direct_io, nb::handle platform,
+                uint64_t bytes_in_flight) {
   LoaderOptions options;
   if (backend == "auto") {
     options.backend = ReadBackend::kAuto;
@@ -212,6 +213,7 @@ void InitLoader(PyLoader* self, const std::string& backend, int queue_depth, int
   options.queue_depth = queue_depth;
   options.worker_threads = worker_threads;
   options.staging_bytes = staging_bytes;
+  options.bytes_in_flight = bytes_in_flight;
   options.direct_io = direct_io;
   options.platform = ParsePlatform(platform);
   std::shared_ptr<Loader> loader;
@@ -375,7 +377,8 @@ void RegisterLoad(nb::module_& m) {
   nb::class_<PyLoader>(m, "Loader", "loadstone's Loader: reusable, thread-safe.")
       .def("__init__", &InitLoader, nb::arg("backend") = "auto", nb::arg("queue_depth") = 32,
            nb::arg("worker_threads") = 0, nb::arg("staging_bytes") = 256ULL << 20,
-           nb::arg("direct_io") = true, nb::arg("platform") = nb::none())
+           nb::arg("direct_io") = true, nb::arg("platform") = nb::none(),
+           nb::arg("bytes_in_flight") = 0)
       .def("load", &StartLoad, nb::arg("plan"), nb::arg("destinations") = nb::none(),
            nb::arg("trace") = false, nb::arg("host_memory_limit") = 0)
       .def("write_offload", &WriteOffloadFor, nb::arg("plan"),

@@ -48,6 +48,16 @@ def test_futures_resolve_to_each_tensor(model):
         handle.tensor("no.such.tensor")
 
 
+def test_bytes_in_flight_reaches_the_reader_and_every_tensor_arrives(model):
+    path, tensors = model
+    handle = loadstone.Loader(bytes_in_flight=8 << 20).load(path)
+    result = handle.result()
+    assert "at most 8 MiB in flight" in handle.backend
+    for name, tensor in tensors.items():
+        assert torch.equal(to_torch(result[name]), tensor)
+    assert "in flight" not in loadstone.Loader().load(path).backend
+
+
 def test_a_module_future_resolves_once_its_tensors_are_in_place(model):
     path, tensors = model
     handle = loadstone.Loader().load(path)
