@@ -8,10 +8,12 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libasio-dev liburing-dev libfmt-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libcurl4-openssl-dev
 )
 if [ "${1:-}" != "--cli" ]; then
   # libgloo-dev: the headers c10d's ProcessGroupGloo.hpp includes (the distributed face).
-  packages+=(git python3 python3-venv python3-dev catch2 libtorch-dev libgloo-dev)
+  # nginx: the http reader's tests serve files on 127.0.0.1 with it (they start and stop it).
+  packages+=(git python3 python3-venv python3-dev catch2 libtorch-dev libgloo-dev nginx)
 fi
 
 missing=()
@@ -23,5 +25,17 @@ if ((${#missing[@]})); then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Debian's nginx starts a server on port 80 of every address once installed: a policy-rc.d
+  # (made here only if there is none, removed after) keeps any service from starting.
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    policy=/usr/sbin/policy-rc.d
+  fi
+  status=0
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" || status=$?
+  [ -z "$policy" ] || $SUDO rm -f "$policy"
+  [ "$status" -eq 0 ] || exit "$status"
 fi

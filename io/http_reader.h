@@ -1,0 +1,84 @@
+// HttpReader: the Reader backend for objects behind http:// and https:// URLs — ranged GETs on
+// libcurl's multi interface, driven by one thread, many in flight on reused connections, each
+// range written straight into its request's memory (nothing buffered beyond what the caller
+// gave: bounded memory).
+//
+// Open() asks each URL for its first byte (following redirects, as the Hub's 302 to its CDN):
+// the size from Content-Range, the validators (ETag, else Last-Modified). Every range after
+// must answer 206 with the same validator and total size, or its request fails with Corruption
+// naming the URL: an object replaced during a load never mixes two versions. A server that
+// ignores Range (200) is refused, not read whole.
+//
+// Transient faults — a refused or reset connection, a body shorter than its range, no byte for
+// stall_timeout_ms, HTTP 429, 500, 502, 503, 504 — are retried from the byte where the range
+// stopped, at most `attempts` times in all, after a backoff (Retry-After when given, capped at
+// max_backoff_ms); each retry counts in ReaderStats::resubmits. Permanent ones fail the
+// request: 404/410 NotFound, 401/403 IOError naming the URL (check the token or credentials),
+// anything else IOError with libcurl's words.
+//
+// Semantics otherwise those of io/reader.h: requests are served in submission order, long
+// ones cut into options.range_bytes ranges; Cancel() ends the ranges in flight at once (their
+// connections closed) and fails the rest with Cancelled. Thread safety: as Reader.
+// Destruction cancels, then joins the thread.
+#ifndef LOADSTONE_IO_HTTP_READER_H_
+#define LOADSTONE_IO_HTTP_READER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/reader.h"
+
+namespace loadstone::io {
+
+struct HttpReaderOptions {
+  int connections = 16;                 // ranged GETs in flight at once (1..256)
+  uint64_t range_bytes = 8ULL << 20;    // a request longer than this is cut (64 KiB..1 GiB)
+  int attempts = 4;                     // tries per range for transient faults (1..100)
+  int64_t connect_timeout_ms = 10000;   // per connection attempt
+  int64_t stall_timeout_ms = 30000;     // no byte for this long: a transient fault
+  int64_t max_backoff_ms = 5000;        // the longest wait before a retry, Retry-After included
+};
+
+// What Open() learned of one URL.
+struct HttpObject {
+  std::string url;            // as given
+  std::string effective_url;  // after redirects
+  uint64_t size = 0;
+  std::string etag;           // empty when the server gave none
+  std::string last_modified;  // empty when the server gave none
+};
+
+class HttpReader final : public Reader {
+ public:
+  // Probes every URL (in turn) and starts the thread. Errors: InvalidArgument (options, a URL
+  // that is not http:// or https://), NotFound (404/410), IOError (refused, unreachable, 401/403,
+  // a server that does not serve ranges), naming the URL.
+  static Result<std::unique_ptr<HttpReader>> Open(const std::vector<std::string>& urls,
+                                                  const HttpReaderOptions& options);
+  ~HttpReader() override;
+
+  const std::vector<HttpObject>& objects() const;
+
+  std::string Describe() const override;
+  void Submit(std::span<const ReadRequest> requests) override;
+  size_t Reap(std::vector<ReadCompletion>* out) override;
+  int completion_fd() const override;
+  size_t pending() const override;
+  void Cancel() override;
+  ReaderStats stats() const override;
+  // The size the probe saw: a change since is caught by each range's Content-Range and
+  // validator (the request fails), not here.
+  Result<uint64_t> SizeNow(uint32_t file) const override;
+
+ private:
+  struct Impl;
+  explicit HttpReader(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace loadstone::io
+
+#endif  // LOADSTONE_IO_HTTP_READER_H_
