@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "io/http_reader.h"
 #include "io/posix_error.h"
 
 namespace loadstone::io {
@@ -29,6 +30,8 @@ Status Unchanged(const std::string& path, uint64_t bytes, const FileStamp& now,
                        then.device, then.inode, now.device, now.inode);
   } else if (catalogued.bytes != bytes) {
     what = fmt::format("{} bytes then, {} now", catalogued.bytes, bytes);
+  } else if (!then.validator.empty() && then.validator != now.validator) {
+    what = fmt::format("another version: {} then, {} now", then.validator, now.validator);
   } else if (then.known() && then != now) {
     what = fmt::format("rewritten: modification time {}.{:09} then, {}.{:09} now", then.mtime_sec,
                        then.mtime_nsec, now.mtime_sec, now.mtime_nsec);
@@ -49,7 +52,7 @@ File::~File() {
 
 File::File(File&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)), size_(other.size_), path_(std::move(other.path_)),
-      stamp_(other.stamp_) {}
+      stamp_(std::move(other.stamp_)), remote_(std::move(other.remote_)) {}
 
 File& File::operator=(File&& other) noexcept {
   if (this != &other) {
@@ -57,12 +60,21 @@ File& File::operator=(File&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     size_ = other.size_;
     path_ = std::move(other.path_);
-    stamp_ = other.stamp_;
+    stamp_ = std::move(other.stamp_);
+    remote_ = std::move(other.remote_);
   }
   return *this;
 }
 
 Result<File> File::OpenForRead(const std::string& path, int extra_flags) {
+  if (IsRemoteAddress(path)) {
+    LOADSTONE_ASSIGN_OR_RETURN(std::shared_ptr<RemoteObject> remote, RemoteObject::Open(path));
+    File file(-1, remote->object().size, path);
+    file.stamp_.validator =
+        remote->object().etag.empty() ? remote->object().last_modified : remote->object().etag;
+    file.remote_ = std::move(remote);
+    return file;
+  }
   int fd;
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
   do {
@@ -88,6 +100,14 @@ Result<File> File::OpenForRead(const std::string& path, int extra_flags) {
 }
 
 Status File::ReadExact(uint64_t offset, std::span<std::byte> dst) const {
+  if (remote_) {
+    if (offset > size_ || dst.size() > size_ - offset) {
+      return Status::Corruption(fmt::format(
+          "'{}' is truncated: wanted {} bytes at offset {}, the object ends at {}", path_,
+          dst.size(), offset, size_));
+    }
+    return remote_->Read(offset, dst);
+  }
   size_t done = 0;
   while (done < dst.size()) {
     ssize_t n = ::pread(fd_, dst.data() + done, dst.size() - done,
@@ -109,6 +129,7 @@ Status File::ReadExact(uint64_t offset, std::span<std::byte> dst) const {
 }
 
 Result<uint64_t> File::SizeNow() const {
+  if (remote_) return size_;  // each range checks the object's size and version
   struct stat st;
   if (::fstat(fd_, &st) != 0) return ErrnoStatus(errno, "cannot stat", path_);
   return static_cast<uint64_t>(st.st_size);
@@ -119,6 +140,7 @@ Status CheckUnchanged(const File& file, const CheckpointFile& catalogued) {
 }
 
 Status CheckUnchangedNow(const File& file, const CheckpointFile& catalogued) {
+  if (file.remote()) return CheckUnchanged(file, catalogued);
   struct stat st;
   if (::fstat(file.fd(), &st) != 0) return ErrnoStatus(errno, "cannot stat", file.path());
   return Unchanged(file.path(), static_cast<uint64_t>(st.st_size), StampOf(st), catalogued);

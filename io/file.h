@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -11,6 +12,8 @@
 #include "loadstone/status.h"
 
 namespace loadstone::io {
+
+class RemoteObject;  // io/http_reader.h
 
 class File {
  public:
@@ -22,7 +25,8 @@ class File {
   File& operator=(const File&) = delete;
 
   // Opens `path` read-only (O_CLOEXEC, plus `extra_flags` such as O_DIRECT) and records its
-  // size. A folder is refused.
+  // size. A folder is refused. An http:// or https:// address opens the object behind it
+  // (io::RemoteObject): ReadExact, size, stamp (its validator) and SizeNow work, fd() is -1.
   static Result<File> OpenForRead(const std::string& path, int extra_flags = 0);
 
   // Reads exactly dst.size() bytes at `offset`, retrying EINTR and short reads. Reaching the
@@ -30,6 +34,7 @@ class File {
   Status ReadExact(uint64_t offset, std::span<std::byte> dst) const;
 
   int fd() const { return fd_; }
+  bool remote() const { return remote_ != nullptr; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   // The file as it was opened: device, inode, modification time.
@@ -44,6 +49,7 @@ class File {
   uint64_t size_ = 0;
   std::string path_;
   FileStamp stamp_;
+  std::shared_ptr<RemoteObject> remote_;
 };
 
 // OK when `file` is still the file `catalogued` describes (its stamp, when known, and size).

@@ -25,7 +25,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/reader.h"
@@ -57,6 +60,9 @@ class HttpReader final : public Reader {
   // a server that does not serve ranges), naming the URL.
   static Result<std::unique_ptr<HttpReader>> Open(const std::vector<std::string>& urls,
                                                   const HttpReaderOptions& options);
+  // The same for objects already probed (RemoteObject's): no request is made here.
+  static Result<std::unique_ptr<HttpReader>> OpenProbed(std::vector<HttpObject> objects,
+                                                        const HttpReaderOptions& options);
   ~HttpReader() override;
 
   const std::vector<HttpObject>& objects() const;
@@ -77,6 +83,27 @@ class HttpReader final : public Reader {
   explicit HttpReader(std::unique_ptr<Impl> impl);
 
   std::unique_ptr<Impl> impl_;
+};
+
+// True for the addresses HttpReader reads: http:// and https:// (any case of the scheme).
+bool IsRemoteAddress(std::string_view path);
+
+// One remote object read a few bytes at a time, synchronously (what a catalog reads of it: its
+// header, as io::File::ReadExact does of a local file), through an HttpReader of its own.
+// Thread-safe: reads are one at a time.
+class RemoteObject {
+ public:
+  // Probes `url` (HttpReader::Open's errors).
+  static Result<std::shared_ptr<RemoteObject>> Open(const std::string& url);
+  const HttpObject& object() const { return object_; }
+  // Exactly dst.size() bytes at `offset`. REQUIRES: offset + dst.size() <= object().size.
+  Status Read(uint64_t offset, std::span<std::byte> dst);
+
+ private:
+  explicit RemoteObject(HttpObject object) : object_(std::move(object)) {}
+  const HttpObject object_;
+  std::mutex mu_;
+  std::unique_ptr<HttpReader> reader_;  // guarded by mu_
 };
 
 }  // namespace loadstone::io

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "io/file.h"
+#include "io/http_reader.h"
 #include "io/pread_reader.h"
 #include "io/read_state.h"
 #include "io/uring_reader.h"
@@ -31,6 +32,11 @@ Result<std::vector<File>> OpenAll(const std::vector<std::string>& paths,
   std::vector<File> files;
   files.reserve(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) {
+    if (IsRemoteAddress(paths[i])) {
+      return Status::Unsupported(fmt::format(
+          "'{}' is remote and '{}' local: one load reads files of one kind", paths[i],
+          paths.front()));
+    }
     LOADSTONE_ASSIGN_OR_RETURN(File file, File::OpenForRead(paths[i]));
     if (!catalogued.empty()) LOADSTONE_RETURN_IF_ERROR(CheckUnchanged(file, catalogued[i]));
     files.push_back(std::move(file));
@@ -46,11 +52,43 @@ Result<std::unique_ptr<Reader>> OpenPread(std::vector<File> files, const ReaderO
   return std::unique_ptr<Reader>(std::move(reader));
 }
 
+// The objects behind http(s) addresses, each the version the catalog read (size, validator).
+Result<std::unique_ptr<Reader>> OpenRemote(const std::vector<std::string>& paths,
+                                           const ReaderOptions& options, std::string* log) {
+  if (!options.catalogued.empty() && options.catalogued.size() != paths.size()) {
+    return Status::InvalidArgument(fmt::format(
+        "the reader was given {} catalogued files for {} paths", options.catalogued.size(),
+        paths.size()));
+  }
+  for (const std::string& p : paths) {
+    if (!IsRemoteAddress(p)) {
+      return Status::Unsupported(fmt::format(
+          "'{}' is local and '{}' remote: one load reads files of one kind", p, paths.front()));
+    }
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(std::unique_ptr<HttpReader> reader,
+                             HttpReader::Open(paths, HttpReaderOptions()));
+  for (size_t i = 0; i < options.catalogued.size(); ++i) {
+    const HttpObject& now = reader->objects()[i];
+    const CheckpointFile& then = options.catalogued[i];
+    const std::string version = now.etag.empty() ? now.last_modified : now.etag;
+    if (now.size != then.bytes || then.stamp.validator != version) {
+      return Status::Corruption(fmt::format(
+          "'{}' changed since its header was read ({} bytes, version {} then; {} bytes, version "
+          "{} now): open the checkpoint again",
+          paths[i], then.bytes, then.stamp.validator, now.size, version));
+    }
+  }
+  if (log != nullptr) *log = fmt::format("reader: {}; the files are remote", reader->Describe());
+  return std::unique_ptr<Reader>(std::move(reader));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths,
                                            const ReaderOptions& options, std::string* log) {
   LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
+  if (!paths.empty() && IsRemoteAddress(paths.front())) return OpenRemote(paths, options, log);
   LOADSTONE_ASSIGN_OR_RETURN(std::vector<File> files, OpenAll(paths, options.catalogued));
   if (options.backend == ReaderBackend::kPread) {
     return OpenPread(std::move(files), options, "asked for (--backend pread)", log);

@@ -50,6 +50,9 @@ struct FileStamp {
   uint64_t inode = 0;
   int64_t mtime_sec = 0;  // last modification (st_mtim)
   int64_t mtime_nsec = 0;
+  // A remote object's version as its server names it (its ETag, else its Last-Modified); empty
+  // for a local file.
+  std::string validator;
   bool known() const { return inode != 0; }
   bool SameFile(const FileStamp& other) const {
     return device == other.device && inode == other.inode;

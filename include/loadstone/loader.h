@@ -151,8 +151,8 @@ struct LoaderOptions {
   // At most this many bytes of reads in the kernel's hands at once (io/reader.h,
   // max_bytes_in_flight); 0: no bound but queue_depth pieces of 4 MiB. A device shares itself
   // among the reads it holds, so the last piece of the module due next completes with those
-  // after it: a smaller bound keeps completions closer to the plan's order (bench/README.md,
-  // issue 34) at the risk of an idle device.
+  // after it: a smaller bound keeps completions closer to the plan's order, at the risk of an
+  // idle device.
   uint64_t bytes_in_flight = 0;
   bool direct_io = true;                // O_DIRECT where the file system and alignment allow
   // Fault injection for loadstone's own tests (runtime/pipeline/load_hooks.h); null otherwise.

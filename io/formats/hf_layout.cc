@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "io/http_reader.h"
+
 namespace loadstone::io {
 namespace fs = std::filesystem;
 namespace {
@@ -164,15 +166,26 @@ std::string_view SpecialKind(fs::file_type type) {
   }
 }
 
+// One object behind an http(s) address, by its name; a folder there is found by asking for the
+// known names, which is not built yet.
+Result<ResolvedCheckpoint> ResolveRemote(const std::string& path, const OpenOptions& options) {
+  for (std::string_view ext : {".safetensors", ".bin", ".gguf", ".pt", ".pth"}) {
+    if (EndsWith(path, ext)) return ResolveFile(path, options);
+  }
+  return Status::Unsupported(fmt::format(
+      "'{}': loadstone reads one file behind an http(s) address (…/model.safetensors, a .bin, "
+      "a .gguf), not yet a folder or an index there; give the file's address",
+      path));
+}
+
 }  // namespace
 
 Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
                                                  const OpenOptions& options) {
+  if (IsRemoteAddress(path)) return ResolveRemote(path, options);
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) {
-    return Status::NotFound(fmt::format("'{}' does not exist", path));
-  }
+  if (ec || !fs::exists(status)) return Status::NotFound(fmt::format("'{}' does not exist", path));
   if (!fs::is_directory(status) && !fs::is_regular_file(status)) {
     return Status::InvalidArgument(fmt::format(
         "'{}' is {}: a checkpoint is a file or a folder", path, SpecialKind(status.type())));

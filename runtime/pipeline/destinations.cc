@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "io/file.h"
+#include "io/http_reader.h"
 #include "io/posix_error.h"
 
 namespace loadstone::pipeline {
@@ -95,6 +96,10 @@ void Destinations::CloseFreshPages() { fresh_.reset(); }
 
 Status Destinations::MapFiles() {
   for (const CheckpointFile& f : checkpoint_.files()) {
+    if (io::IsRemoteAddress(f.path)) {
+      return Status::InvalidArgument(fmt::format(
+          "--mmap cannot map '{}': it is not a local file; leave --mmap out to read it", f.path));
+    }
     // Mapped pages past the file's end would be SIGBUS on first touch: only the file the
     // catalog describes, whole, is mapped.
     LOADSTONE_ASSIGN_OR_RETURN(io::File file, io::File::OpenForRead(f.path));

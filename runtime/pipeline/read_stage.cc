@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "io/http_reader.h"
 #include "io/mapped_copy.h"
 #include "io/posix_error.h"
 #include "runtime/pipeline/destinations.h"
@@ -300,6 +301,8 @@ Status ReadStage::CheckFileSize(uint32_t file, uint64_t needed) const {
   uint64_t now = 0;
   if (window_.open()) {  // the file read, even if another has been renamed over its path since
     LOADSTONE_ASSIGN_OR_RETURN(now, window_.reader().SizeNow(file));
+  } else if (io::IsRemoteAddress(f.path)) {
+    return Status::OK();  // checked (size and version) when the reader opens, and on each range
   } else {
     struct stat st;
     if (::stat(f.path.c_str(), &st) != 0) return io::ErrnoStatus(errno, "cannot stat", f.path);

@@ -71,13 +71,7 @@ TEST_CASE("http reader: random ranges of several objects are byte-exact", "[io][
   std::vector<std::byte> whole(objects[0].size);
   requests.back().dst = whole.data();
   total += whole.size();
-  (*reader)->Submit(requests);
-  auto done = DrainAll(**reader, requests.size());
-  for (const ReadRequest& r : requests) {
-    INFO("request " << r.tag << " " << done[r.tag].ToString());
-    REQUIRE(done[r.tag].ok());
-    REQUIRE(FirstMismatch(r.dst, r.file, r.offset, r.length) == -1);
-  }
+  ReadAllExact(**reader, requests);
   CHECK((*reader)->stats().bytes == total);
   CHECK((*reader)->stats().resubmits == 0);
   CHECK((*reader)->pending() == 0);
@@ -150,7 +144,7 @@ TEST_CASE("http reader: an object replaced during a load fails its reads, naming
   CHECK(cut.message().find("changed during the load") != std::string::npos);
 }
 
-TEST_CASE("http reader: a server that goes away is retried a bounded number of times; Cancel "
+TEST_CASE("http reader: a server that goes away is retried a bounded number of times, and Cancel "
           "ends reads at once", "[io][http]") {
   TempDir root;
   WritePatternFile(root.Path("a.bin"), 0, 16 << 20);

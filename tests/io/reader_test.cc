@@ -259,13 +259,7 @@ TEST_CASE("reader: max_bytes_in_flight bounds the bytes out at once, and every b
   AlignedBytes in_phase(16 << 20), out_of_phase(8 << 20);
   std::vector<ReadRequest> requests = {{0, 0, 16 << 20, in_phase.At(0), 1},
                                        {0, (20 << 20) + 10, 8 << 20, out_of_phase.At(3), 2}};
-  reader->Submit(requests);
-  auto done = DrainAll(*reader, requests.size());
-  for (const ReadRequest& r : requests) {
-    INFO("request " << r.tag << " " << done[r.tag].ToString());
-    REQUIRE(done[r.tag].ok());
-    REQUIRE(FirstMismatch(r.dst, 0, r.offset, r.length) == -1);
-  }
+  ReadAllExact(*reader, requests);
   const uint64_t peak = reader->stats().peak_bytes_in_flight;
   CHECK(peak >= kChunk);  // a piece was out, and counted
   if (cap != 0) {
@@ -408,13 +402,7 @@ TEST_CASE("reader: O_DIRECT is used on a disk file system for data not in the pa
       {0, 4096 + 10, 4 << 20, out_of_phase.At(3), 2},  // through a bounce buffer
       {0, (8 << 20) - 100, 877, tail.At(5), 3},        // the tail, past the last block
   };
-  reader->Submit(requests);
-  auto done = DrainAll(*reader, requests.size());
-  for (const ReadRequest& r : requests) {
-    INFO("request " << r.tag << " " << done[r.tag].ToString());
-    REQUIRE(done[r.tag].ok());
-    REQUIRE(FirstMismatch(r.dst, 0, r.offset, r.length) == -1);
-  }
+  ReadAllExact(*reader, requests);
   const ReaderStats stats = reader->stats();
   INFO(describe);
   CHECK(stats.direct_bytes >= (12ULL << 20));

@@ -165,6 +165,18 @@ inline std::map<uint64_t, Status> DrainAll(
   return by_tag;
 }
 
+// Submits `requests` (of pattern files: request.file is the pattern's file number), waits for
+// them all and requires each to be OK and byte-exact.
+inline void ReadAllExact(Reader& reader, const std::vector<ReadRequest>& requests) {
+  reader.Submit(requests);
+  auto done = DrainAll(reader, requests.size());
+  for (const ReadRequest& r : requests) {
+    INFO("request " << r.tag << " " << done[r.tag].ToString());
+    REQUIRE(done[r.tag].ok());
+    REQUIRE(FirstMismatch(r.dst, r.file, r.offset, r.length) == -1);
+  }
+}
+
 // Catch's --rng-seed when given, otherwise a fresh one; printed either way.
 inline uint64_t TestSeed(const char* test) {
   uint64_t seed = Catch::rngSeed();

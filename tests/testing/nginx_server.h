@@ -31,17 +31,14 @@ namespace loadstone::testing {
 
 class NginxServer {
  public:
-  // nginx serving `root` (made readable to all: nginx may read as another user), or nullptr
-  // with `why` set when there is no nginx or it would not start.
+  // nginx serving `root` (one process, this user: it reads what the test can), or nullptr with
+  // `why` set when there is no nginx or it would not start.
   static std::unique_ptr<NginxServer> Start(const std::string& root, std::string* why) {
     const std::string binary = Find();
     if (binary.empty()) {
       *why = "no nginx on this machine (scripts/setup.sh installs Debian's)";
       return nullptr;
     }
-    std::filesystem::permissions(root, std::filesystem::perms::others_read |
-                                           std::filesystem::perms::others_exec,
-                                 std::filesystem::perm_options::add);
     for (int attempt = 0; attempt < 3; ++attempt) {  // a free port can be taken meanwhile
       auto server = std::unique_ptr<NginxServer>(new NginxServer());
       if (server->Launch(binary, root, why)) return server;

@@ -1,0 +1,56 @@
+// The CLI on http:// addresses (nginx on 127.0.0.1 over the committed fixtures, started and
+// stopped here): inspect and load print what they print for the local file, the backend line
+// names the http reader, and a folder address is one clear error line.
+#include <string>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "testing/nginx_server.h"
+#include "tests/tools/cli_runner.h"
+
+namespace loadstone {
+namespace {
+
+using testing::RunCli;
+
+const std::string kFixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures";
+
+TEST_CASE("cli: inspect and load take an http address and print what the local file gives",
+          "[tools][cli][http]") {
+  std::string why;
+  auto server = testing::NginxServer::Start(kFixtures, &why);
+  if (!server) {
+    WARN("skipped: " << why);
+    return;
+  }
+  for (const std::string file : {"safetensors/dtypes.safetensors", "gguf/quantized.gguf",
+                                 "torch/parameters.bin"}) {
+    INFO(file);
+    const auto local = RunCli("inspect " + kFixtures + "/" + file + " --json");
+    const auto remote = RunCli("inspect " + server->Url(file) + " --json");
+    INFO(remote.err);
+    REQUIRE(remote.code == 0);
+    CHECK(nlohmann::json::parse(remote.out)["tensors"] ==
+          nlohmann::json::parse(local.out)["tensors"]);
+
+    const auto want = nlohmann::json::parse(RunCli("load " + kFixtures + "/" + file + " --json").out);
+    const auto loaded = RunCli("load " + server->Url(file) + " --json");
+    INFO(loaded.err);
+    REQUIRE(loaded.code == 0);
+    auto got = nlohmann::json::parse(loaded.out);
+    auto expected = want["tensors"];
+    for (auto* tensors : {&got["tensors"], &expected}) {
+      for (auto& t : *tensors) t.erase("ready_ms");  // when, not what
+    }
+    CHECK(got["tensors"] == expected);  // names, dtypes, shapes, devices and CRC-32s
+    CHECK(got["backend"].get<std::string>().find("http (libcurl") == 0);
+  }
+  const auto folder = RunCli("load " + server->Url("safetensors/"));
+  CHECK(folder.code == 1);
+  CHECK(folder.err.starts_with("error: "));
+  CHECK(folder.err.find("give the file's address") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace loadstone
