@@ -29,7 +29,15 @@ bool ParseU64(std::string_view s, uint64_t* out) {
   return true;
 }
 
-size_t Discard(char*, size_t size, size_t n, void*) { return size * n; }
+// The probe's body: the one byte asked for, or an error page; more (a server that ignores Range
+// and sends the whole object, an endless error page) aborts the transfer, with the answer's
+// headers kept, rather than download it.
+size_t ProbeBody(char*, size_t size, size_t n, void* user) {
+  auto& answer = *static_cast<Answer*>(user);
+  answer.body_bytes += size * n;
+  const uint64_t most = answer.status == 200 ? 1 : 64 << 10;
+  return answer.body_bytes > most ? 0 : size * n;
+}
 
 }  // namespace
 
@@ -112,13 +120,14 @@ Status Probe(CURL* easy, HttpObject* object, const HttpReaderOptions& options) {
   curl_easy_setopt(easy, CURLOPT_RANGE, "0-0");
   curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(easy, CURLOPT_HEADERDATA, &answer);
-  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, Discard);
+  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, ProbeBody);
+  curl_easy_setopt(easy, CURLOPT_WRITEDATA, &answer);
   curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, error);
   curl_easy_setopt(easy, CURLOPT_FAILONERROR, 0L);  // a 416 (an empty object) is an answer
   curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS,
                    static_cast<long>(options.connect_timeout_ms + options.stall_timeout_ms));
   const CURLcode code = curl_easy_perform(easy);
-  if (code != CURLE_OK) {
+  if (code != CURLE_OK && !(code == CURLE_WRITE_ERROR && answer.status != 0)) {
     return Status::IOError(fmt::format("cannot reach '{}': {}", object->url,
                                        error[0] ? error : curl_easy_strerror(code)));
   }

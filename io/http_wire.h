@@ -34,6 +34,7 @@ struct Answer {
   std::string etag, last_modified;
   int64_t retry_after_ms = -1;
   int64_t content_length = -1;
+  uint64_t body_bytes = 0;  // the probe's: what came of the body
 
   // One header line (or a status line, which starts a new answer).
   void Line(std::string_view line);
