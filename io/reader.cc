@@ -3,6 +3,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "io/file.h"
@@ -25,18 +27,9 @@ namespace {
 
 Result<std::vector<File>> OpenAll(const std::vector<std::string>& paths,
                                   const std::vector<CheckpointFile>& catalogued) {
-  if (!catalogued.empty() && catalogued.size() != paths.size()) {
-    return Status::InvalidArgument(fmt::format(
-        "the reader was given {} catalogued files for {} paths", catalogued.size(), paths.size()));
-  }
   std::vector<File> files;
   files.reserve(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) {
-    if (IsRemoteAddress(paths[i])) {
-      return Status::Unsupported(fmt::format(
-          "'{}' is remote and '{}' local: one load reads files of one kind", paths[i],
-          paths.front()));
-    }
     LOADSTONE_ASSIGN_OR_RETURN(File file, File::OpenForRead(paths[i]));
     if (!catalogued.empty()) LOADSTONE_RETURN_IF_ERROR(CheckUnchanged(file, catalogued[i]));
     files.push_back(std::move(file));
@@ -55,17 +48,6 @@ Result<std::unique_ptr<Reader>> OpenPread(std::vector<File> files, const ReaderO
 // The objects behind http(s) addresses, each the version the catalog read (size, validator).
 Result<std::unique_ptr<Reader>> OpenRemote(const std::vector<std::string>& paths,
                                            const ReaderOptions& options, std::string* log) {
-  if (!options.catalogued.empty() && options.catalogued.size() != paths.size()) {
-    return Status::InvalidArgument(fmt::format(
-        "the reader was given {} catalogued files for {} paths", options.catalogued.size(),
-        paths.size()));
-  }
-  for (const std::string& p : paths) {
-    if (!IsRemoteAddress(p)) {
-      return Status::Unsupported(fmt::format(
-          "'{}' is local and '{}' remote: one load reads files of one kind", p, paths.front()));
-    }
-  }
   LOADSTONE_ASSIGN_OR_RETURN(std::unique_ptr<HttpReader> reader,
                              HttpReader::Open(paths, HttpReaderOptions()));
   for (size_t i = 0; i < options.catalogued.size(); ++i) {
@@ -90,7 +72,19 @@ Result<std::unique_ptr<Reader>> OpenRemote(const std::vector<std::string>& paths
 Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths,
                                            const ReaderOptions& options, std::string* log) {
   LOADSTONE_RETURN_IF_ERROR(CheckOptions(options));
-  if (!paths.empty() && IsRemoteAddress(paths.front())) return OpenRemote(paths, options, log);
+  if (!options.catalogued.empty() && options.catalogued.size() != paths.size()) {
+    return Status::InvalidArgument(fmt::format("the reader was given {} catalogued files for {} paths",
+                                               options.catalogued.size(), paths.size()));
+  }
+  const auto remote = std::count_if(paths.begin(), paths.end(),
+                                    [](const std::string& p) { return IsRemoteAddress(p); });
+  if (remote != 0 && static_cast<size_t>(remote) != paths.size()) {
+    return Status::Unsupported(fmt::format(
+        "{} of the {} files are remote (http(s) addresses) and the others local: one load reads "
+        "files of one kind",
+        remote, paths.size()));
+  }
+  if (remote != 0) return OpenRemote(paths, options, log);
   LOADSTONE_ASSIGN_OR_RETURN(std::vector<File> files, OpenAll(paths, options.catalogued));
   if (options.backend == ReaderBackend::kPread) {
     return OpenPread(std::move(files), options, "asked for (--backend pread)", log);

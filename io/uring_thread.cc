@@ -1,6 +1,7 @@
 // The ring thread of a UringReader: takes the reads submitted, cuts them into pieces, keeps at
-// most options.queue_depth of them (and options.max_bytes_in_flight bytes) in the kernel, drains completions in batches, retries short
-// and refused reads, and posts what finished to the completion queue.
+// most options.queue_depth of them (and options.max_bytes_in_flight bytes) in the kernel,
+// drains completions in batches, retries short and refused reads, and posts what finished to
+// the completion queue.
 #include <liburing.h>
 #include <poll.h>
 

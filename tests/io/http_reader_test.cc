@@ -110,6 +110,13 @@ TEST_CASE("http reader: redirects, a missing object, no ranges, an empty object"
 
   auto ftp = HttpReader::Open({"ftp://127.0.0.1/a.bin"}, Small());
   CHECK(ftp.status().code() == StatusCode::kInvalidArgument);
+  // OpenReader picks HttpReader for addresses, and refuses a mix of remote and local files.
+  auto picked = OpenReader({server->Url("a.bin")}, ReaderOptions());
+  REQUIRE(picked.ok());
+  CHECK((*picked)->Describe().find("http (libcurl ") == 0);
+  auto mixed = OpenReader({server->Url("a.bin"), root.Path("a.bin")}, ReaderOptions());
+  CHECK(mixed.status().code() == StatusCode::kUnsupported);
+  CHECK(mixed.status().message().find("1 of the 2 files are remote") != std::string::npos);
 }
 
 TEST_CASE("http reader: an object replaced during a load fails its reads, naming it",
