@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <string_view>
@@ -88,13 +87,6 @@ Result<std::unique_ptr<HttpReader>> HttpReader::Open(const std::vector<std::stri
     LOADSTONE_RETURN_IF_ERROR(probed);
     objects.push_back(std::move(object));
   }
-  return OpenProbed(std::move(objects), options);
-}
-
-Result<std::unique_ptr<HttpReader>> HttpReader::OpenProbed(std::vector<HttpObject> objects,
-                                                           const HttpReaderOptions& options) {
-  LOADSTONE_RETURN_IF_ERROR(CheckHttpOptions(options));
-  LOADSTONE_RETURN_IF_ERROR(InitCurl());
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->objects = std::move(objects);

@@ -60,9 +60,6 @@ class HttpReader final : public Reader {
   // a server that does not serve ranges), naming the URL.
   static Result<std::unique_ptr<HttpReader>> Open(const std::vector<std::string>& urls,
                                                   const HttpReaderOptions& options);
-  // The same for objects already probed (RemoteObject's): no request is made here.
-  static Result<std::unique_ptr<HttpReader>> OpenProbed(std::vector<HttpObject> objects,
-                                                        const HttpReaderOptions& options);
   ~HttpReader() override;
 
   const std::vector<HttpObject>& objects() const;
