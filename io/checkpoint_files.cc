@@ -19,6 +19,8 @@
 #include "io/formats/safetensors.h"
 #include "io/formats/sniff.h"
 #include "io/formats/torch_zip.h"
+#include "io/http_reader.h"
+#include "io/location.h"
 #include "io/shard_reader.h"
 
 namespace loadstone::io {
@@ -115,12 +117,15 @@ Status AddGgufSet(const std::string& path, Checkpoint::Impl* impl) {
   for (unsigned i = 1; i <= count; ++i) {
     const std::string part = fmt::format("{}-{:05d}-of-{:05d}.gguf", stem, i, count);
     std::error_code ec;
-    if (!std::filesystem::exists(part, ec)) {
+    // A remote split that is not there answers its probe with NotFound.
+    const Status added = IsRemoteAddress(part) || std::filesystem::exists(part, ec)
+                             ? AddGgufFile(part, std::pair{i - 1, count}, impl)  // split.no from 0
+                             : Status::NotFound("");
+    if (added.code() == StatusCode::kNotFound) {
       return Status::NotFound(fmt::format("split {} of {} of '{}' is missing: '{}'", i, count,
                                           path, part));
     }
-    // llama.cpp numbers splits from 0 in split.no.
-    LOADSTONE_RETURN_IF_ERROR(AddGgufFile(part, std::pair{i - 1, count}, impl));
+    LOADSTONE_RETURN_IF_ERROR(added);
   }
   const auto total = impl->metadata.find("split.tensors.count");
   if (total != impl->metadata.end() && total->second != std::to_string(impl->tensors.size())) {
@@ -198,7 +203,7 @@ Status CheckIndexAgainstShards(const ShardIndex& index, const Checkpoint::Impl& 
 }
 
 Status OpenIndex(const std::string& index_path, CheckpointFormat format, Checkpoint::Impl* impl) {
-  ShardReader shards(format, std::filesystem::path(index_path).parent_path().string(), index_path);
+  ShardReader shards(format, ParentLocation(index_path), index_path);
   LOADSTONE_ASSIGN_OR_RETURN(
       ShardIndex index,
       ReadShardIndex(index_path, [&shards](const std::string& name) { shards.Add(name); }));

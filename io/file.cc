@@ -70,8 +70,7 @@ Result<File> File::OpenForRead(const std::string& path, int extra_flags) {
   if (IsRemoteAddress(path)) {
     LOADSTONE_ASSIGN_OR_RETURN(std::shared_ptr<RemoteObject> remote, RemoteObject::Open(path));
     File file(-1, remote->object().size, path);
-    file.stamp_.validator =
-        remote->object().etag.empty() ? remote->object().last_modified : remote->object().etag;
+    file.stamp_.validator = remote->object().version();
     file.remote_ = std::move(remote);
     return file;
   }

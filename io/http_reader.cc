@@ -30,6 +30,7 @@ struct HttpReader::Impl {
 
   HttpReaderOptions options;
   std::vector<HttpObject> objects;
+  std::vector<HeaderList> headers;  // per object: the request headers of its ranges
   std::unique_ptr<CompletionQueue> completions;
   StatCounters stats;
   CURLM* multi = nullptr;
@@ -72,24 +73,13 @@ Result<std::unique_ptr<HttpReader>> HttpReader::Open(const std::vector<std::stri
                                                      const HttpReaderOptions& options) {
   LOADSTONE_RETURN_IF_ERROR(CheckHttpOptions(options));
   LOADSTONE_RETURN_IF_ERROR(InitCurl());
-  std::vector<HttpObject> objects;
-  for (const std::string& url : urls) {
-    if (!IsRemoteAddress(url)) {
-      return Status::InvalidArgument(
-          fmt::format("'{}' is not an http:// or https:// address", url));
-    }
-    CURL* easy = curl_easy_init();
-    if (easy == nullptr) return Status::OutOfMemory("libcurl could not make a handle");
-    HttpObject object;
-    object.url = url;
-    Status probed = Probe(easy, &object, options);
-    curl_easy_cleanup(easy);
-    LOADSTONE_RETURN_IF_ERROR(probed);
-    objects.push_back(std::move(object));
-  }
   auto impl = std::make_unique<Impl>();
+  for (Result<HttpObject>& probed : ProbeHttp(urls, options)) {
+    if (!probed.ok()) return probed.status();
+    impl->headers.push_back(RequestHeaders(probed->effective_url));
+    impl->objects.push_back(std::move(probed).value());
+  }
   impl->options = options;
-  impl->objects = std::move(objects);
   LOADSTONE_ASSIGN_OR_RETURN(impl->completions, CompletionQueue::Create());
   impl->multi = curl_multi_init();
   if (impl->multi == nullptr) return Status::OutOfMemory("libcurl could not make a multi handle");
@@ -247,6 +237,7 @@ void HttpReader::Impl::Start(std::unique_ptr<HttpRange> range) {
   // CDN address is the one to ask).
   curl_easy_setopt(easy, CURLOPT_URL, object.effective_url.c_str());
   curl_easy_setopt(easy, CURLOPT_RANGE, span.c_str());  // copied by libcurl
+  if (headers[r.file]) curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers[r.file].get());
   curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(easy, CURLOPT_HEADERDATA, &range->answer);
   curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, OnBody);
@@ -254,6 +245,7 @@ void HttpReader::Impl::Start(std::unique_ptr<HttpRange> range) {
   curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, range->error);
   curl_easy_setopt(easy, CURLOPT_PRIVATE, range.get());
   range->object = &object;
+  range->stats = &stats;
   curl_multi_add_handle(multi, easy);
   active.push_back(std::move(range));
 }
@@ -288,10 +280,7 @@ void HttpReader::Impl::Finish(HttpRange* raw, CURLcode code) {
     return Retire(std::move(range));
   }
   Add(stats.resubmits, 1);
-  int64_t backoff = int64_t{100} << std::min(range->attempt, 10);
-  if (range->answer.retry_after_ms >= 0) backoff = range->answer.retry_after_ms;
-  backoff = std::min(backoff, options.max_backoff_ms);
-  range->not_before = Clock::now() + std::chrono::milliseconds(backoff);
+  range->not_before = Clock::now() + RetryDelay(range->attempt, range->answer.retry_after_ms, options);
   waiting.push_back(std::move(range));
 }
 

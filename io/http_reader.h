@@ -3,8 +3,9 @@
 // range written straight into its request's memory (nothing buffered beyond what the caller
 // gave: bounded memory).
 //
-// Open() asks each URL for its first byte (following redirects, as the Hub's 302 to its CDN):
-// the size from Content-Range, the validators (ETag, else Last-Modified). Every range after
+// Open() asks each URL for its first byte (following redirects, as the Hub's 302 to its CDN),
+// all of them at once (ProbeHttp): the size from Content-Range, the validators (ETag, else
+// Last-Modified). Requests to the Hub's endpoint carry its token (io/location.h). Every range after
 // must answer 206 with the same validator and total size, or its request fails with Corruption
 // naming the URL: an object replaced during a load never mixes two versions. A server that
 // ignores Range (200) is refused, not read whole.
@@ -40,7 +41,9 @@ struct HttpReaderOptions {
   uint64_t range_bytes = 8ULL << 20;    // a request longer than this is cut (64 KiB..1 GiB)
   int attempts = 4;                     // tries per range for transient faults (1..100)
   int64_t connect_timeout_ms = 10000;   // per connection attempt
-  int64_t stall_timeout_ms = 30000;     // no byte for this long: a transient fault
+  // No byte for this long: a transient fault. libcurl averages a transfer's rate over its last
+  // 5 s, so a stall after bytes came is seen up to 5 s later than this.
+  int64_t stall_timeout_ms = 30000;
   int64_t max_backoff_ms = 5000;        // the longest wait before a retry, Retry-After included
 };
 
@@ -51,11 +54,27 @@ struct HttpObject {
   uint64_t size = 0;
   std::string etag;           // empty when the server gave none
   std::string last_modified;  // empty when the server gave none
+  // The Hub's, from the first answer (its 302 to the CDN, or the file itself): X-Linked-Etag
+  // (an LFS file's sha256) and X-Repo-Commit; empty elsewhere.
+  std::string linked_etag;
+  std::string repo_commit;
+
+  // Which version of the object this is, for a catalog to check at its load: the Hub's linked
+  // ETag (the same whichever CDN node answers), else the ETag, else Last-Modified.
+  const std::string& version() const {
+    return !linked_etag.empty() ? linked_etag : !etag.empty() ? etag : last_modified;
+  }
 };
+
+// Probes each URL — asks for its first byte, following redirects — all at once on up to
+// `options.connections` connections, transient faults retried as a range's are. One result per
+// URL, in order: the object, or Open()'s errors for it (NotFound for 404/410).
+std::vector<Result<HttpObject>> ProbeHttp(const std::vector<std::string>& urls,
+                                          const HttpReaderOptions& options);
 
 class HttpReader final : public Reader {
  public:
-  // Probes every URL (in turn) and starts the thread. Errors: InvalidArgument (options, a URL
+  // Probes every URL (at once) and starts the thread. Errors: InvalidArgument (options, a URL
   // that is not http:// or https://), NotFound (404/410), IOError (refused, unreachable, 401/403,
   // a server that does not serve ranges), naming the URL.
   static Result<std::unique_ptr<HttpReader>> Open(const std::vector<std::string>& urls,

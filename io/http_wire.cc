@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "io/location.h"
+
 namespace loadstone::io {
 namespace {
 
@@ -27,16 +29,6 @@ bool ParseU64(std::string_view s, uint64_t* out) {
   }
   *out = v;
   return true;
-}
-
-// The probe's body: the one byte asked for, or an error page; more (a server that ignores Range
-// and sends the whole object, an endless error page) aborts the transfer, with the answer's
-// headers kept, rather than download it.
-size_t ProbeBody(char*, size_t size, size_t n, void* user) {
-  auto& answer = *static_cast<Answer*>(user);
-  answer.body_bytes += size * n;
-  const uint64_t most = answer.status == 200 ? 1 : 64 << 10;
-  return answer.body_bytes > most ? 0 : size * n;
 }
 
 }  // namespace
@@ -77,6 +69,20 @@ void CommonOptions(CURL* easy, const HttpReaderOptions& o) {
                    static_cast<long>(std::max<int64_t>(1, (o.stall_timeout_ms + 999) / 1000)));
 }
 
+HeaderList RequestHeaders(std::string_view url) {
+  if (!SendsHubToken(url)) return nullptr;
+  const std::string token = HubToken();
+  if (token.empty()) return nullptr;
+  return HeaderList(curl_slist_append(nullptr, fmt::format("Authorization: Bearer {}", token).c_str()));
+}
+
+std::chrono::milliseconds RetryDelay(int attempt, int64_t retry_after_ms,
+                                     const HttpReaderOptions& options) {
+  int64_t wait = int64_t{100} << std::min(attempt, 10);
+  if (retry_after_ms >= 0) wait = retry_after_ms;
+  return std::chrono::milliseconds(std::min(wait, options.max_backoff_ms));
+}
+
 bool Transient(long status) {
   return status == 429 || status == 500 || status == 502 || status == 503 || status == 504;
 }
@@ -110,52 +116,6 @@ Status HttpError(long status, const std::string& url, std::string_view what) {
         status, what));
   }
   return Status::IOError(fmt::format("'{}' answered HTTP {} to {}", url, status, what));
-}
-
-Status Probe(CURL* easy, HttpObject* object, const HttpReaderOptions& options) {
-  Answer answer;
-  char error[CURL_ERROR_SIZE] = {};
-  CommonOptions(easy, options);
-  curl_easy_setopt(easy, CURLOPT_URL, object->url.c_str());
-  curl_easy_setopt(easy, CURLOPT_RANGE, "0-0");
-  curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, OnHeader);
-  curl_easy_setopt(easy, CURLOPT_HEADERDATA, &answer);
-  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, ProbeBody);
-  curl_easy_setopt(easy, CURLOPT_WRITEDATA, &answer);
-  curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, error);
-  curl_easy_setopt(easy, CURLOPT_FAILONERROR, 0L);  // a 416 (an empty object) is an answer
-  curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS,
-                   static_cast<long>(options.connect_timeout_ms + options.stall_timeout_ms));
-  const CURLcode code = curl_easy_perform(easy);
-  if (code != CURLE_OK && !(code == CURLE_WRITE_ERROR && answer.status != 0)) {
-    return Status::IOError(fmt::format("cannot reach '{}': {}", object->url,
-                                       error[0] ? error : curl_easy_strerror(code)));
-  }
-  char* effective = nullptr;
-  curl_easy_getinfo(easy, CURLINFO_EFFECTIVE_URL, &effective);
-  object->effective_url = effective ? effective : object->url;
-  object->etag = answer.etag;
-  object->last_modified = answer.last_modified;
-  if (answer.status == 206 && answer.has_range && !answer.unsatisfied && answer.first == 0) {
-    object->size = answer.total;
-    return Status::OK();
-  }
-  // An empty object has no byte 0: 416 with bytes */0, or (nginx) a 200 with no body.
-  if ((answer.status == 416 && answer.has_range && answer.unsatisfied && answer.total == 0) ||
-      (answer.status == 200 && answer.content_length == 0)) {
-    object->size = 0;
-    return Status::OK();
-  }
-  if (answer.status == 200) {
-    return Status::IOError(fmt::format(
-        "'{}' does not serve byte ranges (it answered 200 to a Range request): loadstone reads "
-        "ranges and will not download the whole object to memory; serve it with range support",
-        object->url));
-  }
-  if (answer.status >= 400) return HttpError(answer.status, object->url, "a request for byte 0");
-  return Status::IOError(fmt::format(
-      "'{}' answered HTTP {} to a request for byte 0{}: expected 206 with a Content-Range",
-      object->url, answer.status, answer.has_range ? "" : " without a Content-Range"));
 }
 
 // The answer of a range, at its first body byte: 206, the bytes asked for, the object as the
@@ -202,6 +162,7 @@ Status CheckAnswer(const HttpRange& range) {
 size_t OnBody(char* data, size_t size, size_t n, void* user) {
   auto& range = *static_cast<HttpRange*>(user);
   const size_t bytes = size * n;
+  Add(range.stats->network_bytes, bytes);
   if (!range.checked) {
     range.refused = CheckAnswer(range);
     range.checked = true;
@@ -252,7 +213,10 @@ Status RangeOutcome(HttpRange& range, CURLcode code, long status, bool* retry) {
 
 void Answer::Line(std::string_view line) {
   if (StartsWithNoCase(line, "http/")) {
-    *this = Answer();
+    Answer next;
+    next.linked_etag = std::move(linked_etag);
+    next.repo_commit = std::move(repo_commit);
+    *this = std::move(next);
     const size_t sp = line.find(' ');
     uint64_t code = 0;
     if (sp != std::string_view::npos && ParseU64(line.substr(sp + 1, 3), &code)) {
@@ -267,6 +231,10 @@ void Answer::Line(std::string_view line) {
   auto is = [&](std::string_view n) { return name.size() == n.size() && StartsWithNoCase(name, n); };
   if (is("etag")) {
     etag = value;
+  } else if (is("x-linked-etag")) {
+    if (linked_etag.empty()) linked_etag = value;
+  } else if (is("x-repo-commit")) {
+    if (repo_commit.empty()) repo_commit = value;
   } else if (is("last-modified")) {
     last_modified = value;
   } else if (is("content-length")) {

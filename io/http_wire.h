@@ -1,6 +1,7 @@
 // What goes over the wire for HttpReader (http_reader.h), private to loadstone_io: libcurl's
-// set-up and the options every transfer gets, the headers of an answer, the probe of an object,
-// and a range's checks of what the server sends against what the probe saw.
+// set-up and the options and headers every transfer gets, the headers of an answer, and a
+// range's checks of what the server sends against what the probe saw (the probes themselves:
+// http_probe.cc).
 #ifndef LOADSTONE_IO_HTTP_WIRE_H_
 #define LOADSTONE_IO_HTTP_WIRE_H_
 
@@ -35,6 +36,9 @@ struct Answer {
   int64_t retry_after_ms = -1;
   int64_t content_length = -1;
   uint64_t body_bytes = 0;  // the probe's: what came of the body
+  // The Hub's X-Linked-Etag and X-Repo-Commit: kept from the first answer that has them (its
+  // 302 to the CDN) when the next status line comes.
+  std::string linked_etag, repo_commit;
 
   // One header line (or a status line, which starts a new answer).
   void Line(std::string_view line);
@@ -47,14 +51,23 @@ size_t OnHeader(char* buffer, size_t size, size_t n, void* user);
 // HTTP errors as errors, the connect and stall limits.
 void CommonOptions(CURL* easy, const HttpReaderOptions& options);
 
+struct FreeHeaderList {
+  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
+};
+using HeaderList = std::unique_ptr<curl_slist, FreeHeaderList>;
+// The request headers for `url` (CURLOPT_HTTPHEADER; it must outlive the transfer): the Hub's
+// token where it applies (io/location.h SendsHubToken); null when there are none.
+HeaderList RequestHeaders(std::string_view url);
+
 // Faults worth a retry: these HTTP statuses, these libcurl results.
 bool Transient(long status);
 bool TransientCurl(CURLcode code);
 // The error for an HTTP status a server answered with, naming the URL and `what` was asked.
 Status HttpError(long status, const std::string& url, std::string_view what);
-
-// A GET of byte 0 of object->url: its size, validators and the address redirects ended at.
-Status Probe(CURL* easy, HttpObject* object, const HttpReaderOptions& options);
+// The wait before try number attempt + 1 of a transient fault: 100 ms doubled per attempt, or
+// the server's Retry-After (-1: none), at most max_backoff_ms.
+std::chrono::milliseconds RetryDelay(int attempt, int64_t retry_after_ms,
+                                     const HttpReaderOptions& options);
 
 // One range of a request on the wire: [start + got, start + length) of the request.
 struct HttpRange {
@@ -70,6 +83,7 @@ struct HttpRange {
   Status refused;        // set by the write callback when it aborts the transfer
   char error[CURL_ERROR_SIZE] = {};
   const HttpObject* object = nullptr;  // what the probe saw of its URL
+  StatCounters* stats = nullptr;       // the reader's: network_bytes counted as bodies arrive
 };
 
 // The answer of a range, at its first body byte: 206, the bytes asked for, the object as the

@@ -134,6 +134,7 @@ ReaderStats StatCounters::Snapshot() const {
   s.bounced_bytes = get(bounced_bytes);
   s.resubmits = get(resubmits);
   s.peak_bytes_in_flight = get(peak_bytes_in_flight);
+  s.network_bytes = get(network_bytes);
   return s;
 }
 

@@ -56,6 +56,7 @@ struct StatCounters {
   std::atomic<uint64_t> bounced_bytes{0};
   std::atomic<uint64_t> resubmits{0};
   std::atomic<uint64_t> peak_bytes_in_flight{0};
+  std::atomic<uint64_t> network_bytes{0};
 };
 
 // Raises `peak` to `now` if it is lower (one writer at a time: the ring thread, or under the

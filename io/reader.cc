@@ -53,7 +53,7 @@ Result<std::unique_ptr<Reader>> OpenRemote(const std::vector<std::string>& paths
   for (size_t i = 0; i < options.catalogued.size(); ++i) {
     const HttpObject& now = reader->objects()[i];
     const CheckpointFile& then = options.catalogued[i];
-    const std::string version = now.etag.empty() ? now.last_modified : now.etag;
+    const std::string& version = now.version();
     // A catalog made by hand knows no version: then only the size is checked.
     const bool other = !then.stamp.validator.empty() && then.stamp.validator != version;
     if (now.size != then.bytes || other) {

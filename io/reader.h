@@ -67,6 +67,7 @@ struct ReaderStats {
   uint64_t bounced_bytes = 0;   // of the requested bytes, those copied out of a bounce buffer
   uint64_t resubmits = 0;       // short reads, EAGAIN, EINTR continued
   uint64_t peak_bytes_in_flight = 0;  // the most bytes of pieces out at once
+  uint64_t network_bytes = 0;   // body bytes received over http(s), retried ranges' included
   // `bytes` counts the requested bytes of requests that completed OK; direct_bytes +
   // buffered_bytes count what the OS transferred, which includes the aligned superset around
   // bounced ranges and bytes of requests that later failed.

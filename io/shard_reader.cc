@@ -7,6 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "io/http_reader.h"
+#include "io/location.h"
+
 namespace loadstone::io {
 namespace {
 
@@ -49,8 +52,10 @@ void ShardReader::Add(std::string_view name) {
     waiting_.push_back(it->second);
   }
   work_.notify_one();
+  // Remote shards wait on the network, not a core: as many helpers as kMaxHelpers.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  if (helpers_.size() < std::min(cores - 1, kMaxHelpers) && helpers_.size() < shards_.size()) {
+  const unsigned most = IsRemoteAddress(folder_) ? kMaxHelpers : std::min(cores - 1, kMaxHelpers);
+  if (helpers_.size() < most && helpers_.size() < shards_.size()) {
     try {
       helpers_.emplace_back([this] { Help(); });
     } catch (const std::system_error&) {  // no more threads: Finish reads the rest
@@ -59,12 +64,19 @@ void ShardReader::Add(std::string_view name) {
 }
 
 void ShardReader::Read(Shard& shard) const {
-  const std::string path = (std::filesystem::path(folder_) / shard.name).string();
+  const std::string path = JoinLocation(folder_, shard.name);
   std::error_code ec;
-  shard.status = std::filesystem::exists(path, ec)
+  // A remote shard that is not there answers its probe with NotFound (one request, not two).
+  shard.status = IsRemoteAddress(path) || std::filesystem::exists(path, ec)
                      ? AddCheckpointFile(format_, path, &shard.part)
-                     : Status::NotFound(fmt::format(
-                           "shard '{}' named by index '{}' does not exist", path, index_path_));
+                     : Status::NotFound("");
+  if (shard.status.code() == StatusCode::kNotFound) {
+    shard.status = Status::NotFound(fmt::format("shard '{}' named by index '{}' does not exist{}",
+                                                path, index_path_,
+                                                shard.status.message().empty()
+                                                    ? std::string()
+                                                    : fmt::format(" ({})", shard.status.message())));
+  }
 }
 
 bool ShardReader::ReadNext() {

@@ -124,7 +124,8 @@ struct ReadStats {
   uint64_t direct_bytes = 0;    // read from the device with O_DIRECT (page cache bypassed)
   uint64_t buffered_bytes = 0;  // read through the page cache (copied from it when cached)
   uint64_t bounced_bytes = 0;   // of the requested bytes, those copied out of a bounce buffer
-  uint64_t resubmits = 0;       // short reads, EAGAIN, EINTR continued
+  uint64_t resubmits = 0;       // short reads, EAGAIN, EINTR continued; http ranges retried
+  uint64_t network_bytes = 0;   // received over http(s): the bodies of ranges, retried ones too
   // Per route taken (indexed by ReadRoute, plan.h): the reads and their bytes. Page-cache
   // copies were no read at all (the workers copied the cached bytes into fresh pages); mapped
   // bytes come in on first touch.

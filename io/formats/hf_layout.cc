@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <set>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "io/http_reader.h"
+#include "io/location.h"
 
 namespace loadstone::io {
 namespace fs = std::filesystem;
@@ -30,7 +34,7 @@ Result<ResolvedCheckpoint> ResolveFile(const std::string& path, const OpenOption
     const bool bin = name.find(".bin.index") != std::string::npos;
     return ResolvedCheckpoint{Kind::kIndex,
                               bin ? CheckpointFormat::kPyTorch : CheckpointFormat::kSafetensors,
-                              path, "", fs::path(path).parent_path().string()};
+                              path, "", ParentLocation(path)};
   }
   if (EndsWith(path, ".safetensors")) {
     return ResolvedCheckpoint{Kind::kFile, CheckpointFormat::kSafetensors, path, "", ""};
@@ -166,22 +170,123 @@ std::string_view SpecialKind(fs::file_type type) {
   }
 }
 
-// One object behind an http(s) address, by its name; a folder there is found by asking for the
-// known names, which is not built yet.
+// A name a folder may hold its weights under.
+struct Candidate {
+  Kind kind;
+  CheckpointFormat format;
+  std::string name;
+};
+
+// Per family — Transformers' names (`model` safetensors, `pytorch_model` .bin), then diffusers'
+// (`diffusion_pytorch_model`) — the names to look for with variant `v` (none: empty), in
+// Hugging Face's order of preference.
+std::vector<std::vector<Candidate>> Candidates(const std::string& v) {
+  const std::pair<std::string_view, std::string_view> families[] = {
+      {"model", "pytorch_model"}, {"diffusion_pytorch_model", "diffusion_pytorch_model"}};
+  std::vector<std::vector<Candidate>> out;
+  for (const auto& [st_prefix, bin_prefix] : families) {
+    std::vector<Candidate>& names = out.emplace_back();
+    const std::pair<CheckpointFormat, std::pair<std::string_view, std::string_view>> kinds[] = {
+        {CheckpointFormat::kSafetensors, {st_prefix, "safetensors"}},
+        {CheckpointFormat::kPyTorch, {bin_prefix, "bin"}}};
+    for (const auto& [format, parts] : kinds) {
+      const auto& [prefix, ext] = parts;
+      names.push_back({Kind::kFile, format,
+                       v.empty() ? fmt::format("{}.{}", prefix, ext)
+                                 : fmt::format("{}.{}.{}", prefix, v, ext)});
+      names.push_back({Kind::kIndex, format,
+                       v.empty() ? fmt::format("{}.{}.index.json", prefix, ext)
+                                 : fmt::format("{}.{}.index.{}.json", prefix, ext, v)});
+      if (!v.empty()) {
+        names.push_back({Kind::kIndex, format, fmt::format("{}.{}.{}.index.json", prefix, v, ext)});
+      }
+    }
+  }
+  return out;
+}
+
+// The checkpoint of folder `dir` (a path or an address) among the candidates `present` says it
+// holds: each family's first; none (nullopt) when it holds none, an error when two families do.
+Result<std::optional<ResolvedCheckpoint>> Pick(
+    const std::string& dir, const std::vector<std::vector<Candidate>>& families,
+    const std::function<bool(const std::string&)>& present) {
+  std::vector<ResolvedCheckpoint> found;  // at most one per family: the preferred candidate
+  std::vector<std::string> passed_over;
+  for (const std::vector<Candidate>& family : families) {
+    std::vector<const Candidate*> there;
+    for (const Candidate& c : family) {
+      if (present(c.name)) there.push_back(&c);
+    }
+    if (there.empty()) continue;
+    for (size_t i = 1; i < there.size(); ++i) passed_over.push_back(there[i]->name);
+    found.push_back({there[0]->kind, there[0]->format, JoinLocation(dir, there[0]->name),
+                     there[0]->name, dir});
+  }
+  if (found.size() > 1) {
+    return Status::InvalidArgument(fmt::format(
+        "'{}' holds two checkpoints, {} and {}; pass the one you want as the path", dir,
+        found[0].note, found[1].note));
+  }
+  if (found.empty()) return std::optional<ResolvedCheckpoint>();
+  ResolvedCheckpoint chosen = found.front();
+  chosen.note = fmt::format("picked {}", chosen.note);
+  if (!passed_over.empty()) {
+    chosen.note += fmt::format(" (also present, not used: {})", fmt::join(passed_over, ", "));
+  }
+  return std::optional<ResolvedCheckpoint>(std::move(chosen));
+}
+
+// A folder behind an http(s) address, found as transformers finds files on the Hub: by asking
+// for each known name (all at once), not by listing.
+Result<ResolvedCheckpoint> ResolveRemoteFolder(const std::string& address,
+                                               const OpenOptions& options) {
+  const std::string dir =
+      options.subfolder.empty() ? address : JoinLocation(address, options.subfolder);
+  const std::vector<std::vector<Candidate>> families = Candidates(options.variant);
+  std::vector<std::string> names, urls;
+  for (const auto& family : families) {
+    for (const Candidate& c : family) {
+      names.push_back(c.name);
+      urls.push_back(JoinLocation(dir, c.name));
+    }
+  }
+  const std::vector<Result<HttpObject>> probed = ProbeHttp(urls, HttpReaderOptions());
+  std::set<std::string> present;
+  for (size_t i = 0; i < probed.size(); ++i) {
+    if (probed[i].ok()) {
+      present.insert(names[i]);
+    } else if (probed[i].status().code() != StatusCode::kNotFound) {
+      return probed[i].status();
+    }
+  }
+  LOADSTONE_ASSIGN_OR_RETURN(
+      std::optional<ResolvedCheckpoint> chosen,
+      Pick(dir, families, [&present](const std::string& name) { return present.count(name) > 0; }));
+  if (chosen) return *chosen;
+  return Status::NotFound(fmt::format(
+      "no checkpoint at '{}': it has none of {}; check the address{}", dir, fmt::join(names, ", "),
+      options.variant.empty() && options.subfolder.empty()
+          ? " (weights named P.VARIANT.safetensors need --variant VARIANT, a pipeline's "
+            "component --subfolder NAME)"
+          : ", --variant and --subfolder"));
+}
+
+// What an http(s) address names: a file or an index by its name, else a folder.
 Result<ResolvedCheckpoint> ResolveRemote(const std::string& path, const OpenOptions& options) {
-  for (std::string_view ext : {".safetensors", ".bin", ".gguf", ".pt", ".pth"}) {
+  for (std::string_view ext : {".safetensors", ".bin", ".gguf", ".pt", ".pth", ".json", ".ckpt"}) {
     if (EndsWith(path, ext)) return ResolveFile(path, options);
   }
-  return Status::Unsupported(fmt::format(
-      "'{}': loadstone reads one file behind an http(s) address (…/model.safetensors, a .bin, "
-      "a .gguf), not yet a folder or an index there; give the file's address",
-      path));
+  return ResolveRemoteFolder(path, options);
 }
 
 }  // namespace
 
 Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
                                                  const OpenOptions& options) {
+  if (IsHubAddress(path)) {
+    LOADSTONE_ASSIGN_OR_RETURN(const HubAddress hub, ParseHubAddress(path));
+    return ResolveRemote(hub.address, options);
+  }
   if (IsRemoteAddress(path)) return ResolveRemote(path, options);
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
@@ -197,48 +302,15 @@ Result<ResolvedCheckpoint> ResolveCheckpointPath(const std::string& path,
     return Status::NotFound(fmt::format("subfolder '{}' does not exist in '{}'",
                                         options.subfolder, path));
   }
-  const std::string v = options.variant;
-  std::vector<ResolvedCheckpoint> found;  // at most one per prefix: the preferred candidate
-  std::vector<std::string> passed_over;
-  // (safetensors prefix, .bin prefix): Transformers', then diffusers'.
-  const std::pair<std::string_view, std::string_view> families[] = {
-      {"model", "pytorch_model"}, {"diffusion_pytorch_model", "diffusion_pytorch_model"}};
-  for (const auto& [st_prefix, bin_prefix] : families) {
-    std::vector<ResolvedCheckpoint> candidates;
-    auto add = [&](Kind kind, CheckpointFormat format, const std::string& name) {
-      if (fs::is_regular_file(dir / name, ec)) {
-        candidates.push_back({kind, format, (dir / name).string(), name, ""});
-      }
-    };
-    const std::pair<CheckpointFormat, std::pair<std::string_view, std::string_view>> kinds[] = {
-        {CheckpointFormat::kSafetensors, {st_prefix, "safetensors"}},
-        {CheckpointFormat::kPyTorch, {bin_prefix, "bin"}}};
-    for (const auto& [format, names] : kinds) {
-      const auto& [prefix, ext] = names;
-      add(Kind::kFile, format, v.empty() ? fmt::format("{}.{}", prefix, ext)
-                                         : fmt::format("{}.{}.{}", prefix, v, ext));
-      add(Kind::kIndex, format, v.empty() ? fmt::format("{}.{}.index.json", prefix, ext)
-                                          : fmt::format("{}.{}.index.{}.json", prefix, ext, v));
-      if (!v.empty()) add(Kind::kIndex, format, fmt::format("{}.{}.{}.index.json", prefix, v, ext));
-    }
-    if (candidates.empty()) continue;
-    for (size_t i = 1; i < candidates.size(); ++i) passed_over.push_back(candidates[i].note);
-    found.push_back(candidates.front());
-  }
-  if (found.size() > 1) {
-    return Status::InvalidArgument(fmt::format(
-        "'{}' holds two checkpoints, {} and {}; pass the one you want as the path",
-        dir.string(), found[0].note, found[1].note));
-  }
-  if (found.empty()) return NothingFound(dir, options);
-  ResolvedCheckpoint chosen = found.front();
-  std::string note = fmt::format("picked {}", chosen.note);
-  if (!passed_over.empty()) {
-    note += fmt::format(" (also present, not used: {})", fmt::join(passed_over, ", "));
-  }
-  chosen.note = note;
-  chosen.config_dir = dir.string();
-  return chosen;
+  LOADSTONE_ASSIGN_OR_RETURN(
+      std::optional<ResolvedCheckpoint> chosen,
+      Pick(dir.string(), Candidates(options.variant),
+           [&dir](const std::string& name) {
+             std::error_code unused;
+             return fs::is_regular_file(dir / name, unused);
+           }));
+  if (!chosen) return NothingFound(dir, options);
+  return *chosen;
 }
 
 }  // namespace loadstone::io

@@ -31,6 +31,7 @@ nb::dict ReadStatsDict(const ReadStats& s) {
   d["buffered_bytes"] = s.buffered_bytes;
   d["bounced_bytes"] = s.bounced_bytes;
   d["resubmits"] = s.resubmits;
+  d["network_bytes"] = s.network_bytes;
   d["conversions_moved"] = s.conversions_moved;
   nb::dict routes;
   for (size_t i = 0; i < kReadRouteCount; ++i) {

@@ -1,6 +1,9 @@
 // HttpReader against Debian's nginx on 127.0.0.1 (started and stopped here): exact bytes for
 // random ranges of several objects, a redirect followed, a missing object, a server without
-// ranges, an empty object, an object replaced during a load, a server that goes away, Cancel.
+// ranges, an empty object, an object replaced during a load, a server that goes away, Cancel;
+// through a fault proxy (testing/fault_proxy.h): resets, 503s, short bodies and stalls retried
+// byte-exact, in probes too; a fault that outlasts the attempts and a 403 failing the read
+// with a clear error, the reader reading on after.
 #include "io/http_reader.h"
 
 #include <sys/stat.h>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "io/reader_test_util.h"
+#include "testing/fault_proxy.h"
 #include "testing/nginx_server.h"
 
 namespace loadstone::io {
@@ -73,6 +77,7 @@ TEST_CASE("http reader: random ranges of several objects are byte-exact", "[io][
   total += whole.size();
   ReadAllExact(**reader, requests);
   CHECK((*reader)->stats().bytes == total);
+  CHECK((*reader)->stats().network_bytes == total);  // every body byte, none twice
   CHECK((*reader)->stats().resubmits == 0);
   CHECK((*reader)->pending() == 0);
 }
@@ -191,6 +196,99 @@ TEST_CASE("http reader: a server that goes away is retried a bounded number of t
   CHECK(s.message().find("failed 3 times") != std::string::npos);
   CHECK(s.message().find(server->Url("a.bin")) != std::string::npos);
   CHECK((*again)->stats().resubmits == 2);
+}
+
+using loadstone::testing::Fault;
+using loadstone::testing::FaultProxy;
+
+// Each of `requests` of pattern file 0, spread over `size` bytes.
+std::vector<ReadRequest> Spread(uint64_t size, size_t count, std::vector<std::vector<std::byte>>* buffers) {
+  std::vector<ReadRequest> requests;
+  const uint64_t step = size / count;
+  buffers->resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    (*buffers)[i].resize(step);
+    requests.push_back({0, i * step, step, (*buffers)[i].data(), i});
+  }
+  return requests;
+}
+
+TEST_CASE("http reader: through a fault proxy, transient faults are retried and the bytes exact",
+          "[io][http][faults]") {
+  TempDir root;
+  WritePatternFile(root.Path("a.bin"), 0, 2 << 20);
+  auto server = Serve(root);
+  if (!server) return;
+  std::string why;
+  // The probe meets a 503 and a short answer first; then the ranges meet one of each.
+  auto proxy = FaultProxy::Start(server->port(),
+                                 {Fault::kUnavailable, Fault::kTruncate, Fault::kNone,
+                                  Fault::kReset, Fault::kUnavailable, Fault::kTruncate,
+                                  Fault::kStall, Fault::kReset},
+                                 &why);
+  REQUIRE(proxy);
+  HttpReaderOptions options = Small();
+  options.stall_timeout_ms = 1000;  // the stall: given up within 1 + 5 s (libcurl's rate window)
+  const auto start = std::chrono::steady_clock::now();
+  auto reader = HttpReader::Open({proxy->Url("a.bin")}, options);
+  INFO(reader.status().ToString());
+  REQUIRE(reader.ok());
+  CHECK((*reader)->objects()[0].size == 2 << 20);
+  std::vector<std::vector<std::byte>> buffers;
+  const std::vector<ReadRequest> requests = Spread(2 << 20, 8, &buffers);
+  ReadAllExact(**reader, requests);
+  CHECK(proxy->faults_served() == 7);
+  CHECK((*reader)->stats().resubmits == 5);  // the ranges' faults (the probe's are its own)
+  CHECK((*reader)->stats().bytes == 2 << 20);
+  // A retry asks for what its range still lacks: no byte came twice.
+  CHECK((*reader)->stats().network_bytes == 2 << 20);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));
+}
+
+TEST_CASE("http reader: through a fault proxy, a fault past the attempts and a 403 fail the read, "
+          "and the reader reads on", "[io][http][faults]") {
+  TempDir root;
+  WritePatternFile(root.Path("a.bin"), 0, 1 << 20);
+  auto server = Serve(root);
+  if (!server) return;
+  std::string why;
+  auto proxy = FaultProxy::Start(server->port(), std::vector<Fault>(4, Fault::kUnavailable), &why);
+  REQUIRE(proxy);
+  // A probe that meets a 503 every time it asks: Open fails, saying so.
+  auto refused = HttpReader::Open({proxy->Url("a.bin")}, Small());
+  CHECK(refused.status().code() == StatusCode::kIOError);
+  CHECK(refused.status().message().find("HTTP 503") != std::string::npos);
+  CHECK(refused.status().message().find("failed 4 times") != std::string::npos);
+  CHECK(proxy->faults_served() == 4);
+
+  proxy->Schedule({});
+  auto reader = HttpReader::Open({proxy->Url("a.bin")}, Small());
+  REQUIRE(reader.ok());
+  std::vector<std::byte> dst(32 << 10);  // one range: every reset meets the same one
+  proxy->Schedule(std::vector<Fault>(4, Fault::kReset));
+  ReadRequest r{0, 4096, dst.size(), dst.data(), 1};
+  (*reader)->Submit({&r, 1});
+  const Status s = DrainAll(**reader, 1, std::chrono::seconds(20))[1];
+  INFO(s.ToString());
+  CHECK(s.code() == StatusCode::kIOError);
+  CHECK(s.message().find("failed 4 times") != std::string::npos);
+  CHECK(s.message().find(proxy->Url("a.bin")) != std::string::npos);
+
+  proxy->Schedule({Fault::kForbidden});
+  ReadRequest denied{0, 0, dst.size(), dst.data(), 2};
+  (*reader)->Submit({&denied, 1});
+  const Status forbidden = DrainAll(**reader, 1, std::chrono::seconds(20))[2];
+  INFO(forbidden.ToString());
+  CHECK(forbidden.code() == StatusCode::kIOError);
+  CHECK(forbidden.message().find("HTTP 403") != std::string::npos);
+  CHECK(forbidden.message().find("check the token or credentials") != std::string::npos);
+  const uint64_t resubmits = (*reader)->stats().resubmits;
+  CHECK(resubmits == 3);  // the resets' retries; a 403 is not retried
+
+  // The faults spent: the same reader reads on, byte-exact.
+  std::vector<std::vector<std::byte>> buffers;
+  ReadAllExact(**reader, Spread(1 << 20, 4, &buffers));
+  CHECK((*reader)->stats().resubmits == resubmits);
 }
 
 }  // namespace

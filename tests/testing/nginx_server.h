@@ -4,6 +4,12 @@
 // bounded. Routes besides the folder itself (byte ranges on):
 //   /moved/NAME    302 to /NAME (as the Hub's resolve/ URLs redirect to its CDN)
 //   /norange/NAME  NAME without byte ranges (a 200 with the whole object to a Range request)
+//   /hub/test/fixtures/resolve/main/NAME
+//                  the Hub's resolve/ route of repository test/fixtures (the folder), for a
+//                  request with "Authorization: Bearer <kHubToken>" (else 401): weights
+//                  (.safetensors, .bin, .gguf) 302 to /NAME with X-Linked-Etag "linked-NAME"
+//                  and X-Repo-Commit kHubCommit, as the Hub sends its LFS files to its CDN;
+//                  other files served in place with X-Repo-Commit. Another revision: 404.
 #ifndef LOADSTONE_TESTS_TESTING_NGINX_SERVER_H_
 #define LOADSTONE_TESTS_TESTING_NGINX_SERVER_H_
 
@@ -28,6 +34,9 @@
 #include "testing/temp_dir.h"
 
 namespace loadstone::testing {
+
+inline constexpr const char* kHubToken = "hf_loadstone_test_token";
+inline constexpr const char* kHubCommit = "0123456789abcdef0123456789abcdef01234567";
 
 class NginxServer {
  public:
@@ -134,10 +143,21 @@ http {{
     root {2};
     location /moved/ {{ rewrite ^/moved/(.*)$ /$1 redirect; }}
     location /norange/ {{ max_ranges 0; alias {2}/; }}
+    location ~ ^/hub/test/fixtures/resolve/main/(.+\.(safetensors|bin|gguf))$ {{
+      if ($http_authorization != "Bearer {3}") {{ return 401; }}
+      add_header X-Linked-Etag "\"linked-$1\"" always;
+      add_header X-Repo-Commit {4} always;
+      return 302 /$1;
+    }}
+    location ~ ^/hub/test/fixtures/resolve/main/(.+)$ {{
+      if ($http_authorization != "Bearer {3}") {{ return 401; }}
+      add_header X-Repo-Commit {4} always;
+      alias {2}/$1;
+    }}
   }}
 }}
 )",
-                                         p, port_, root);
+                                         p, port_, root, kHubToken, kHubCommit);
     std::ofstream(p + "/nginx.conf") << conf;
     const pid_t pid = ::fork();
     if (pid == 0) {

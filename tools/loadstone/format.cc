@@ -53,6 +53,10 @@ nlohmann::ordered_json RoutesJson(const RouteCounts& counts) {
 
 std::string ReadSources(const ReadStats& rs) {
   const uint64_t copied = rs.taken(ReadRoute::kPageCacheCopy).bytes;
+  if (rs.network_bytes > 0 && rs.direct_bytes == 0 && rs.buffered_bytes == 0) {
+    return fmt::format("{} over the network ({} range{} retried)", HumanBytes(rs.network_bytes),
+                       rs.resubmits, rs.resubmits == 1 ? "" : "s");
+  }
   return fmt::format(
       "{} from the device with O_DIRECT, {} from the page cache ({} of it copied by the workers "
       "into fresh pages)",

@@ -172,6 +172,7 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
                  {"buffered_bytes", rs.buffered_bytes},
                  {"bounced_bytes", rs.bounced_bytes},
                  {"resubmits", rs.resubmits},
+                 {"network_bytes", rs.network_bytes},
                  {"cache_copied_bytes", rs.taken(ReadRoute::kPageCacheCopy).bytes},
                  {"mapped_bytes", rs.taken(ReadRoute::kMapped).bytes},
                  {"conversions_moved", rs.conversions_moved}};

@@ -1,9 +1,16 @@
-// A checkpoint file behind an http:// address, served from the committed fixtures by nginx on
-// 127.0.0.1 (started and stopped here): its catalog is the local file's, and every tensor loads
-// byte-equal to the local load (safetensors, quantized safetensors dequantized on load, GGUF, a
-// torch .bin), cast too; an object replaced between Open and Load fails the load naming it, and
-// the Loader goes on; a folder address and --mmap are refused with what to do.
+// Checkpoints behind http:// and hf:// addresses, served from the committed fixtures by nginx
+// on 127.0.0.1 (started and stopped here): a file's catalog is the local file's, and every
+// tensor loads byte-equal to the local load (safetensors, quantized safetensors dequantized on
+// load, GGUF, a torch .bin), cast too; folders behind a base URL — sharded, variants,
+// subfolders, .bin shards, a GGUF split set, GPTQ whose config.json says how to decode — and
+// the same through the Hub's resolve/ route (its token, its 302 to the CDN, its linked ETag)
+// load as their local folders do; through a fault proxy, transient faults are retried and the
+// load is byte-equal, a 403 fails the load naming the tensor and the URL; an object replaced
+// between Open and Load fails the load naming it, and the Loader goes on; --mmap is refused
+// with what to do.
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +19,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
+#include "testing/fault_proxy.h"
 #include "testing/nginx_server.h"
 #include "testing/temp_dir.h"
 
@@ -49,6 +57,201 @@ std::map<std::string, std::vector<std::byte>> LoadAll(Loader& loader, const Chec
   return out;
 }
 
+// `remote` holds what `local` does, tensor for tensor, and loads byte-equal to it.
+void CheckSame(Loader& loader, const Checkpoint& local, const Checkpoint& remote,
+               const PlanOptions& options = {}) {
+  REQUIRE(remote.tensors().size() == local.tensors().size());
+  REQUIRE(remote.files().size() == local.files().size());
+  for (size_t i = 0; i < local.tensors().size(); ++i) {
+    const TensorInfo& l = local.tensors()[i];
+    const TensorInfo& r = remote.tensors()[i];
+    CHECK(r.name == l.name);
+    CHECK(r.dtype == l.dtype);
+    CHECK(r.shape == l.shape);
+    CHECK(r.offset == l.offset);
+  }
+  const auto want = LoadAll(loader, local, options);
+  const auto got = LoadAll(loader, remote, options);
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, bytes] : want) {
+    INFO(name);
+    CHECK(got.at(name) == bytes);
+  }
+}
+
+// A folder of the fixtures and how it is opened.
+struct FolderCase {
+  std::string path;  // under the fixtures: a folder (or a GGUF split's first file)
+  std::string variant, subfolder;
+};
+
+const std::vector<FolderCase> kFolders = {
+    {"safetensors/sharded", "", ""},
+    {"safetensors/variant", "", ""},
+    {"safetensors/variant", "fp16", ""},
+    {"safetensors/variant_sharded", "fp16", ""},
+    {"safetensors/diffusers", "", "unet"},
+    {"safetensors/diffusers", "fp16", "vae"},
+    {"safetensors/diffusers", "", "text_encoder"},
+    {"torch/sharded", "", ""},
+    {"torch/variant", "fp16", ""},
+    {"bnb/sharded", "", ""},
+    {"gptq/gptq4_g32", "", ""},
+    {"gptq/awq4_g32", "", ""},
+    {"gguf/split/model-00002-of-00003.gguf", "", ""},
+};
+
+// The folder case opened from `where` (a path or an address), the test failed on an error.
+Checkpoint OpenCase(const std::string& where, const FolderCase& c) {
+  OpenOptions options;
+  options.variant = c.variant;
+  options.subfolder = c.subfolder;
+  auto opened = Checkpoint::Open(where, options);
+  INFO(where << ": " << opened.status().ToString());
+  REQUIRE(opened.ok());
+  return std::move(opened).value();
+}
+
+TEST_CASE("remote: folders behind a base URL resolve, catalog and load as the local folders do",
+          "[pipeline][http]") {
+  auto server = Serve(kFixtures.string());
+  if (!server) return;
+  Loader loader;
+  for (const FolderCase& c : kFolders) {
+    INFO(c.path << " variant '" << c.variant << "' subfolder '" << c.subfolder << "'");
+    const Checkpoint local = OpenCase((kFixtures / c.path).string(), c);
+    const Checkpoint remote = OpenCase(server->Url(c.path), c);
+    CHECK(remote.config().quant_method == local.config().quant_method);
+    CHECK(remote.config().bits == local.config().bits);
+    CHECK(remote.config().path.empty() == local.config().path.empty());
+    CHECK(remote.warnings().size() == local.warnings().size());
+    CheckSame(loader, local, remote);
+  }
+  // Nothing there: the names asked for, and what to try.
+  auto empty = Checkpoint::Open(server->Url("safetensors/edge"));
+  CHECK(empty.status().code() == StatusCode::kNotFound);
+  CHECK(empty.status().message().find("model.safetensors.index.json") != std::string::npos);
+  CHECK(empty.status().message().find("--variant") != std::string::npos);
+  // A shard the index names that is not there.
+  TempDir root;
+  for (const auto& e : fs::directory_iterator(kFixtures / "safetensors/sharded")) {
+    if (e.path().filename() != "model-00002-of-00003.safetensors") {
+      fs::copy_file(e.path(), root.Path(e.path().filename().string()));
+    }
+  }
+  auto other = Serve(root.path());
+  REQUIRE(other);
+  auto gap = Checkpoint::Open(other->Url(""));
+  CHECK(gap.status().code() == StatusCode::kNotFound);
+  CHECK(gap.status().message().find("shard '" + other->Url("model-00002-of-00003.safetensors") +
+                                    "' named by index") != std::string::npos);
+}
+
+TEST_CASE("remote: through a fault proxy, a sharded load retries what is transient and fails "
+          "on a 403 naming the tensor", "[pipeline][http][faults]") {
+  auto server = Serve(kFixtures.string());
+  if (!server) return;
+  using testing::Fault;
+  std::string why;
+  auto proxy = testing::FaultProxy::Start(server->port(), {}, &why);
+  REQUIRE(proxy);
+  const std::string folder = "safetensors/sharded";
+  const Checkpoint local = OpenCase((kFixtures / folder).string(), {});
+  const Checkpoint remote = OpenCase(proxy->Url(folder), {});
+  Loader loader;
+  auto plan = Plan(remote, {});
+  REQUIRE(plan.ok());
+  // The load's own probes (one per shard, two retried), then its ranges, meet these.
+  proxy->Schedule({Fault::kUnavailable, Fault::kReset, Fault::kNone, Fault::kNone, Fault::kNone,
+                   Fault::kTruncate, Fault::kReset, Fault::kUnavailable});
+  LoadHandle load = loader.Load(remote, *plan);
+  const Status done = load.Done().get();
+  INFO(done.ToString());
+  REQUIRE(done.ok());
+  CHECK(proxy->faults_served() == 5);
+  const auto want = LoadAll(loader, local, {});
+  for (const auto& [name, bytes] : want) {
+    const Tensor& t = load.Tensor(name).get();
+    CHECK(std::vector<std::byte>(t.data(), t.data() + t.nbytes()) == bytes);
+  }
+  // The probes' retries are the probe's own; the ranges' are counted.
+  CHECK(load.read_stats().resubmits == 3);
+  CHECK(load.read_stats().network_bytes > 0);
+
+  // Past the probes, every range is refused: the load fails naming a tensor and the URL.
+  std::vector<Fault> schedule(remote.files().size(), Fault::kNone);
+  schedule.resize(schedule.size() + 64, Fault::kForbidden);
+  proxy->Schedule(schedule);
+  const Status refused = loader.Load(remote, *plan).Done().get();
+  INFO(refused.ToString());
+  CHECK(refused.code() == StatusCode::kIOError);
+  CHECK(refused.message().find("loading tensor") != std::string::npos);
+  CHECK(refused.message().find("HTTP 403") != std::string::npos);
+  CHECK(refused.message().find(proxy->Url(folder)) != std::string::npos);
+  proxy->Schedule({});
+  CHECK(LoadAll(loader, remote, {}) == want);  // the Loader goes on
+}
+
+// Sets an environment variable for the scope (unset: nullopt), then puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* was = std::getenv(name)) was_ = was;
+    Set(value);
+  }
+  ~ScopedEnv() { Set(was_); }
+  void Set(const std::optional<std::string>& value) {
+    if (value) {
+      ::setenv(name_, value->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> was_;
+};
+
+TEST_CASE("remote: hf:// addresses resolve through the Hub's resolve/ route, with its token",
+          "[pipeline][http]") {
+  auto server = Serve(kFixtures.string());
+  if (!server) return;
+  TempDir home;  // no token file of the user's is read
+  ScopedEnv endpoint("HF_ENDPOINT", server->Url("hub"));
+  ScopedEnv hf_home("HF_HOME", home.path());
+  ScopedEnv old_token("HUGGING_FACE_HUB_TOKEN", std::nullopt);
+  ScopedEnv token("HF_TOKEN", std::nullopt);
+  auto refused = Checkpoint::Open("hf://test/fixtures/safetensors/sharded");
+  CHECK(refused.status().code() == StatusCode::kIOError);
+  CHECK(refused.status().message().find("HTTP 401") != std::string::npos);
+  CHECK(refused.status().message().find("check the token") != std::string::npos);
+
+  token.Set(testing::kHubToken);
+  Loader loader;
+  for (const FolderCase& c : kFolders) {
+    INFO(c.path << " variant '" << c.variant << "' subfolder '" << c.subfolder << "'");
+    const Checkpoint local = OpenCase((kFixtures / c.path).string(), c);
+    const Checkpoint hub = OpenCase("hf://test/fixtures/" + c.path, c);
+    CHECK(hub.config().path.empty() == local.config().path.empty());
+    // The weights' version is the Hub's linked ETag, the same whichever CDN node answers.
+    const std::string first = hub.files()[0].path;
+    CHECK(first.starts_with(server->Url("hub/test/fixtures/resolve/main/")));
+    CHECK(hub.files()[0].stamp.validator ==
+          "\"linked-" + first.substr(server->Url("hub/test/fixtures/resolve/main/").size()) +
+              "\"");
+    CheckSame(loader, local, hub);
+  }
+  const Checkpoint file = OpenCase("hf://test/fixtures/safetensors/dtypes.safetensors", {});
+  CheckSame(loader, OpenCase((kFixtures / "safetensors/dtypes.safetensors").string(), {}), file);
+  auto revision = Checkpoint::Open("hf://test/fixtures@v0/safetensors/sharded");
+  CHECK(revision.status().code() == StatusCode::kNotFound);
+  CHECK(revision.status().message().find("/resolve/v0/safetensors/sharded") != std::string::npos);
+  auto malformed = Checkpoint::Open("hf://just-a-name");
+  CHECK(malformed.status().code() == StatusCode::kInvalidArgument);
+  CHECK(malformed.status().message().find("hf://ORG/REPO") != std::string::npos);
+}
+
 TEST_CASE("remote: a file behind an http address catalogs and loads as the local one does",
           "[pipeline][http]") {
   auto server = Serve(kFixtures.string());
@@ -77,24 +280,9 @@ TEST_CASE("remote: a file behind an http address catalogs and loads as the local
     auto remote = Checkpoint::Open(server->Url(c.path));
     INFO(remote.status().ToString());
     REQUIRE(remote.ok());
-    REQUIRE(remote->tensors().size() == local->tensors().size());
-    for (size_t i = 0; i < local->tensors().size(); ++i) {
-      const TensorInfo& l = local->tensors()[i];
-      const TensorInfo& r = remote->tensors()[i];
-      CHECK(r.name == l.name);
-      CHECK(r.dtype == l.dtype);
-      CHECK(r.shape == l.shape);
-      CHECK(r.offset == l.offset);
-    }
     CHECK(remote->files()[0].path == server->Url(c.path));
     CHECK_FALSE(remote->files()[0].stamp.validator.empty());
-    const auto want = LoadAll(loader, *local, c.options);
-    const auto got = LoadAll(loader, *remote, c.options);
-    REQUIRE(got.size() == want.size());
-    for (const auto& [name, bytes] : want) {
-      INFO(name);
-      CHECK(got.at(name) == bytes);
-    }
+    CheckSame(loader, *local, *remote, c.options);
   }
 }
 
@@ -126,9 +314,6 @@ TEST_CASE("remote: an object replaced between Open and Load fails the load, and 
   REQUIRE(again.ok());
   CHECK(LoadAll(loader, *again, {}).size() == again->tensors().size());
 
-  auto folder = Checkpoint::Open(server->Url(""));
-  CHECK(folder.status().code() == StatusCode::kUnsupported);
-  CHECK(folder.status().message().find("give the file's address") != std::string::npos);
   auto missing = Checkpoint::Open(server->Url("nope.safetensors"));
   CHECK(missing.status().code() == StatusCode::kNotFound);
   PlanOptions mapped;

@@ -1,0 +1,50 @@
+// Where a checkpoint's files are: a local path, an http(s) address, or a Hugging Face Hub
+// address (hf://ORG/REPO[@REVISION][/PATH]) turned into the http(s) address huggingface_hub
+// asks: {HF_ENDPOINT}/ORG/REPO/resolve/{REVISION}/PATH. Names inside a folder join the same
+// way for all of them.
+#ifndef LOADSTONE_IO_LOCATION_H_
+#define LOADSTONE_IO_LOCATION_H_
+
+#include <string>
+#include <string_view>
+
+#include "loadstone/status.h"
+
+namespace loadstone::io {
+
+// True for hf:// addresses (any case of the scheme).
+bool IsHubAddress(std::string_view path);
+
+// An hf:// address taken apart. `address` is the http(s) address it names: the repository's
+// resolve/ root at the revision, then the path (a subfolder or a file; none for the root).
+struct HubAddress {
+  std::string repo;      // "ORG/REPO"
+  std::string revision;  // "main" when none is given
+  std::string path;      // within the repository, no leading '/'
+  std::string address;   // {endpoint}/ORG/REPO/resolve/{revision, percent-encoded}[/path]
+};
+
+// hf://ORG/REPO[@REVISION][/PATH]; a revision may be refs/pr/N (its slashes belong to it).
+// Errors: InvalidArgument for an address without ORG/REPO, with an empty revision, or with
+// characters a repository name cannot hold, saying what the form is.
+Result<HubAddress> ParseHubAddress(std::string_view hf);
+
+// The Hub's address: HF_ENDPOINT without a trailing '/', else https://huggingface.co.
+std::string HubEndpoint();
+// The token huggingface_hub would send: HF_TOKEN, else HUGGING_FACE_HUB_TOKEN, else the first
+// line of the token file (HF_TOKEN_PATH, else $HF_HOME/token, else ~/.cache/huggingface/token);
+// empty when there is none.
+std::string HubToken();
+// True when requests to `url` carry the Hub's token: it is on the Hub's endpoint. A redirect to
+// another host (the Hub's CDN) is not given it (libcurl drops Authorization on such a redirect).
+bool SendsHubToken(std::string_view url);
+
+// `name` inside the folder `dir`: "dir/name" for an address (a '/' between, one only; the name
+// percent-encoded but for its slashes), the std::filesystem join for a local path.
+std::string JoinLocation(std::string_view dir, std::string_view name);
+// The folder `path` is in: an address up to its last '/', a local path's parent_path().
+std::string ParentLocation(std::string_view path);
+
+}  // namespace loadstone::io
+
+#endif  // LOADSTONE_IO_LOCATION_H_

@@ -1,0 +1,114 @@
+// io/location.h: hf:// addresses taken apart as huggingface_hub builds its resolve/ URLs (the
+// endpoint from HF_ENDPOINT, the revision percent-encoded whole, the path but for its slashes),
+// malformed ones refused with the form; the token's sources in huggingface_hub's order; names
+// joined inside local folders and addresses alike.
+#include "io/location.h"
+
+#include <cstdlib>
+#include <array>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "testing/temp_dir.h"
+
+namespace loadstone::io {
+namespace {
+
+// HF_ENDPOINT, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_TOKEN_PATH, HF_HOME set for the scope as
+// given (null: unset), put back after.
+class HubEnv {
+ public:
+  HubEnv() {
+    for (size_t i = 0; i < kNames.size(); ++i) {
+      if (const char* v = std::getenv(kNames[i])) saved_[i] = v, had_[i] = true;
+      ::unsetenv(kNames[i]);
+    }
+  }
+  ~HubEnv() {
+    for (size_t i = 0; i < kNames.size(); ++i) {
+      if (had_[i]) {
+        ::setenv(kNames[i], saved_[i].c_str(), 1);
+      } else {
+        ::unsetenv(kNames[i]);
+      }
+    }
+  }
+  static constexpr std::array<const char*, 6> kNames = {
+      "HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "HOME"};
+
+ private:
+  std::array<std::string, 6> saved_;
+  std::array<bool, 6> had_{};
+};
+
+TEST_CASE("location: hf:// addresses become the Hub's resolve/ addresses", "[io][location]") {
+  HubEnv env;
+  auto a = ParseHubAddress("hf://org/repo");
+  REQUIRE(a.ok());
+  CHECK(a->repo == "org/repo");
+  CHECK(a->revision == "main");
+  CHECK(a->path.empty());
+  CHECK(a->address == "https://huggingface.co/org/repo/resolve/main");
+
+  ::setenv("HF_ENDPOINT", "http://127.0.0.1:8080/mirror/", 1);
+  auto b = ParseHubAddress("HF://org/re.po_1@refs/pr/7/text encoder/");
+  REQUIRE(b.ok());
+  CHECK(b->revision == "refs/pr/7");
+  CHECK(b->path == "text encoder");
+  CHECK(b->address == "http://127.0.0.1:8080/mirror/org/re.po_1/resolve/refs%2Fpr%2F7/text%20encoder");
+  auto c = ParseHubAddress("hf://org/repo@v1.0/unet/diffusion_pytorch_model.safetensors");
+  REQUIRE(c.ok());
+  CHECK(c->revision == "v1.0");
+  CHECK(c->address ==
+        "http://127.0.0.1:8080/mirror/org/repo/resolve/v1.0/unet/diffusion_pytorch_model.safetensors");
+
+  for (const char* bad : {"hf://", "hf://repo", "hf://org/", "hf://org/re po", "hf://../repo",
+                          "hf://org/repo@", "hf://org/repo@/x"}) {
+    INFO(bad);
+    auto refused = ParseHubAddress(bad);
+    CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+    CHECK(refused.status().message().find("hf://ORG/REPO[@REVISION][/PATH]") != std::string::npos);
+  }
+}
+
+TEST_CASE("location: the Hub's token, from where huggingface_hub looks, to its endpoint only",
+          "[io][location]") {
+  HubEnv env;
+  testing::TempDir dir;
+  ::setenv("HOME", dir.path().c_str(), 1);
+  CHECK(HubToken().empty());
+  dir.Write(".cache/huggingface/token", "hf_home_file\n");
+  CHECK(HubToken() == "hf_home_file");
+  dir.Write("hub-home/token", "hf_hf_home\r\n");
+  ::setenv("HF_HOME", dir.Path("hub-home").c_str(), 1);
+  CHECK(HubToken() == "hf_hf_home");
+  dir.Write("elsewhere", "hf_path");
+  ::setenv("HF_TOKEN_PATH", dir.Path("elsewhere").c_str(), 1);
+  CHECK(HubToken() == "hf_path");
+  ::setenv("HUGGING_FACE_HUB_TOKEN", "hf_old_name", 1);
+  CHECK(HubToken() == "hf_old_name");
+  ::setenv("HF_TOKEN", "hf_env", 1);
+  CHECK(HubToken() == "hf_env");
+
+  CHECK(SendsHubToken("https://huggingface.co/org/repo/resolve/main/model.safetensors"));
+  CHECK_FALSE(SendsHubToken("https://huggingface.co.evil.example/org/repo"));
+  CHECK_FALSE(SendsHubToken("https://cdn-lfs.hf.co/repos/ab/cd"));
+  ::setenv("HF_ENDPOINT", "http://127.0.0.1:9/hub", 1);
+  CHECK(SendsHubToken("http://127.0.0.1:9/hub/org/repo/resolve/main/x"));
+  CHECK_FALSE(SendsHubToken("http://127.0.0.1:9/hubx/org/repo"));
+  CHECK_FALSE(SendsHubToken("https://huggingface.co/org/repo/resolve/main/x"));
+}
+
+TEST_CASE("location: names join and folders split alike for paths and addresses",
+          "[io][location]") {
+  CHECK(JoinLocation("/models/llama", "model.safetensors") == "/models/llama/model.safetensors");
+  CHECK(JoinLocation("http://h/models/", "/unet") == "http://h/models/unet");
+  CHECK(JoinLocation("https://h/m", "sub/a b#1?.safetensors") == "https://h/m/sub/a%20b%231%3F.safetensors");
+  CHECK(ParentLocation("/models/llama/model.safetensors.index.json") == "/models/llama");
+  CHECK(ParentLocation("https://h/r/resolve/main/model.safetensors.index.json") ==
+        "https://h/r/resolve/main");
+}
+
+}  // namespace
+}  // namespace loadstone::io
