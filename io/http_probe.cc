@@ -29,7 +29,7 @@ struct ProbeState {
   HttpObject object;
   Answer answer;
   char error[CURL_ERROR_SIZE] = {};
-  HeaderList headers;
+  RequestAuth auth;
   CURL* easy = nullptr;  // while on the multi handle
   int attempt = 0;
   Clock::time_point not_before{};
@@ -44,7 +44,7 @@ Status SetUp(ProbeState& p, const HttpReaderOptions& options) {
   p.error[0] = '\0';
   CURL* easy = p.easy;
   CommonOptions(easy, options);
-  curl_easy_setopt(easy, CURLOPT_URL, p.object.url.c_str());
+  curl_easy_setopt(easy, CURLOPT_URL, p.auth.address.c_str());
   curl_easy_setopt(easy, CURLOPT_RANGE, "0-0");
   curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(easy, CURLOPT_HEADERDATA, &p.answer);
@@ -54,8 +54,7 @@ Status SetUp(ProbeState& p, const HttpReaderOptions& options) {
   curl_easy_setopt(easy, CURLOPT_FAILONERROR, 0L);  // a 416 (an empty object) is an answer
   curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS,
                    static_cast<long>(options.connect_timeout_ms + options.stall_timeout_ms));
-  p.headers = RequestHeaders(p.object.url);
-  if (p.headers) curl_easy_setopt(easy, CURLOPT_HTTPHEADER, p.headers.get());
+  p.auth.Apply(easy);
   curl_easy_setopt(easy, CURLOPT_PRIVATE, &p);
   return Status::OK();
 }
@@ -72,7 +71,7 @@ Status Outcome(ProbeState& p, CURLcode code, bool* retry) {
   }
   char* effective = nullptr;
   curl_easy_getinfo(p.easy, CURLINFO_EFFECTIVE_URL, &effective);
-  object.effective_url = effective ? effective : object.url;
+  object.effective_url = effective ? effective : p.auth.address;
   object.etag = answer.etag;
   object.last_modified = answer.last_modified;
   object.linked_etag = answer.linked_etag;
@@ -176,9 +175,14 @@ std::vector<Result<HttpObject>> ProbeHttp(const std::vector<std::string>& urls,
   for (const std::string& url : urls) {
     auto p = std::make_unique<ProbeState>();
     p->object.url = url;
-    if (!IsRemoteAddress(url)) {
-      p->status = Status::InvalidArgument(
-          fmt::format("'{}' is not an http:// or https:// address", url));
+    Result<RequestAuth> auth = IsRemoteAddress(url)
+                                   ? AuthFor(url, url)
+                                   : Status::InvalidArgument(fmt::format(
+                                         "'{}' is not an http://, https:// or s3:// address", url));
+    if (auth.ok()) {
+      p->auth = std::move(auth).value();
+    } else {
+      p->status = auth.status();
       p->done = true;
     }
     probes.push_back(std::move(p));

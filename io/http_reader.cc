@@ -17,6 +17,7 @@
 
 #include "io/completion_queue.h"
 #include "io/http_wire.h"
+#include "io/location.h"
 #include "io/read_state.h"
 
 namespace loadstone::io {
@@ -30,7 +31,7 @@ struct HttpReader::Impl {
 
   HttpReaderOptions options;
   std::vector<HttpObject> objects;
-  std::vector<HeaderList> headers;  // per object: the request headers of its ranges
+  std::vector<RequestAuth> auth;  // per object: how its ranges are asked
   std::unique_ptr<CompletionQueue> completions;
   StatCounters stats;
   CURLM* multi = nullptr;
@@ -76,7 +77,8 @@ Result<std::unique_ptr<HttpReader>> HttpReader::Open(const std::vector<std::stri
   auto impl = std::make_unique<Impl>();
   for (Result<HttpObject>& probed : ProbeHttp(urls, options)) {
     if (!probed.ok()) return probed.status();
-    impl->headers.push_back(RequestHeaders(probed->effective_url));
+    LOADSTONE_ASSIGN_OR_RETURN(RequestAuth auth, AuthFor(probed->url, probed->effective_url));
+    impl->auth.push_back(std::move(auth));
     impl->objects.push_back(std::move(probed).value());
   }
   impl->options = options;
@@ -237,7 +239,7 @@ void HttpReader::Impl::Start(std::unique_ptr<HttpRange> range) {
   // CDN address is the one to ask).
   curl_easy_setopt(easy, CURLOPT_URL, object.effective_url.c_str());
   curl_easy_setopt(easy, CURLOPT_RANGE, span.c_str());  // copied by libcurl
-  if (headers[r.file]) curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers[r.file].get());
+  auth[r.file].Apply(easy);
   curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, OnHeader);
   curl_easy_setopt(easy, CURLOPT_HEADERDATA, &range->answer);
   curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, OnBody);
@@ -315,7 +317,8 @@ void HttpReader::Impl::CancelAll() {
 }
 
 bool IsRemoteAddress(std::string_view path) {
-  return StartsWithNoCase(path, "http://") || StartsWithNoCase(path, "https://");
+  return StartsWithNoCase(path, "http://") || StartsWithNoCase(path, "https://") ||
+         IsS3Address(path);
 }
 
 Result<std::shared_ptr<RemoteObject>> RemoteObject::Open(const std::string& url) {

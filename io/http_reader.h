@@ -101,7 +101,7 @@ class HttpReader final : public Reader {
   std::unique_ptr<Impl> impl_;
 };
 
-// True for the addresses HttpReader reads: http:// and https:// (any case of the scheme).
+// True for the addresses HttpReader reads: http://, https:// and s3:// (any case of the scheme).
 bool IsRemoteAddress(std::string_view path);
 
 // One remote object read a few bytes at a time, synchronously (what a catalog reads of it: its

@@ -55,9 +55,21 @@ struct FreeHeaderList {
   void operator()(curl_slist* list) const { curl_slist_free_all(list); }
 };
 using HeaderList = std::unique_ptr<curl_slist, FreeHeaderList>;
-// The request headers for `url` (CURLOPT_HTTPHEADER; it must outlive the transfer): the Hub's
-// token where it applies (io/location.h SendsHubToken); null when there are none.
-HeaderList RequestHeaders(std::string_view url);
+
+// How the requests for one object are asked and signed: where (an s3:// object's http(s)
+// address), the Hub's token, S3's SigV4 (libcurl signs each request).
+struct RequestAuth {
+  std::string address;  // what the first request asks for
+  HeaderList headers;   // CURLOPT_HTTPHEADER; must outlive the transfers
+  std::string sigv4;    // CURLOPT_AWS_SIGV4 ("aws:amz:REGION:s3"); empty: not signed
+  std::string userpwd;  // ACCESS_KEY:SECRET for the signature
+  // Sets the headers and the signing on a handle.
+  void Apply(CURL* easy) const;
+};
+// The auth of requests to `target` for the object the user named `url`: an s3:// object's are
+// signed wherever they go; the Hub's token goes to the Hub's endpoint only (io/location.h).
+// Errors: an s3:// address that does not parse or has no credentials (InvalidArgument).
+Result<RequestAuth> AuthFor(const std::string& url, const std::string& target);
 
 // Faults worth a retry: these HTTP statuses, these libcurl results.
 bool Transient(long status);

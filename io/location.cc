@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -53,14 +54,91 @@ std::string FirstLine(const std::string& path) {
   return line;
 }
 
+bool HasScheme(std::string_view path, std::string_view scheme) {
+  if (path.size() < scheme.size()) return false;
+  for (size_t i = 0; i < scheme.size(); ++i) {
+    const char c = path[i] >= 'A' && path[i] <= 'Z' ? static_cast<char>(path[i] - 'A' + 'a') : path[i];
+    if (c != scheme[i]) return false;
+  }
+  return true;
+}
+
+std::string_view Trimmed(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+// The keys of [profile] in an ini file (the shared credentials file's form).
+std::map<std::string, std::string> IniSection(const std::string& path, const std::string& profile) {
+  std::map<std::string, std::string> out;
+  std::ifstream in(path);
+  std::string line;
+  bool inside = false;
+  for (int lines = 0; lines < 100000 && std::getline(in, line); ++lines) {
+    const std::string_view l = Trimmed(line);
+    if (l.empty() || l.front() == '#' || l.front() == ';') continue;
+    if (l.front() == '[') {
+      inside = l == fmt::format("[{}]", profile);
+      continue;
+    }
+    const size_t eq = l.find('=');
+    if (inside && eq != std::string_view::npos) {
+      out[std::string(Trimmed(l.substr(0, eq)))] = std::string(Trimmed(l.substr(eq + 1)));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-bool IsHubAddress(std::string_view path) {
-  if (path.size() < 5) return false;
-  const std::string_view scheme = path.substr(0, 5);
-  return (scheme[0] == 'h' || scheme[0] == 'H') && (scheme[1] == 'f' || scheme[1] == 'F') &&
-         scheme.substr(2) == "://";
+bool IsS3Address(std::string_view path) { return HasScheme(path, "s3://"); }
+
+Result<S3Address> ParseS3Address(std::string_view s3) {
+  if (!IsS3Address(s3)) {
+    return Status::InvalidArgument(fmt::format("'{}' is not an s3:// address", s3));
+  }
+  std::string_view rest = s3.substr(5);
+  const size_t slash = rest.find('/');
+  S3Address out;
+  out.bucket = std::string(rest.substr(0, slash));
+  if (out.bucket.empty() || !RepoPart(out.bucket)) {
+    return Status::InvalidArgument(fmt::format(
+        "'{}' names no bucket (letters, digits, '-', '.'); the form is s3://BUCKET/KEY", s3));
+  }
+  out.key = slash == std::string_view::npos ? std::string() : std::string(rest.substr(slash + 1));
+  out.region = Env("AWS_REGION");
+  if (out.region.empty()) out.region = Env("AWS_DEFAULT_REGION");
+  if (out.region.empty()) out.region = "us-east-1";
+  std::string endpoint = Env("AWS_ENDPOINT_URL_S3");
+  if (endpoint.empty()) endpoint = Env("AWS_ENDPOINT_URL");
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  out.address = endpoint.empty()
+                    ? fmt::format("https://{}.s3.{}.amazonaws.com", out.bucket, out.region)
+                    : fmt::format("{}/{}", endpoint, out.bucket);
+  if (!out.key.empty()) out.address = JoinLocation(out.address, out.key);
+  return out;
 }
+
+Result<S3Credentials> FindS3Credentials() {
+  S3Credentials c{Env("AWS_ACCESS_KEY_ID"), Env("AWS_SECRET_ACCESS_KEY"), Env("AWS_SESSION_TOKEN")};
+  if (!c.access_key.empty() && !c.secret_key.empty()) return c;
+  std::string file = Env("AWS_SHARED_CREDENTIALS_FILE");
+  if (file.empty() && !Env("HOME").empty()) file = fmt::format("{}/.aws/credentials", Env("HOME"));
+  const std::string profile = Env("AWS_PROFILE").empty() ? "default" : Env("AWS_PROFILE");
+  if (!file.empty()) {
+    auto keys = IniSection(file, profile);
+    c = {keys["aws_access_key_id"], keys["aws_secret_access_key"], keys["aws_session_token"]};
+    if (!c.access_key.empty() && !c.secret_key.empty()) return c;
+  }
+  return Status::InvalidArgument(fmt::format(
+      "no AWS credentials to sign S3 requests with: set AWS_ACCESS_KEY_ID and "
+      "AWS_SECRET_ACCESS_KEY, or give profile [{}] in '{}' (AWS_PROFILE, "
+      "AWS_SHARED_CREDENTIALS_FILE)",
+      profile, file.empty() ? std::string("~/.aws/credentials") : file));
+}
+
+bool IsHubAddress(std::string_view path) { return HasScheme(path, "hf://"); }
 
 Result<HubAddress> ParseHubAddress(std::string_view hf) {
   const std::string given(hf);

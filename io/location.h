@@ -1,5 +1,6 @@
-// Where a checkpoint's files are: a local path, an http(s) address, or a Hugging Face Hub
-// address (hf://ORG/REPO[@REVISION][/PATH]) turned into the http(s) address huggingface_hub
+// Where a checkpoint's files are: a local path, an http(s) address, an S3 object
+// (s3://BUCKET/KEY, asked for at its http(s) address with a SigV4 signature), or a Hugging Face
+// Hub address (hf://ORG/REPO[@REVISION][/PATH]) turned into the http(s) address huggingface_hub
 // asks: {HF_ENDPOINT}/ORG/REPO/resolve/{REVISION}/PATH. Names inside a folder join the same
 // way for all of them.
 #ifndef LOADSTONE_IO_LOCATION_H_
@@ -14,6 +15,28 @@ namespace loadstone::io {
 
 // True for hf:// addresses (any case of the scheme).
 bool IsHubAddress(std::string_view path);
+// True for s3:// addresses (any case of the scheme).
+bool IsS3Address(std::string_view path);
+
+// An s3:// address taken apart, as the AWS SDKs read the environment: the endpoint
+// AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL (path style: ENDPOINT/BUCKET/KEY), else
+// https://BUCKET.s3.REGION.amazonaws.com/KEY; the region AWS_REGION, else AWS_DEFAULT_REGION,
+// else us-east-1.
+struct S3Address {
+  std::string bucket, key, region;
+  std::string address;  // the http(s) address asked
+};
+// Errors: InvalidArgument for an address without a bucket, saying what the form is.
+Result<S3Address> ParseS3Address(std::string_view s3);
+
+// The credentials a request to S3 is signed with: AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY
+// (+ AWS_SESSION_TOKEN), else the profile AWS_PROFILE (else "default") of the shared
+// credentials file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials).
+struct S3Credentials {
+  std::string access_key, secret_key, session_token;
+};
+// Errors: InvalidArgument when there are none, naming where they were looked for.
+Result<S3Credentials> FindS3Credentials();
 
 // An hf:// address taken apart. `address` is the http(s) address it names: the repository's
 // resolve/ root at the revision, then the path (a subfolder or a file; none for the root).

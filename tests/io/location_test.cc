@@ -1,7 +1,9 @@
 // io/location.h: hf:// addresses taken apart as huggingface_hub builds its resolve/ URLs (the
 // endpoint from HF_ENDPOINT, the revision percent-encoded whole, the path but for its slashes),
-// malformed ones refused with the form; the token's sources in huggingface_hub's order; names
-// joined inside local folders and addresses alike.
+// malformed ones refused with the form; the token's sources in huggingface_hub's order; s3://
+// addresses at their endpoint (path style) or AWS's virtual-hosted address, the credentials from
+// the environment or the shared file's profile; names joined inside local folders and
+// addresses alike.
 #include "io/location.h"
 
 #include <cstdlib>
@@ -34,12 +36,15 @@ class HubEnv {
       }
     }
   }
-  static constexpr std::array<const char*, 6> kNames = {
-      "HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "HOME"};
+  static constexpr std::array<const char*, 15> kNames = {
+      "HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "HOME",
+      "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
+      "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+      "AWS_SHARED_CREDENTIALS_FILE"};
 
  private:
-  std::array<std::string, 6> saved_;
-  std::array<bool, 6> had_{};
+  std::array<std::string, kNames.size()> saved_;
+  std::array<bool, kNames.size()> had_{};
 };
 
 TEST_CASE("location: hf:// addresses become the Hub's resolve/ addresses", "[io][location]") {
@@ -98,6 +103,44 @@ TEST_CASE("location: the Hub's token, from where huggingface_hub looks, to its e
   CHECK(SendsHubToken("http://127.0.0.1:9/hub/org/repo/resolve/main/x"));
   CHECK_FALSE(SendsHubToken("http://127.0.0.1:9/hubx/org/repo"));
   CHECK_FALSE(SendsHubToken("https://huggingface.co/org/repo/resolve/main/x"));
+}
+
+TEST_CASE("location: s3:// addresses, their endpoint, region and credentials", "[io][location]") {
+  HubEnv env;
+  testing::TempDir dir;
+  ::setenv("HOME", dir.path().c_str(), 1);
+  auto aws = ParseS3Address("s3://my-models/llama/7b");
+  REQUIRE(aws.ok());
+  CHECK(aws->bucket == "my-models");
+  CHECK(aws->key == "llama/7b");
+  CHECK(aws->region == "us-east-1");
+  CHECK(aws->address == "https://my-models.s3.us-east-1.amazonaws.com/llama/7b");
+  ::setenv("AWS_DEFAULT_REGION", "eu-west-1", 1);
+  ::setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000/", 1);
+  auto local = ParseS3Address("S3://b/k.safetensors");
+  REQUIRE(local.ok());
+  CHECK(local->region == "eu-west-1");
+  CHECK(local->address == "http://127.0.0.1:9000/b/k.safetensors");
+  ::setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9001", 1);
+  ::setenv("AWS_REGION", "ap-south-1", 1);
+  CHECK(ParseS3Address("s3://b")->address == "http://127.0.0.1:9001/b");
+  CHECK(ParseS3Address("s3://b")->region == "ap-south-1");
+  CHECK(ParseS3Address("s3:///k").status().code() == StatusCode::kInvalidArgument);
+
+  auto none = FindS3Credentials();
+  CHECK(none.status().code() == StatusCode::kInvalidArgument);
+  CHECK(none.status().message().find(dir.Path(".aws/credentials")) != std::string::npos);
+  dir.Write(".aws/credentials",
+            "# comment\n[default]\naws_access_key_id = AK\naws_secret_access_key=SK \n"
+            "[work]\naws_access_key_id = WK\naws_secret_access_key = WS\naws_session_token = T\n");
+  CHECK(FindS3Credentials()->access_key == "AK");
+  CHECK(FindS3Credentials()->secret_key == "SK");
+  ::setenv("AWS_PROFILE", "work", 1);
+  CHECK(FindS3Credentials()->session_token == "T");
+  ::setenv("AWS_ACCESS_KEY_ID", "EK", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "ES", 1);
+  CHECK(FindS3Credentials()->access_key == "EK");
+  CHECK(FindS3Credentials()->session_token.empty());
 }
 
 TEST_CASE("location: names join and folders split alike for paths and addresses",
