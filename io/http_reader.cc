@@ -245,6 +245,7 @@ void HttpReader::Impl::Start(std::unique_ptr<HttpRange> range) {
   curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, OnBody);
   curl_easy_setopt(easy, CURLOPT_WRITEDATA, range.get());
   curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, range->error);
+  curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, 512L << 10);  // fewer, larger reads of the socket
   curl_easy_setopt(easy, CURLOPT_PRIVATE, range.get());
   range->object = &object;
   range->stats = &stats;
