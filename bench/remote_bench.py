@@ -3,7 +3,7 @@
 run (bench/README.md, "Issue 35"):
 
   bench/remote_bench.py MODEL_FOLDER [--cli build/loadstone] [--rounds 5] [--seed 1]
-                        [-- EXTRA LOAD FLAGS]
+                        [--runai PYTHON] [-- EXTRA LOAD FLAGS]
 
 nginx (Debian's; one process on a free port of 127.0.0.1, stopped at the end) serves a copy
 of the folder in /dev/shm, so that the server side runs at memory speed and the clients are
@@ -14,7 +14,13 @@ what is measured. Each round runs, in a fresh random order:
 - `loadstone load http://127.0.0.1:PORT/ --json`: the folder resolved by its known names, the
   headers, then every tensor into CPU memory (the same bytes, plus the work of a load);
 - `loadstone load MODEL_FOLDER --json` on the local folder, warm (read through the page cache
-  first) and cold (dropped from it first), for the first-tensor ratios.
+  first) and cold (dropped from it first), for the first-tensor ratios;
+- with --runai PYTHON (a Python with runai-model-streamer and runai-model-streamer-s3): Run:ai's
+  SafetensorsStreamer streaming s3://models/SHARD... from the same nginx as an S3 endpoint
+  (path style; nginx ignores the signature), each tensor cloned so that each owns its memory as
+  a load's do, and `loadstone load s3://models/` from the same server. Both are timed in-process
+  (Run:ai's from stream_files to the last clone, after its imports; loadstone's Open + Plan +
+  load, as its --json reports them), so that Python's start-up is not charged to it.
 Each is timed from its start to its exit (wall clock), its peak RSS from wait4's rusage.
 Prints one JSON document: the runs, the medians, and the ratios the issue asks for —
 loadstone http / aria2c throughput, first tensor remote / local, peak RSS against model +
@@ -68,6 +74,17 @@ http {{
     sys.exit("remote_bench: nginx did not start within 10 s")
 
 
+def tensor_bytes(model, weights):
+    """The bytes of every tensor of the safetensors files (their headers' data offsets)."""
+    total = 0
+    for w in weights:
+        with open(os.path.join(model, w), "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(t["data_offsets"][1] - t["data_offsets"][0]
+                     for k, t in header.items() if k != "__metadata__")
+    return total
+
+
 def warm(files):
     for f in files:
         with open(f, "rb") as fh:
@@ -85,10 +102,27 @@ def drop(files):
             os.close(fd)
 
 
-def run_measured(cmd):
+# Run:ai's streamer over s3:// (argv: the shard names); prints {"seconds", "bytes"}, timed after
+# the imports, each tensor cloned (its tensors are views of a reused buffer otherwise).
+RUNAI = """
+import json, sys, time
+from runai_model_streamer import SafetensorsStreamer
+files = ["s3://models/" + name for name in sys.argv[1:]]
+start = time.perf_counter()
+out = {}
+with SafetensorsStreamer() as streamer:
+    streamer.stream_files(files)
+    for name, tensor in streamer.get_tensors():
+        out[name] = tensor.clone()
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "bytes": sum(t.numel() * t.element_size() for t in out.values())}))
+"""
+
+
+def run_measured(cmd, env=None):
     """Runs `cmd` and reaps it with wait4 for its rusage: (wall seconds, peak RSS bytes, stdout)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     out = proc.stdout.read()
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -105,29 +139,50 @@ def main():
     ap.add_argument("--cli", default="build/loadstone")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runai", help="a Python with runai-model-streamer(-s3): adds the S3 methods")
     ap.add_argument("extra", nargs="*", help="extra `load` flags (after --)")
     args = ap.parse_args()
     model = os.path.abspath(args.model)
     weights = sorted(f for f in os.listdir(model) if f.endswith(".safetensors"))
     nbytes = sum(os.path.getsize(os.path.join(model, f)) for f in weights)
     scratch = tempfile.mkdtemp(prefix="loadstone-remote-bench-", dir="/dev/shm")
-    served = os.path.join(scratch, "model")  # the server side at memory speed
-    shutil.copytree(model, served)
-    nginx, port = start_nginx(served, scratch)
-    base = f"http://127.0.0.1:{port}/"
+    root = os.path.join(scratch, "root")  # the server side at memory speed
+    shutil.copytree(model, os.path.join(root, "models"))  # bucket "models", path style
+    nginx, port = start_nginx(root, scratch)
+    base = f"http://127.0.0.1:{port}/models/"
+    s3_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    s3_env.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_REGION="us-east-1",
+                  AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                  AWS_EC2_METADATA_DISABLED="true", RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0")
     urls = os.path.join(scratch, "urls.txt")
     with open(urls, "w") as f:
         f.write("".join(f"{base}{w}\n" for w in weights))
     rng = random.Random(args.seed)
     runs = {"aria2c": [], "loadstone_http": [], "loadstone_local_warm": [],
             "loadstone_local_cold": []}
+    if args.runai:
+        runs.update(runai_s3=[], loadstone_s3=[])
     local_files = [os.path.join(model, f) for f in os.listdir(model)]
     try:
         for _ in range(args.rounds):
             order = list(runs)
             rng.shuffle(order)
             for what in order:
-                if what == "aria2c":
+                if what == "runai_s3":
+                    _, rss, out = run_measured([args.runai, "-c", RUNAI, *weights], s3_env)
+                    doc = json.loads(out)
+                    if doc["bytes"] != tensor_bytes(model, weights):
+                        sys.exit(f"remote_bench: Run:ai streamed {doc['bytes']} bytes, not every tensor's")
+                    runs[what].append({"seconds": doc["seconds"], "gbps": nbytes / doc["seconds"] / 1e9,
+                                       "peak_rss": rss})
+                elif what == "loadstone_s3":
+                    _, rss, out = run_measured([args.cli, "load", "s3://models/", "--json", *args.extra],
+                                               s3_env)
+                    doc = json.loads(out)
+                    seconds = (doc["open_ms"] + doc["plan_ms"]) / 1e3 + doc["seconds"]
+                    runs[what].append({"seconds": seconds, "gbps": nbytes / seconds / 1e9, "peak_rss": rss,
+                                       "first_tensor_ms": doc["first_tensor_ms"]})
+                elif what == "aria2c":
                     dest = tempfile.mkdtemp(prefix="loadstone-aria2c-", dir="/dev/shm")
                     try:
                         wall, rss, _ = run_measured(
@@ -172,6 +227,8 @@ def main():
             "first_tensor_remote_vs_local_cold": med["loadstone_http"]["first_tensor_ms"]
             / med["loadstone_local_cold"]["first_tensor_ms"],
             "http_peak_rss_vs_model_staging_64mib": med["loadstone_http"]["peak_rss"] / bound,
+            **({"s3_loadstone_vs_runai_throughput": med["loadstone_s3"]["gbps"] / med["runai_s3"]["gbps"]}
+               if args.runai else {}),
         },
     }, indent=1))
 

@@ -238,6 +238,7 @@ struct TensorInfo {
 // .safetensors file given by path.
 struct ModelConfig {
   std::string path;  // the config.json read; empty when there is none
+  std::string text;  // its bytes as read (what `convert` writes beside its output)
   // quantization_config.quant_method ("fp8", "compressed-tensors", ...), or empty.
   std::string quant_method;
   // quantization_config.weight_block_size: the rows x columns one float8 scale covers.

@@ -85,9 +85,12 @@ Result<ModelConfig> ToConfig(const nlohmann::json& doc, const std::string& path,
 
 Result<ModelConfig> ReadModelConfig(const std::string& path) {
   const std::string what = fmt::format("config '{}'", path);
-  LOADSTONE_ASSIGN_OR_RETURN(auto doc,
-                             ReadJsonFile(path, what, kMaxConfigBytes, "kMaxConfigBytes"));
-  return InterpretJson(what, [&] { return ToConfig(doc, path, what); });
+  LOADSTONE_ASSIGN_OR_RETURN(std::string text,
+                             ReadSmallFile(path, what, kMaxConfigBytes, "kMaxConfigBytes"));
+  LOADSTONE_ASSIGN_OR_RETURN(auto doc, ParseJsonStrict(text, what));
+  auto config = InterpretJson(what, [&] { return ToConfig(doc, path, what); });
+  if (config.ok()) config->text = std::move(text);
+  return config;
 }
 
 Status ReadQuantizeConfig(const std::string& path, ModelConfig* config) {

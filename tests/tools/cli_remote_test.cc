@@ -1,12 +1,19 @@
 // The CLI on http:// addresses (nginx on 127.0.0.1 over the committed fixtures, started and
 // stopped here): inspect and load print what they print for the local file, the backend line
-// names the http reader, and a folder address is one clear error line.
+// names the http reader and the read line the network bytes; a folder loads as the local one,
+// and a folder with no weights is one clear error line; convert writes the bytes the local
+// convert writes (config.json too); bench runs the methods that apply to remote files and
+// refuses --cold.
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "testing/nginx_server.h"
+#include "testing/temp_dir.h"
 #include "tests/tools/cli_runner.h"
 
 namespace loadstone {
@@ -83,6 +90,48 @@ TEST_CASE("cli: a folder behind an http address loads as the local folder, in ne
   CHECK(none.code == 1);
   CHECK(none.err.starts_with("error: NotFound: no checkpoint at '" + server->Url("safetensors/edge")));
   CHECK(none.err.find("--variant") != std::string::npos);
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST_CASE("cli: convert and bench take an http folder", "[tools][cli][http]") {
+  std::string why;
+  auto server = testing::NginxServer::Start(kFixtures, &why);
+  if (!server) {
+    WARN("skipped: " << why);
+    return;
+  }
+  testing::TempDir out;
+  const auto local = RunCli("convert " + kFixtures + "/torch/sharded " + out.Path("local"));
+  REQUIRE(local.code == 0);
+  const auto remote = RunCli("convert " + server->Url("torch/sharded") + " " + out.Path("remote"));
+  INFO(remote.err);
+  REQUIRE(remote.code == 0);
+  for (const char* name : {"model.safetensors", "config.json"}) {
+    INFO(name);
+    const std::string want = Slurp(out.Path("local/") + name);
+    CHECK_FALSE(want.empty());
+    CHECK(Slurp(out.Path("remote/") + name) == want);
+  }
+  CHECK(Slurp(out.Path("remote/config.json")) == Slurp(kFixtures + "/torch/sharded/config.json"));
+
+  const auto bench =
+      RunCli("bench " + server->Url("safetensors/sharded") + " --repeat 1 --settle 0 --json");
+  INFO(bench.err);
+  REQUIRE(bench.code == 0);
+  const auto doc = nlohmann::json::parse(bench.out);
+  CHECK(doc["mode"] == "remote");
+  std::vector<std::string> methods;
+  for (const auto& r : doc["results"]) methods.push_back(r["method"].get<std::string>());
+  CHECK(methods == std::vector<std::string>{"loadstone", "first-touch"});  // no local baselines
+  CHECK(doc["results"][0]["backend"].get<std::string>().find("http (libcurl") == 0);
+  CHECK(doc["ratios"]["loadstone_vs_raw_ceiling"].is_null());
+  const auto cold = RunCli("bench " + server->Url("safetensors/sharded") + " --cold");
+  CHECK(cold.code == 1);
+  CHECK(cold.err.find("is remote: --cold") != std::string::npos);
 }
 
 }  // namespace

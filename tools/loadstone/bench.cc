@@ -48,15 +48,24 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
 }
 
+// True for a checkpoint behind addresses (http(s), s3, the Hub): its files are not on this
+// machine, so the methods that read local files do not apply.
+bool Remote(const Checkpoint& ckpt) {
+  return !ckpt.files().empty() && ckpt.files().front().path.find("://") != std::string::npos;
+}
+
+// The methods: loadstone, its first-touch bound and its cast; for local files also the pread
+// backend and the baselines that read the files themselves.
 std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
                                  const PlanOptions& plan, const LoaderOptions& loader,
                                  DType convert_to) {
   std::vector<BenchMethod> methods;
   methods.push_back({"loadstone", BenchMethod::Kind::kLoadstone, plan, loader});
   methods.push_back({"first-touch", BenchMethod::Kind::kFirstTouch, plan, {}});
+  const bool local = !Remote(ckpt);
   LoaderOptions pread = loader;
   pread.backend = ReadBackend::kPread;
-  methods.push_back({"loadstone-pread", BenchMethod::Kind::kLoadstone, plan, pread});
+  if (local) methods.push_back({"loadstone-pread", BenchMethod::Kind::kLoadstone, plan, pread});
   bool has_bf16 = false;
   for (const TensorInfo& t : ckpt.tensors()) has_bf16 |= t.dtype == DType::kBF16;
   if (has_bf16 && !plan.dtype) {
@@ -66,6 +75,7 @@ std::vector<BenchMethod> Methods(const Checkpoint& ckpt, const BenchArgs& args,
         {"loadstone-bf16-to-" + args.convert_to, BenchMethod::Kind::kLoadstone, cast, loader});
     methods.push_back({"first-touch-" + args.convert_to, BenchMethod::Kind::kFirstTouch, cast, {}});
   }
+  if (!local) return methods;
   methods.push_back({"read-per-tensor", BenchMethod::Kind::kReadPerTensor, {}, {}});
   methods.push_back({"mmap-memcpy", BenchMethod::Kind::kMmapMemcpy, {}, {}});
   methods.push_back({"raw-ceiling", BenchMethod::Kind::kRawCeiling, {}, {}});
@@ -147,6 +157,12 @@ Result<BenchSetup> Prepare(const BenchArgs& args) {
   PrintWarnings(in.warnings);
   PrintWarnings(checked.warnings);
   LOADSTONE_ASSIGN_OR_RETURN(DType convert_to, ParseCastTarget(args.convert_to, "--convert-to"));
+  if (Remote(*in.checkpoint) && (args.cold || !args.peers.empty())) {
+    return Status::InvalidArgument(fmt::format(
+        "'{}' is remote: {} apply to local files only (a remote checkpoint's cache is the "
+        "server's; the peers read files); bench it without them",
+        args.flags.path, args.cold ? "--cold and its page-cache drops" : "--peers"));
+  }
   auto methods = Methods(*in.checkpoint, args, plan, loader, convert_to);
   if (!args.peers.empty()) {
     LOADSTONE_ASSIGN_OR_RETURN(auto peers, ListExternalPeers(SplitWords(args.peers)));
@@ -188,9 +204,11 @@ Status RunOnce(const BenchArgs& args, const Checkpoint& ckpt, const BenchMethod&
   std::this_thread::sleep_for(std::chrono::duration<double>(args.settle_seconds));
   // Cold: nothing of the files in the page cache; warm: all of them (an O_DIRECT run
   // before leaves nothing there).
-  LOADSTONE_RETURN_IF_ERROR(args.cold ? DropFromPageCache(ckpt) : WarmPageCache(ckpt));
-  measured.resident_before[m.name] =
-      std::max(measured.resident_before[m.name], ResidentFraction(ckpt));
+  if (!Remote(ckpt)) {
+    LOADSTONE_RETURN_IF_ERROR(args.cold ? DropFromPageCache(ckpt) : WarmPageCache(ckpt));
+    measured.resident_before[m.name] =
+        std::max(measured.resident_before[m.name], ResidentFraction(ckpt));
+  }
   auto run = RunMethod(m, ckpt);
   if (!run.ok() && m.kind == BenchMethod::Kind::kExternal) {
     const std::string& error = measured.errors[m.name] = run.status().message();
@@ -280,9 +298,13 @@ std::pair<Best, Best> BestBaselines(const std::vector<BenchMethod>& methods,
 nlohmann::ordered_json Ratios(const BenchArgs& args, const std::vector<BenchMethod>& methods,
                               const Measurements& measured) {
   auto gbps = [&measured](const std::string& name) { return measured.Gbps(name); };
+  // A ratio over a method that did not run (a remote checkpoint has no local baselines): null.
+  auto over = [](double a, double b) {
+    return b > 0 ? nlohmann::ordered_json(a / b) : nlohmann::ordered_json(nullptr);
+  };
   const auto [best, best_same_work] = BestBaselines(methods, measured);
   nlohmann::ordered_json ratios;
-  ratios["loadstone_vs_raw_ceiling"] = gbps("loadstone") / gbps("raw-ceiling");
+  ratios["loadstone_vs_raw_ceiling"] = over(gbps("loadstone"), gbps("raw-ceiling"));
   // A load can beat neither the writing of its fresh destinations nor, cold, the device; warm,
   // the bytes come from the page cache and the O_DIRECT device read bounds nothing.
   const bool device_bounds = args.cold;
@@ -292,9 +314,9 @@ nlohmann::ordered_json Ratios(const BenchArgs& args, const std::vector<BenchMeth
   ratios["loadstone_vs_machine_bound"] =
       gbps("loadstone") /
       (device_bounds ? std::min(gbps("raw-ceiling"), gbps("first-touch")) : gbps("first-touch"));
-  ratios["loadstone_vs_best_baseline"] = gbps("loadstone") / best.gbps;
+  ratios["loadstone_vs_best_baseline"] = over(gbps("loadstone"), best.gbps);
   ratios["best_baseline"] = best.name;
-  ratios["loadstone_vs_best_same_work"] = gbps("loadstone") / best_same_work.gbps;
+  ratios["loadstone_vs_best_same_work"] = over(gbps("loadstone"), best_same_work.gbps);
   ratios["best_same_work"] = best_same_work.name;
   for (const BenchMethod& m : methods) {
     if (m.kind != BenchMethod::Kind::kExternal) continue;
@@ -322,7 +344,7 @@ int RunBench(const BenchArgs& args) {
   nlohmann::ordered_json doc;
   doc["path"] = args.flags.path;
   doc["bytes"] = ckpt.total_bytes();
-  doc["mode"] = args.cold ? "cold" : "warm";
+  doc["mode"] = Remote(ckpt) ? "remote" : args.cold ? "cold" : "warm";
   doc["repeat"] = args.repeat;
   doc["seed"] = seed;
   Measurements measured;

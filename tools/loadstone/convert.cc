@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -160,13 +161,15 @@ Result<std::vector<std::string>> WriteFolder(const ConvertArgs& args, const Chec
   shard_options.metadata = FileMetadata();
   auto written = WriteShardedSafetensors(folder, tensors, shard_options);
   if (!written.ok() || ckpt.config().path.empty()) return written;
-  // The model's config travels with it.
+  // The model's config travels with it: the bytes the catalog read (a remote one too).
   const fs::path config = fs::path(folder) / "config.json";
-  std::error_code ec;
-  fs::copy_file(ckpt.config().path, config, ec);
-  if (ec) {
-    return Status::IOError(fmt::format("cannot copy '{}' to '{}': {}", ckpt.config().path,
-                                       config.string(), ec.message()));
+  std::ofstream out(config, std::ios::binary | std::ios::trunc);
+  out.write(ckpt.config().text.data(), static_cast<std::streamsize>(ckpt.config().text.size()));
+  out.close();
+  if (!out) {
+    return Status::IOError(fmt::format("cannot write '{}' (the config of '{}'); check the space "
+                                       "and permissions there",
+                                       config.string(), ckpt.config().path));
   }
   written->push_back(config.string());
   return written;
