@@ -66,14 +66,24 @@ Status Outcome(ProbeState& p, CURLcode code, bool* retry) {
   const Answer& answer = p.answer;
   if (code != CURLE_OK && !(code == CURLE_WRITE_ERROR && answer.status != 0)) {
     *retry = TransientCurl(code);
-    return Status::IOError(fmt::format("cannot reach '{}': {}", object.url,
-                                       p.error[0] ? p.error : curl_easy_strerror(code)));
+    const bool certificate = code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE;
+    return Status::IOError(fmt::format(
+        "cannot reach '{}': {}{}", object.url, p.error[0] ? p.error : curl_easy_strerror(code),
+        certificate ? "; a server whose certificate comes from your own authority needs that "
+                      "authority in CURL_CA_BUNDLE (or REQUESTS_CA_BUNDLE, SSL_CERT_FILE)"
+                    : ""));
   }
   char* effective = nullptr;
   curl_easy_getinfo(p.easy, CURLINFO_EFFECTIVE_URL, &effective);
   object.effective_url = effective ? effective : p.auth.address;
   object.etag = answer.etag;
   object.last_modified = answer.last_modified;
+  long version = 0;
+  curl_easy_getinfo(p.easy, CURLINFO_HTTP_VERSION, &version);
+  object.protocol = version == CURL_HTTP_VERSION_2_0 ? "HTTP/2"
+                    : version == CURL_HTTP_VERSION_3 ? "HTTP/3"
+                    : version == CURL_HTTP_VERSION_1_0 ? "HTTP/1.0"
+                                                       : "HTTP/1.1";
   object.linked_etag = answer.linked_etag;
   object.repo_commit = answer.repo_commit;
   if (answer.status == 206 && answer.has_range && !answer.unsatisfied && answer.first == 0) {

@@ -114,7 +114,9 @@ const std::vector<HttpObject>& HttpReader::objects() const { return impl_->objec
 
 std::string HttpReader::Describe() const {
   const curl_version_info_data* v = curl_version_info(CURLVERSION_NOW);
-  return fmt::format("http (libcurl {}, {} connections, {} MiB ranges)", v->version,
+  // The objects' protocol (the first's: one load's objects are on one server as a rule).
+  const std::string protocol = impl_->objects.empty() ? "" : impl_->objects[0].protocol + ", ";
+  return fmt::format("http (libcurl {}, {}{} connections, {} MiB ranges)", v->version, protocol,
                      impl_->options.connections, impl_->options.range_bytes >> 20);
 }
 

@@ -58,6 +58,7 @@ struct HttpObject {
   // (an LFS file's sha256) and X-Repo-Commit; empty elsewhere.
   std::string linked_etag;
   std::string repo_commit;
+  std::string protocol;  // what the probe's answer came over: "HTTP/1.1", "HTTP/2"
 
   // Which version of the object this is, for a catalog to check at its load: the Hub's linked
   // ETag (the same whichever CDN node answers), else the ETag, else Last-Modified.

@@ -71,6 +71,7 @@ void CommonOptions(CURL* easy, const HttpReaderOptions& o) {
 
 void RequestAuth::Apply(CURL* easy) const {
   if (headers) curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers.get());
+  if (!ca_bundle.empty()) curl_easy_setopt(easy, CURLOPT_CAINFO, ca_bundle.c_str());
   if (sigv4.empty()) return;
   curl_easy_setopt(easy, CURLOPT_AWS_SIGV4, sigv4.c_str());  // strings are copied by libcurl
   curl_easy_setopt(easy, CURLOPT_USERPWD, userpwd.c_str());
@@ -79,6 +80,7 @@ void RequestAuth::Apply(CURL* easy) const {
 Result<RequestAuth> AuthFor(const std::string& url, const std::string& target) {
   RequestAuth auth;
   auth.address = target;
+  auth.ca_bundle = CaBundle(IsS3Address(url));
   auto add = [&auth](const std::string& line) {
     auth.headers.reset(curl_slist_append(auth.headers.release(), line.c_str()));
   };

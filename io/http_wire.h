@@ -63,7 +63,8 @@ struct RequestAuth {
   HeaderList headers;   // CURLOPT_HTTPHEADER; must outlive the transfers
   std::string sigv4;    // CURLOPT_AWS_SIGV4 ("aws:amz:REGION:s3"); empty: not signed
   std::string userpwd;  // ACCESS_KEY:SECRET for the signature
-  // Sets the headers and the signing on a handle.
+  std::string ca_bundle;  // CURLOPT_CAINFO (io/location.h CaBundle); empty: the system's
+  // Sets the headers, the signing and the certificate authorities on a handle.
   void Apply(CURL* easy) const;
 };
 // The auth of requests to `target` for the object the user named `url`: an s3:// object's are

@@ -201,6 +201,14 @@ bool SendsHubToken(std::string_view url) {
   return url.size() > endpoint.size() && url.substr(0, endpoint.size()) == endpoint;
 }
 
+std::string CaBundle(bool s3) {
+  if (s3 && !Env("AWS_CA_BUNDLE").empty()) return Env("AWS_CA_BUNDLE");
+  for (const char* name : {"CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"}) {
+    if (std::string path = Env(name); !path.empty()) return path;
+  }
+  return std::string();
+}
+
 std::string JoinLocation(std::string_view dir, std::string_view name) {
   if (!IsRemoteAddress(dir)) return (std::filesystem::path(dir) / name).string();
   while (!dir.empty() && dir.back() == '/') dir.remove_suffix(1);

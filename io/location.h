@@ -62,6 +62,11 @@ std::string HubToken();
 // another host (the Hub's CDN) is not given it (libcurl drops Authorization on such a redirect).
 bool SendsHubToken(std::string_view url);
 
+// The certificate authorities to trust for https instead of the system's: CURL_CA_BUNDLE, else
+// REQUESTS_CA_BUNDLE (what huggingface_hub's requests reads), else SSL_CERT_FILE; for an s3://
+// object AWS_CA_BUNDLE first. Empty: the system's.
+std::string CaBundle(bool s3);
+
 // `name` inside the folder `dir`: "dir/name" for an address (a '/' between, one only; the name
 // percent-encoded but for its slashes), the std::filesystem join for a local path.
 std::string JoinLocation(std::string_view dir, std::string_view name);

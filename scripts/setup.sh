@@ -12,8 +12,9 @@ packages=(
 )
 if [ "${1:-}" != "--cli" ]; then
   # libgloo-dev: the headers c10d's ProcessGroupGloo.hpp includes (the distributed face).
-  # nginx: the http reader's tests serve files on 127.0.0.1 with it (they start and stop it).
-  packages+=(git python3 python3-venv python3-dev catch2 libtorch-dev libgloo-dev nginx)
+  # nginx: the http reader's tests serve files on 127.0.0.1 with it (they start and stop it);
+  # openssl makes the certificate of its https listener.
+  packages+=(git python3 python3-venv python3-dev catch2 libtorch-dev libgloo-dev nginx openssl)
 fi
 
 missing=()

@@ -10,6 +10,8 @@
 //                  (.safetensors, .bin, .gguf) 302 to /NAME with X-Linked-Etag "linked-NAME"
 //                  and X-Repo-Commit kHubCommit, as the Hub sends its LFS files to its CDN;
 //                  other files served in place with X-Repo-Commit. Another revision: 404.
+// With `tls`, the folder is also served over https with HTTP/2 on a second port (TlsUrl), with a
+// certificate for 127.0.0.1 made for the server by openssl (its CA: cert_path()).
 #ifndef LOADSTONE_TESTS_TESTING_NGINX_SERVER_H_
 #define LOADSTONE_TESTS_TESTING_NGINX_SERVER_H_
 
@@ -42,7 +44,8 @@ class NginxServer {
  public:
   // nginx serving `root` (one process, this user: it reads what the test can), or nullptr with
   // `why` set when there is no nginx or it would not start.
-  static std::unique_ptr<NginxServer> Start(const std::string& root, std::string* why) {
+  static std::unique_ptr<NginxServer> Start(const std::string& root, std::string* why,
+                                            bool tls = false) {
     const std::string binary = Find();
     if (binary.empty()) {
       *why = "no nginx on this machine (scripts/setup.sh installs Debian's)";
@@ -50,6 +53,7 @@ class NginxServer {
     }
     for (int attempt = 0; attempt < 3; ++attempt) {  // a free port can be taken meanwhile
       auto server = std::unique_ptr<NginxServer>(new NginxServer());
+      if (tls && !server->MakeCertificate(why)) return nullptr;
       if (server->Launch(binary, root, why)) return server;
     }
     return nullptr;
@@ -61,6 +65,10 @@ class NginxServer {
   std::string Url(const std::string& path) const {
     return fmt::format("http://127.0.0.1:{}/{}", port_, path);
   }
+  std::string TlsUrl(const std::string& path) const {
+    return fmt::format("https://127.0.0.1:{}/{}", tls_port_, path);
+  }
+  std::string cert_path() const { return prefix_.Path("cert.pem"); }
   // Stops the server now (the tests of a server that goes away); bounded: 5 s, then SIGKILL.
   void Stop() {
     if (pid_ <= 0) return;
@@ -115,6 +123,30 @@ class NginxServer {
     return ok;
   }
 
+  // A self-signed certificate for 127.0.0.1 (openssl req), for the https listener.
+  bool MakeCertificate(std::string* why) {
+    const std::string command = fmt::format(
+        "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 -addext "
+        "subjectAltName=IP:127.0.0.1 -keyout {} -out {} >/dev/null 2>&1",
+        prefix_.Path("key.pem"), cert_path());
+    if (std::system(command.c_str()) != 0) {
+      *why = "openssl could not make a certificate (scripts/setup.sh installs openssl)";
+      return false;
+    }
+    tls_port_ = 0;
+    return true;
+  }
+
+  // The https server block, when there is a certificate.
+  std::string TlsServer(const std::string& root) {
+    if (tls_port_ < 0) return std::string();
+    tls_port_ = FreePort();
+    return fmt::format(
+        "  server {{ listen 127.0.0.1:{} ssl http2; ssl_certificate {}; ssl_certificate_key {}; "
+        "root {}; }}\n",
+        tls_port_, cert_path(), prefix_.Path("key.pem"), root);
+  }
+
   bool Launch(const std::string& binary, const std::string& root, std::string* why) {
     port_ = FreePort();
     if (port_ <= 0) {
@@ -122,6 +154,7 @@ class NginxServer {
       return false;
     }
     const std::string p = prefix_.path();
+    const std::string tls = TlsServer(root);
     const std::string conf = fmt::format(R"(daemon off;
 master_process off;
 worker_processes 1;
@@ -155,9 +188,9 @@ http {{
       alias {2}/$1;
     }}
   }}
-}}
+{5}}}
 )",
-                                         p, port_, root, kHubToken, kHubCommit);
+                                         p, port_, root, kHubToken, kHubCommit, tls);
     std::ofstream(p + "/nginx.conf") << conf;
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -171,7 +204,7 @@ http {{
     }
     pid_ = pid;
     for (int i = 0; i < 500; ++i) {  // 5 s
-      if (Accepts(port_)) return true;
+      if (Accepts(port_) && (tls_port_ <= 0 || Accepts(tls_port_))) return true;
       if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {  // it exited: the port, or its config
         pid_ = -1;
         std::ifstream log(p + "/error.log");
@@ -188,6 +221,7 @@ http {{
 
   TempDir prefix_;
   int port_ = -1;
+  int tls_port_ = -1;  // -1: no https listener
   pid_t pid_ = -1;
 };
 

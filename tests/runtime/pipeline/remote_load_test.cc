@@ -4,7 +4,8 @@
 // load, GGUF, a torch .bin), cast too; folders behind a base URL — sharded, variants,
 // subfolders, .bin shards, a GGUF split set, GPTQ whose config.json says how to decode — and
 // the same through the Hub's resolve/ route (its token, its 302 to the CDN, its linked ETag)
-// load as their local folders do; through a fault proxy, transient faults are retried and the
+// load as their local folders do, over https with HTTP/2 too (the CA from CURL_CA_BUNDLE, a
+// clear error without it); through a fault proxy, transient faults are retried and the
 // load is byte-equal, a 403 fails the load naming the tensor and the URL; an object replaced
 // between Open and Load fails the load naming it, and the Loader goes on; --mmap is refused
 // with what to do.
@@ -212,6 +213,41 @@ class ScopedEnv {
   const char* name_;
   std::optional<std::string> was_;
 };
+
+TEST_CASE("remote: https with HTTP/2, the certificate's authority from CURL_CA_BUNDLE",
+          "[pipeline][http]") {
+  std::string why;
+  auto server = NginxServer::Start(kFixtures.string(), &why, /*tls=*/true);
+  if (!server) {
+    WARN("skipped: " << why);
+    return;
+  }
+  ScopedEnv curl_ca("CURL_CA_BUNDLE", std::nullopt);
+  ScopedEnv requests_ca("REQUESTS_CA_BUNDLE", std::nullopt);
+  ScopedEnv ssl_cert("SSL_CERT_FILE", std::nullopt);
+  auto untrusted = Checkpoint::Open(server->TlsUrl("safetensors/sharded"));
+  CHECK(untrusted.status().code() == StatusCode::kIOError);
+  CHECK(untrusted.status().message().find("certificate") != std::string::npos);
+  CHECK(untrusted.status().message().find("CURL_CA_BUNDLE") != std::string::npos);
+
+  curl_ca.Set(server->cert_path());
+  Loader loader;
+  {
+    const Checkpoint remote = OpenCase(server->TlsUrl("safetensors/sharded"), {});
+    auto plan = Plan(remote, {});
+    REQUIRE(plan.ok());
+    LoadHandle load = loader.Load(remote, *plan);
+    REQUIRE(load.Done().get().ok());
+    CHECK(load.backend().find("http (libcurl ") == 0);
+    CHECK(load.backend().find(", HTTP/2, ") != std::string::npos);  // libcurl's default for https
+  }
+  for (const FolderCase& c : {FolderCase{"safetensors/sharded", "", ""},
+                              FolderCase{"gguf/split/model-00001-of-00003.gguf", "", ""}}) {
+    INFO(c.path);
+    CheckSame(loader, OpenCase((kFixtures / c.path).string(), c),
+              OpenCase(server->TlsUrl(c.path), c));
+  }
+}
 
 TEST_CASE("remote: hf:// addresses resolve through the Hub's resolve/ route, with its token",
           "[pipeline][http]") {
