@@ -27,6 +27,7 @@ loadstone http / aria2c throughput, first tensor remote / local, peak RSS agains
 staging + 64 MiB. Only the standard library (and nginx, aria2c on PATH or /usr/sbin).
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import random
@@ -123,8 +124,11 @@ def run_measured(cmd, env=None):
     """Runs `cmd` and reaps it with wait4 for its rusage: (wall seconds, peak RSS bytes, stdout)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    out = proc.stdout.read()
-    err = proc.stderr.read()
+    # Both pipes drained at once (a child filling stderr while stdout is read would block),
+    # then the child reaped with wait4 for its rusage.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        out_f, err_f = pool.submit(proc.stdout.read), pool.submit(proc.stderr.read)
+        out, err = out_f.result(), err_f.result()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)

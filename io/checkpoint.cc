@@ -92,31 +92,24 @@ Status IndexByName(Checkpoint::Impl* impl) {
   return Status::OK();
 }
 
-// True when `path` may hold a file: a local regular file, or any address (whose absence its
-// read finds: NotFound, one request rather than two).
-bool MayBeThere(const std::string& path) {
-  std::error_code ec;
-  return io::IsRemoteAddress(path) || std::filesystem::is_regular_file(path, ec);
-}
-
 // The model's settings from `config_dir`: config.json, else AutoGPTQ's quantize_config.json.
 // Either one present but unusable is a warning, its settings not used; neither is an error.
 void ReadConfigs(const std::string& config_dir, Checkpoint::Impl* impl) {
   const std::string config_path = io::JoinLocation(config_dir, "config.json");
-  if (MayBeThere(config_path)) {
+  if (io::MayBeThere(config_path)) {
     auto config = io::ReadModelConfig(config_path);
     if (config.ok()) {
       impl->config = std::move(*config);
-    } else if (config.status().code() != StatusCode::kNotFound || !io::IsRemoteAddress(config_path)) {
+    } else if (!io::IsRemoteAddress(config_path) || !io::AbsentObject(config_path, config.status())) {
       impl->warnings.push_back(fmt::format("{}; its settings are not used",
                                            config.status().message()));
     }
   }
   // AutoGPTQ keeps its settings beside the weights when config.json has none.
   const std::string quantize_path = io::JoinLocation(config_dir, "quantize_config.json");
-  if (impl->config.quant_method.empty() && MayBeThere(quantize_path)) {
+  if (impl->config.quant_method.empty() && io::MayBeThere(quantize_path)) {
     const Status read = io::ReadQuantizeConfig(quantize_path, &impl->config);
-    if (read.code() == StatusCode::kNotFound && io::IsRemoteAddress(quantize_path)) {
+    if (io::IsRemoteAddress(quantize_path) && io::AbsentObject(quantize_path, read)) {
       impl->config.quant_method.clear();
     } else if (!read.ok()) {
       impl->warnings.push_back(fmt::format("{}; its settings are not used", read.message()));

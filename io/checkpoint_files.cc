@@ -116,9 +116,7 @@ Status AddGgufSet(const std::string& path, Checkpoint::Impl* impl) {
   const std::string stem = path.substr(0, path.size() - kTail);
   for (unsigned i = 1; i <= count; ++i) {
     const std::string part = fmt::format("{}-{:05d}-of-{:05d}.gguf", stem, i, count);
-    std::error_code ec;
-    // A remote split that is not there answers its probe with NotFound.
-    const Status added = IsRemoteAddress(part) || std::filesystem::exists(part, ec)
+    const Status added = MayBeThere(part)
                              ? AddGgufFile(part, std::pair{i - 1, count}, impl)  // split.no from 0
                              : Status::NotFound("");
     if (added.code() == StatusCode::kNotFound) {

@@ -11,6 +11,7 @@
 
 #include "io/http_reader.h"
 #include "io/http_wire.h"
+#include "io/location.h"
 
 namespace loadstone::io {
 namespace {
@@ -66,12 +67,18 @@ Status Outcome(ProbeState& p, CURLcode code, bool* retry) {
   const Answer& answer = p.answer;
   if (code != CURLE_OK && !(code == CURLE_WRITE_ERROR && answer.status != 0)) {
     *retry = TransientCurl(code);
-    const bool certificate = code == CURLE_PEER_FAILED_VERIFICATION || code == CURLE_SSL_CACERT_BADFILE;
-    return Status::IOError(fmt::format(
-        "cannot reach '{}': {}{}", object.url, p.error[0] ? p.error : curl_easy_strerror(code),
-        certificate ? "; a server whose certificate comes from your own authority needs that "
-                      "authority in CURL_CA_BUNDLE (or REQUESTS_CA_BUNDLE, SSL_CERT_FILE)"
-                    : ""));
+    std::string hint;
+    if (code == CURLE_SSL_CACERT_BADFILE) {
+      hint = fmt::format("; the certificate authorities given ('{}') could not be read",
+                         p.auth.ca_bundle);
+    } else if (code == CURLE_PEER_FAILED_VERIFICATION) {
+      hint = fmt::format(
+          "; a server whose certificate comes from your own authority needs that authority in "
+          "{}REQUESTS_CA_BUNDLE (or CURL_CA_BUNDLE, SSL_CERT_FILE)",
+          IsS3Address(object.url) ? "AWS_CA_BUNDLE, " : "");
+    }
+    return Status::IOError(fmt::format("cannot reach '{}': {}{}", object.url,
+                                       p.error[0] ? p.error : curl_easy_strerror(code), hint));
   }
   char* effective = nullptr;
   curl_easy_getinfo(p.easy, CURLINFO_EFFECTIVE_URL, &effective);
@@ -111,16 +118,20 @@ Status Outcome(ProbeState& p, CURLcode code, bool* retry) {
       object.url, answer.status, answer.has_range ? "" : " without a Content-Range"));
 }
 
-// Puts every probe that is due and not yet out on `multi`; false when none is left to finish.
+// Puts the probes that are due and not yet out on `multi`, at most options.connections out at
+// once (a wait in libcurl's queue would count against a probe's timeout); false when none is
+// left to finish.
 bool StartDue(std::vector<std::unique_ptr<ProbeState>>& probes, CURLM* multi,
               const HttpReaderOptions& options, int* timeout_ms) {
   const auto now = Clock::now();
   bool left = false;
   *timeout_ms = 1000;
+  int out = 0;
+  for (const auto& p : probes) out += p->easy != nullptr;
   for (auto& p : probes) {
     if (p->done) continue;
     left = true;
-    if (p->easy != nullptr) continue;
+    if (p->easy != nullptr || out >= options.connections) continue;
     if (p->not_before > now) {
       const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(p->not_before - now);
       *timeout_ms = std::clamp(static_cast<int>(wait.count()), 0, *timeout_ms);
@@ -132,7 +143,14 @@ bool StartDue(std::vector<std::unique_ptr<ProbeState>>& probes, CURLM* multi,
       p->done = true;
       continue;
     }
-    curl_multi_add_handle(multi, p->easy);
+    if (curl_multi_add_handle(multi, p->easy) != CURLM_OK) {
+      curl_easy_cleanup(p->easy);
+      p->easy = nullptr;
+      p->status = Status::OutOfMemory("libcurl could not take another transfer");
+      p->done = true;
+      continue;
+    }
+    ++out;
   }
   return left;
 }
@@ -154,12 +172,7 @@ int Reap(CURLM* multi, const HttpReaderOptions& options) {
       p->not_before = Clock::now() + RetryDelay(p->attempt, p->answer.retry_after_ms, options);
       continue;
     }
-    if (retry) {
-      outcome = Status::IOError(fmt::format(
-          "asking '{}' for its first byte failed {} times, the last: {}; check the server and "
-          "the network, then try again",
-          p->object.url, p->attempt, outcome.message()));
-    }
+    if (retry) outcome = Exhausted("asking for the first byte", p->object.url, p->attempt, outcome);
     p->status = std::move(outcome);
     p->done = true;
   }

@@ -251,7 +251,12 @@ void HttpReader::Impl::Start(std::unique_ptr<HttpRange> range) {
   curl_easy_setopt(easy, CURLOPT_PRIVATE, range.get());
   range->object = &object;
   range->stats = &stats;
-  curl_multi_add_handle(multi, easy);
+  if (curl_multi_add_handle(multi, easy) != CURLM_OK) {
+    curl_easy_cleanup(easy);
+    range->easy = nullptr;
+    range->read->Fail(Status::OutOfMemory("libcurl could not take another transfer"));
+    return Retire(std::move(range));
+  }
   active.push_back(std::move(range));
 }
 
@@ -275,11 +280,9 @@ void HttpReader::Impl::Finish(HttpRange* raw, CURLcode code) {
   if (!retry || ++range->attempt >= options.attempts) {
     if (retry) {
       const ReadRequest& r = range->read->request;
-      outcome = Status::IOError(fmt::format(
-          "reading bytes {}-{} of '{}' failed {} times, the last: {}; check the server and the "
-          "network, then load again",
-          r.offset + range->start + range->got, r.offset + range->start + range->length - 1,
-          range->object->url, range->attempt, outcome.message()));
+      outcome = Exhausted(fmt::format("reading bytes {}-{}", r.offset + range->start + range->got,
+                                      r.offset + range->start + range->length - 1),
+                          range->object->url, range->attempt, outcome);
     }
     if (!outcome.ok()) range->read->Fail(std::move(outcome));
     return Retire(std::move(range));
@@ -317,6 +320,15 @@ void HttpReader::Impl::CancelAll() {
   std::vector<std::unique_ptr<HttpRange>> out = std::move(active);
   active.clear();
   for (auto& range : out) cancel(std::move(range));
+}
+
+bool AccessRefused(const Status& status) {
+  return status.code() == StatusCode::kIOError &&
+         status.message().find("' answered HTTP 403 to ") != std::string::npos;
+}
+
+bool AbsentObject(const std::string& url, const Status& status) {
+  return status.code() == StatusCode::kNotFound || (IsS3Address(url) && AccessRefused(status));
 }
 
 bool IsRemoteAddress(std::string_view path) {

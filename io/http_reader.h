@@ -76,8 +76,9 @@ std::vector<Result<HttpObject>> ProbeHttp(const std::vector<std::string>& urls,
 class HttpReader final : public Reader {
  public:
   // Probes every URL (at once) and starts the thread. Errors: InvalidArgument (options, a URL
-  // that is not http:// or https://), NotFound (404/410), IOError (refused, unreachable, 401/403,
-  // a server that does not serve ranges), naming the URL.
+  // that is not http://, https:// or s3://, an s3:// one without credentials), NotFound
+  // (404/410), IOError (refused, unreachable, 401/403, a server that does not serve ranges),
+  // naming the URL.
   static Result<std::unique_ptr<HttpReader>> Open(const std::vector<std::string>& urls,
                                                   const HttpReaderOptions& options);
   ~HttpReader() override;
@@ -101,6 +102,13 @@ class HttpReader final : public Reader {
 
   std::unique_ptr<Impl> impl_;
 };
+
+// True for an error that says the server answered 403 (HttpReader's wording): S3 answers 403,
+// not 404, for a key that is not there when the credentials may not list the bucket.
+bool AccessRefused(const Status& status);
+// For an s3:// address, the 403 of an object that may simply not be there (AccessRefused)
+// counts as NotFound; anything else as it is.
+bool AbsentObject(const std::string& url, const Status& status);
 
 // True for the addresses HttpReader reads: http://, https:// and s3:// (any case of the scheme).
 bool IsRemoteAddress(std::string_view path);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -73,6 +74,9 @@ void RequestAuth::Apply(CURL* easy) const {
   if (headers) curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers.get());
   if (!ca_bundle.empty()) curl_easy_setopt(easy, CURLOPT_CAINFO, ca_bundle.c_str());
   if (sigv4.empty()) return;
+  // Signed requests follow no redirect: libcurl keeps custom headers (the session token) on a
+  // redirect to another host, and S3 sends a wrong region's requests elsewhere with a 301.
+  curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(easy, CURLOPT_AWS_SIGV4, sigv4.c_str());  // strings are copied by libcurl
   curl_easy_setopt(easy, CURLOPT_USERPWD, userpwd.c_str());
 }
@@ -105,9 +109,19 @@ Result<RequestAuth> AuthFor(const std::string& url, const std::string& target) {
 
 std::chrono::milliseconds RetryDelay(int attempt, int64_t retry_after_ms,
                                      const HttpReaderOptions& options) {
-  int64_t wait = int64_t{100} << std::min(attempt, 10);
-  if (retry_after_ms >= 0) wait = retry_after_ms;
-  return std::chrono::milliseconds(std::min(wait, options.max_backoff_ms));
+  if (retry_after_ms >= 0) return std::chrono::milliseconds(std::min(retry_after_ms, options.max_backoff_ms));
+  // Full jitter (a uniform wait up to the doubled bound), so that ranges cut off together do not
+  // come back together.
+  const int64_t bound = std::min(int64_t{100} << std::min(attempt, 10), options.max_backoff_ms);
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(bound / 2, bound)(rng));
+}
+
+Status Exhausted(std::string_view what, const std::string& url, int attempts, const Status& last) {
+  return Status::IOError(fmt::format(
+      "{} of '{}' failed {} times, the last: {}; check the server and the network, then try "
+      "again",
+      what, url, attempts, last.message()));
 }
 
 bool Transient(long status) {

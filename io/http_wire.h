@@ -77,10 +77,14 @@ bool Transient(long status);
 bool TransientCurl(CURLcode code);
 // The error for an HTTP status a server answered with, naming the URL and `what` was asked.
 Status HttpError(long status, const std::string& url, std::string_view what);
-// The wait before try number attempt + 1 of a transient fault: 100 ms doubled per attempt, or
-// the server's Retry-After (-1: none), at most max_backoff_ms.
+// The wait before try number attempt + 1 of a transient fault: the server's Retry-After (-1:
+// none), else between half of and 100 ms doubled per attempt (random: full jitter); at most
+// max_backoff_ms.
 std::chrono::milliseconds RetryDelay(int attempt, int64_t retry_after_ms,
                                      const HttpReaderOptions& options);
+// The error once a transient fault outlasted the attempts: `what` ("bytes 0-99") of `url`
+// failed `attempts` times, the last with `last`.
+Status Exhausted(std::string_view what, const std::string& url, int attempts, const Status& last);
 
 // One range of a request on the wire: [start + got, start + length) of the request.
 struct HttpRange {

@@ -1,5 +1,6 @@
 #include "io/location.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "io/http_reader.h"
+#include "io/http_wire.h"
 
 namespace loadstone::io {
 namespace {
@@ -50,23 +52,21 @@ std::string FirstLine(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   if (!in || !std::getline(in, line)) return std::string();
-  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
   return line;
 }
 
-bool HasScheme(std::string_view path, std::string_view scheme) {
-  if (path.size() < scheme.size()) return false;
-  for (size_t i = 0; i < scheme.size(); ++i) {
-    const char c = path[i] >= 'A' && path[i] <= 'Z' ? static_cast<char>(path[i] - 'A' + 'a') : path[i];
-    if (c != scheme[i]) return false;
-  }
-  return true;
+// `s` without the spaces, tabs and line ends around it.
+std::string_view Trimmed(std::string_view s) {
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
 }
 
-std::string_view Trimmed(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
+// An endpoint as given, without the '/' it may end with.
+std::string Endpoint(std::string endpoint) {
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  return endpoint;
 }
 
 // The keys of [profile] in an ini file (the shared credentials file's form).
@@ -92,7 +92,7 @@ std::map<std::string, std::string> IniSection(const std::string& path, const std
 
 }  // namespace
 
-bool IsS3Address(std::string_view path) { return HasScheme(path, "s3://"); }
+bool IsS3Address(std::string_view path) { return StartsWithNoCase(path, "s3://"); }
 
 Result<S3Address> ParseS3Address(std::string_view s3) {
   if (!IsS3Address(s3)) {
@@ -102,27 +102,42 @@ Result<S3Address> ParseS3Address(std::string_view s3) {
   const size_t slash = rest.find('/');
   S3Address out;
   out.bucket = std::string(rest.substr(0, slash));
-  if (out.bucket.empty() || !RepoPart(out.bucket)) {
+  const bool valid = !out.bucket.empty() && std::all_of(out.bucket.begin(), out.bucket.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.';
+  });
+  if (!valid) {
     return Status::InvalidArgument(fmt::format(
-        "'{}' names no bucket (letters, digits, '-', '.'); the form is s3://BUCKET/KEY", s3));
+        "'{}' names no bucket (lowercase letters, digits, '-', '.'); the form is s3://BUCKET/KEY",
+        s3));
   }
   out.key = slash == std::string_view::npos ? std::string() : std::string(rest.substr(slash + 1));
   out.region = Env("AWS_REGION");
   if (out.region.empty()) out.region = Env("AWS_DEFAULT_REGION");
   if (out.region.empty()) out.region = "us-east-1";
-  std::string endpoint = Env("AWS_ENDPOINT_URL_S3");
-  if (endpoint.empty()) endpoint = Env("AWS_ENDPOINT_URL");
-  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  std::string endpoint = Endpoint(Env("AWS_ENDPOINT_URL_S3"));
+  if (endpoint.empty()) endpoint = Endpoint(Env("AWS_ENDPOINT_URL"));
+  // A bucket with dots does not match AWS's wildcard certificate as a host name: path style,
+  // as botocore does.
+  if (endpoint.empty() && out.bucket.find('.') != std::string::npos) {
+    endpoint = fmt::format("https://s3.{}.amazonaws.com", out.region);
+  }
   out.address = endpoint.empty()
                     ? fmt::format("https://{}.s3.{}.amazonaws.com", out.bucket, out.region)
                     : fmt::format("{}/{}", endpoint, out.bucket);
-  if (!out.key.empty()) out.address = JoinLocation(out.address, out.key);
+  // The key is an address's path already (JoinLocation encoded the names joined to it).
+  if (!out.key.empty()) out.address += "/" + out.key;
   return out;
 }
 
 Result<S3Credentials> FindS3Credentials() {
   S3Credentials c{Env("AWS_ACCESS_KEY_ID"), Env("AWS_SECRET_ACCESS_KEY"), Env("AWS_SESSION_TOKEN")};
   if (!c.access_key.empty() && !c.secret_key.empty()) return c;
+  if (!c.access_key.empty() || !c.secret_key.empty()) {  // botocore: PartialCredentialsError
+    return Status::InvalidArgument(fmt::format(
+        "{} is set but {} is not: set both (or neither, to use the shared credentials file)",
+        c.access_key.empty() ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID",
+        c.access_key.empty() ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY"));
+  }
   std::string file = Env("AWS_SHARED_CREDENTIALS_FILE");
   if (file.empty() && !Env("HOME").empty()) file = fmt::format("{}/.aws/credentials", Env("HOME"));
   const std::string profile = Env("AWS_PROFILE").empty() ? "default" : Env("AWS_PROFILE");
@@ -138,7 +153,7 @@ Result<S3Credentials> FindS3Credentials() {
       profile, file.empty() ? std::string("~/.aws/credentials") : file));
 }
 
-bool IsHubAddress(std::string_view path) { return HasScheme(path, "hf://"); }
+bool IsHubAddress(std::string_view path) { return StartsWithNoCase(path, "hf://"); }
 
 Result<HubAddress> ParseHubAddress(std::string_view hf) {
   const std::string given(hf);
@@ -151,6 +166,11 @@ Result<HubAddress> ParseHubAddress(std::string_view hf) {
   const size_t slash = rest.find('/');
   if (slash == std::string_view::npos) return refuse("it names no ORG/REPO");
   const std::string_view org = rest.substr(0, slash);
+  if (org == "datasets" || org == "spaces") {
+    return Status::Unsupported(fmt::format(
+        "'{}' is a Hub {} address: loadstone reads model repositories (hf://ORG/REPO/...)", given,
+        org.substr(0, org.size() - 1)));
+  }
   rest.remove_prefix(slash + 1);
   size_t end = rest.find_first_of("@/");
   const std::string_view name = rest.substr(0, end);
@@ -173,27 +193,41 @@ Result<HubAddress> ParseHubAddress(std::string_view hf) {
   while (!rest.empty() && rest.front() == '/') rest.remove_prefix(1);
   while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   out.path = std::string(rest);
+  // libcurl would resolve "." and ".." segments, leaving the revision or the repository.
+  for (const std::string& part : {out.revision, out.path}) {
+    for (size_t start = 0; start <= part.size();) {
+      size_t stop = part.find('/', start);
+      if (stop == std::string::npos) stop = part.size();
+      const std::string_view segment = std::string_view(part).substr(start, stop - start);
+      if (segment == "." || segment == "..") return refuse("'.' and '..' are not path segments here");
+      start = stop + 1;
+    }
+  }
   out.address = fmt::format("{}/{}/resolve/{}", HubEndpoint(), out.repo, Quote(out.revision, false));
   if (!out.path.empty()) out.address = JoinLocation(out.address, out.path);
   return out;
 }
 
 std::string HubEndpoint() {
-  std::string endpoint = Env("HF_ENDPOINT");
-  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  const std::string endpoint = Endpoint(Env("HF_ENDPOINT"));
   return endpoint.empty() ? std::string("https://huggingface.co") : endpoint;
 }
 
 std::string HubToken() {
+  // Trimmed as huggingface_hub trims it: a secret mounted from a file often ends in a newline,
+  // which must not reach a header.
   for (const char* name : {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}) {
-    if (std::string token = Env(name); !token.empty()) return token;
+    if (std::string token(Trimmed(Env(name))); !token.empty()) return token;
   }
   std::string path = Env("HF_TOKEN_PATH");
   if (path.empty() && !Env("HF_HOME").empty()) path = fmt::format("{}/token", Env("HF_HOME"));
+  if (path.empty() && !Env("XDG_CACHE_HOME").empty()) {
+    path = fmt::format("{}/huggingface/token", Env("XDG_CACHE_HOME"));
+  }
   if (path.empty() && !Env("HOME").empty()) {
     path = fmt::format("{}/.cache/huggingface/token", Env("HOME"));
   }
-  return path.empty() ? std::string() : FirstLine(path);
+  return path.empty() ? std::string() : std::string(Trimmed(FirstLine(path)));
 }
 
 bool SendsHubToken(std::string_view url) {
@@ -203,10 +237,15 @@ bool SendsHubToken(std::string_view url) {
 
 std::string CaBundle(bool s3) {
   if (s3 && !Env("AWS_CA_BUNDLE").empty()) return Env("AWS_CA_BUNDLE");
-  for (const char* name : {"CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"}) {
+  for (const char* name : {"REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
     if (std::string path = Env(name); !path.empty()) return path;
   }
   return std::string();
+}
+
+bool MayBeThere(const std::string& path) {
+  std::error_code ec;
+  return IsRemoteAddress(path) || std::filesystem::is_regular_file(path, ec);
 }
 
 std::string JoinLocation(std::string_view dir, std::string_view name) {

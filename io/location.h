@@ -67,6 +67,10 @@ bool SendsHubToken(std::string_view url);
 // object AWS_CA_BUNDLE first. Empty: the system's.
 std::string CaBundle(bool s3);
 
+// False only for a local path that is no regular file: an address may hold a file (its absence
+// is the NotFound its first request gets, one request rather than two).
+bool MayBeThere(const std::string& path);
+
 // `name` inside the folder `dir`: "dir/name" for an address (a '/' between, one only; the name
 // percent-encoded but for its slashes), the std::filesystem join for a local path.
 std::string JoinLocation(std::string_view dir, std::string_view name);

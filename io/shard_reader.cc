@@ -65,11 +65,8 @@ void ShardReader::Add(std::string_view name) {
 
 void ShardReader::Read(Shard& shard) const {
   const std::string path = JoinLocation(folder_, shard.name);
-  std::error_code ec;
-  // A remote shard that is not there answers its probe with NotFound (one request, not two).
-  shard.status = IsRemoteAddress(path) || std::filesystem::exists(path, ec)
-                     ? AddCheckpointFile(format_, path, &shard.part)
-                     : Status::NotFound("");
+  shard.status =
+      MayBeThere(path) ? AddCheckpointFile(format_, path, &shard.part) : Status::NotFound("");
   if (shard.status.code() == StatusCode::kNotFound) {
     shard.status = Status::NotFound(fmt::format("shard '{}' named by index '{}' does not exist{}",
                                                 path, index_path_,

@@ -236,6 +236,23 @@ Result<std::optional<ResolvedCheckpoint>> Pick(
   return std::optional<ResolvedCheckpoint>(std::move(chosen));
 }
 
+// `dir`, a Hub resolve/ address ({endpoint}/ORG/REPO/resolve/REVISION[/PATH]), at `commit`
+// instead of its revision, so that the index, the shards and the configs all come from the
+// commit the first answer named (X-Repo-Commit), as huggingface_hub's snapshot_download pins a
+// revision; `dir` itself when it is not such an address or `commit` is not a commit hash.
+std::string PinnedToCommit(const std::string& dir, const std::string& commit) {
+  const bool hash = commit.size() == 40 && std::all_of(commit.begin(), commit.end(), [](char c) {
+                      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+                    });
+  const std::string endpoint = HubEndpoint() + "/";
+  if (!hash || !dir.starts_with(endpoint)) return dir;
+  const size_t resolve = dir.find("/resolve/", endpoint.size());
+  if (resolve == std::string::npos) return dir;
+  const size_t start = resolve + 9;
+  const size_t end = std::min(dir.find('/', start), dir.size());
+  return dir.substr(0, start) + commit + dir.substr(end);
+}
+
 // A folder behind an http(s) address, found as transformers finds files on the Hub: by asking
 // for each known name (all at once), not by listing.
 Result<ResolvedCheckpoint> ResolveRemoteFolder(const std::string& address,
@@ -252,16 +269,25 @@ Result<ResolvedCheckpoint> ResolveRemoteFolder(const std::string& address,
   }
   const std::vector<Result<HttpObject>> probed = ProbeHttp(urls, HttpReaderOptions());
   std::set<std::string> present;
+  Status refused;  // an s3:// 403: absent, unless nothing is there (then it is the answer)
   for (size_t i = 0; i < probed.size(); ++i) {
     if (probed[i].ok()) {
       present.insert(names[i]);
-    } else if (probed[i].status().code() != StatusCode::kNotFound) {
+    } else if (!AbsentObject(urls[i], probed[i].status())) {
       return probed[i].status();
+    } else if (refused.ok() && probed[i].status().code() != StatusCode::kNotFound) {
+      refused = probed[i].status();
     }
+  }
+  if (present.empty() && !refused.ok()) return refused;
+  std::string commit;
+  for (const auto& p : probed) {
+    if (p.ok() && commit.empty()) commit = p->repo_commit;
   }
   LOADSTONE_ASSIGN_OR_RETURN(
       std::optional<ResolvedCheckpoint> chosen,
-      Pick(dir, families, [&present](const std::string& name) { return present.count(name) > 0; }));
+      Pick(PinnedToCommit(dir, commit), families,
+           [&present](const std::string& name) { return present.count(name) > 0; }));
   if (chosen) return *chosen;
   return Status::NotFound(fmt::format(
       "no checkpoint at '{}': it has none of {}; check the address{}", dir, fmt::join(names, ", "),

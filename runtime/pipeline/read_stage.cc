@@ -339,8 +339,13 @@ std::optional<ReadStats> ReadStage::Close(uint64_t conversions_moved) {
   std::optional<ReadStats> out;
   if (window_.open()) {  // nothing in flight: closes the ring and the files now
     const io::ReaderStats s = window_.Close();
-    out = ReadStats{s.direct_bytes, s.buffered_bytes,  s.bounced_bytes,    s.resubmits,
-                    s.network_bytes, chunks_.counts(), conversions_moved};
+    out = ReadStats{.direct_bytes = s.direct_bytes,
+                    .buffered_bytes = s.buffered_bytes,
+                    .bounced_bytes = s.bounced_bytes,
+                    .resubmits = s.resubmits,
+                    .network_bytes = s.network_bytes,
+                    .routes = chunks_.counts(),
+                    .conversions_moved = conversions_moved};
   }
   return out;
 }

@@ -12,6 +12,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "io/http_reader.h"
+#include "io/http_wire.h"
 #include "testing/temp_dir.h"
 
 namespace loadstone::io {
@@ -36,11 +38,11 @@ class HubEnv {
       }
     }
   }
-  static constexpr std::array<const char*, 15> kNames = {
+  static constexpr std::array<const char*, 16> kNames = {
       "HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "HOME",
       "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
       "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-      "AWS_SHARED_CREDENTIALS_FILE"};
+      "AWS_SHARED_CREDENTIALS_FILE", "XDG_CACHE_HOME"};
 
  private:
   std::array<std::string, kNames.size()> saved_;
@@ -68,8 +70,10 @@ TEST_CASE("location: hf:// addresses become the Hub's resolve/ addresses", "[io]
   CHECK(c->address ==
         "http://127.0.0.1:8080/mirror/org/repo/resolve/v1.0/unet/diffusion_pytorch_model.safetensors");
 
+  CHECK(ParseHubAddress("hf://datasets/org/x").status().code() == StatusCode::kUnsupported);
   for (const char* bad : {"hf://", "hf://repo", "hf://org/", "hf://org/re po", "hf://../repo",
-                          "hf://org/repo@", "hf://org/repo@/x"}) {
+                          "hf://org/repo@", "hf://org/repo@/x", "hf://org/repo/../other",
+                          "hf://org/repo@../main/x", "hf://org/repo/a/./b"}) {
     INFO(bad);
     auto refused = ParseHubAddress(bad);
     CHECK(refused.status().code() == StatusCode::kInvalidArgument);
@@ -93,7 +97,7 @@ TEST_CASE("location: the Hub's token, from where huggingface_hub looks, to its e
   CHECK(HubToken() == "hf_path");
   ::setenv("HUGGING_FACE_HUB_TOKEN", "hf_old_name", 1);
   CHECK(HubToken() == "hf_old_name");
-  ::setenv("HF_TOKEN", "hf_env", 1);
+  ::setenv("HF_TOKEN", " hf_env\n", 1);  // a secret from a file: its newline goes
   CHECK(HubToken() == "hf_env");
 
   CHECK(SendsHubToken("https://huggingface.co/org/repo/resolve/main/model.safetensors"));
@@ -126,6 +130,13 @@ TEST_CASE("location: s3:// addresses, their endpoint, region and credentials", "
   CHECK(ParseS3Address("s3://b")->address == "http://127.0.0.1:9001/b");
   CHECK(ParseS3Address("s3://b")->region == "ap-south-1");
   CHECK(ParseS3Address("s3:///k").status().code() == StatusCode::kInvalidArgument);
+  CHECK(ParseS3Address("s3://Upper_case/k").status().code() == StatusCode::kInvalidArgument);
+  // The key is already an address's path: not encoded again.
+  CHECK(ParseS3Address("s3://b/a%20b/k")->address == "http://127.0.0.1:9001/b/a%20b/k");
+  ::unsetenv("AWS_ENDPOINT_URL_S3");
+  ::unsetenv("AWS_ENDPOINT_URL");
+  CHECK(ParseS3Address("s3://my.models/k")->address ==
+        "https://s3.ap-south-1.amazonaws.com/my.models/k");  // dots: path style
 
   auto none = FindS3Credentials();
   CHECK(none.status().code() == StatusCode::kInvalidArgument);
@@ -138,9 +149,22 @@ TEST_CASE("location: s3:// addresses, their endpoint, region and credentials", "
   ::setenv("AWS_PROFILE", "work", 1);
   CHECK(FindS3Credentials()->session_token == "T");
   ::setenv("AWS_ACCESS_KEY_ID", "EK", 1);
+  CHECK(FindS3Credentials().status().message().find("AWS_SECRET_ACCESS_KEY is not") !=
+        std::string::npos);  // half a pair is an error, not the file
   ::setenv("AWS_SECRET_ACCESS_KEY", "ES", 1);
   CHECK(FindS3Credentials()->access_key == "EK");
   CHECK(FindS3Credentials()->session_token.empty());
+}
+
+TEST_CASE("location: an s3 403 may be a key that is not there, an http 403 is a refusal",
+          "[io][location]") {
+  const Status s3 = HttpError(403, "s3://b/config.json", "a request for byte 0");
+  const Status http = HttpError(403, "https://h/config.json", "a request for byte 0");
+  CHECK(AccessRefused(s3));
+  CHECK(AbsentObject("s3://b/config.json", s3));
+  CHECK_FALSE(AbsentObject("https://h/config.json", http));
+  CHECK(AbsentObject("https://h/x", HttpError(404, "https://h/x", "a request for byte 0")));
+  CHECK_FALSE(AbsentObject("s3://b/x", HttpError(401, "s3://b/x", "a request for byte 0")));
 }
 
 TEST_CASE("location: names join and folders split alike for paths and addresses",

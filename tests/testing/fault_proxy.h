@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -108,6 +109,7 @@ class FaultProxy {
     while (Wait(listen_, POLLIN, 1 << 30)) {
       const int client = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
       if (client < 0) continue;
+      Bound(client);
       std::lock_guard lock(mu_);
       connections_.emplace_back([this, client] {
         Serve(client);
@@ -122,7 +124,8 @@ class FaultProxy {
     return next_ < schedule_.size() ? schedule_[next_++] : Fault::kNone;
   }
 
-  // Reads until `end` is in `*out` or the peer closes; false on a timeout or an error.
+  // Reads until `end` is in `*out` or the peer closes; false on a timeout, an error or more than
+  // 64 MiB (the tests' objects are far smaller).
   bool ReadUntil(int fd, std::string* out, std::string_view end) const {
     char buffer[65536];
     while (end.empty() || out->find(end) == std::string::npos) {
@@ -134,6 +137,12 @@ class FaultProxy {
       if (out->size() > (64u << 20)) return false;
     }
     return true;
+  }
+
+  // Sends on `fd` give up after 5 s (a peer that stops reading).
+  static void Bound(int fd) {
+    const timeval five{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &five, sizeof(five));
   }
 
   static void Send(int fd, std::string_view bytes) {
@@ -165,6 +174,7 @@ class FaultProxy {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr = Loopback(upstream_);
     std::string answer;
+    if (fd >= 0) Bound(fd);
     if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
       Send(fd, Closing(request));
       if (!ReadUntil(fd, &answer, "")) answer.clear();

@@ -4,12 +4,15 @@
 // bounded. Routes besides the folder itself (byte ranges on):
 //   /moved/NAME    302 to /NAME (as the Hub's resolve/ URLs redirect to its CDN)
 //   /norange/NAME  NAME without byte ranges (a 200 with the whole object to a Range request)
-//   /hub/test/fixtures/resolve/main/NAME
+//   /hub/test/fixtures/resolve/main/NAME (or resolve/<kHubCommit>/NAME)
 //                  the Hub's resolve/ route of repository test/fixtures (the folder), for a
 //                  request with "Authorization: Bearer <kHubToken>" (else 401): weights
-//                  (.safetensors, .bin, .gguf) 302 to /NAME with X-Linked-Etag "linked-NAME"
-//                  and X-Repo-Commit kHubCommit, as the Hub sends its LFS files to its CDN;
-//                  other files served in place with X-Repo-Commit. Another revision: 404.
+//                  (.safetensors, .bin, .gguf) 302 to http://localhost:PORT/cdn/NAME (another
+//                  host name, as the Hub's CDN is) with X-Linked-Etag "linked-NAME" and
+//                  X-Repo-Commit kHubCommit; other files served in place with X-Repo-Commit.
+//                  Another revision: 404.
+//   /cdn/NAME      NAME, refused (400) to a request that carries an Authorization header: the
+//                  Hub's token must not reach its CDN.
 // With `tls`, the folder is also served over https with HTTP/2 on a second port (TlsUrl), with a
 // certificate for 127.0.0.1 made for the server by openssl (its CA: cert_path()).
 #ifndef LOADSTONE_TESTS_TESTING_NGINX_SERVER_H_
@@ -176,13 +179,17 @@ http {{
     root {2};
     location /moved/ {{ rewrite ^/moved/(.*)$ /$1 redirect; }}
     location /norange/ {{ max_ranges 0; alias {2}/; }}
-    location ~ ^/hub/test/fixtures/resolve/main/(.+\.(safetensors|bin|gguf))$ {{
+    location ~ ^/hub/test/fixtures/resolve/(?:main|{4})/(.+\.(safetensors|bin|gguf))$ {{
       if ($http_authorization != "Bearer {3}") {{ return 401; }}
       add_header X-Linked-Etag "\"linked-$1\"" always;
       add_header X-Repo-Commit {4} always;
-      return 302 /$1;
+      return 302 http://localhost:{1}/cdn/$1;
     }}
-    location ~ ^/hub/test/fixtures/resolve/main/(.+)$ {{
+    location /cdn/ {{
+      if ($http_authorization != "") {{ return 400; }}
+      alias {2}/;
+    }}
+    location ~ ^/hub/test/fixtures/resolve/(?:main|{4})/(.+)$ {{
       if ($http_authorization != "Bearer {3}") {{ return 401; }}
       add_header X-Repo-Commit {4} always;
       alias {2}/$1;

@@ -270,12 +270,13 @@ TEST_CASE("remote: hf:// addresses resolve through the Hub's resolve/ route, wit
     const Checkpoint local = OpenCase((kFixtures / c.path).string(), c);
     const Checkpoint hub = OpenCase("hf://test/fixtures/" + c.path, c);
     CHECK(hub.config().path.empty() == local.config().path.empty());
-    // The weights' version is the Hub's linked ETag, the same whichever CDN node answers.
+    // A folder is pinned to the commit its first answer named; a file address is as given. The
+    // weights' version is the Hub's linked ETag, the same whichever CDN node answers.
     const std::string first = hub.files()[0].path;
-    CHECK(first.starts_with(server->Url("hub/test/fixtures/resolve/main/")));
-    CHECK(hub.files()[0].stamp.validator ==
-          "\"linked-" + first.substr(server->Url("hub/test/fixtures/resolve/main/").size()) +
-              "\"");
+    const std::string root = server->Url(fmt::format(
+        "hub/test/fixtures/resolve/{}/", c.path.ends_with(".gguf") ? "main" : testing::kHubCommit));
+    CHECK(first.starts_with(root));
+    CHECK(hub.files()[0].stamp.validator == "\"linked-" + first.substr(root.size()) + "\"");
     CheckSame(loader, local, hub);
   }
   const Checkpoint file = OpenCase("hf://test/fixtures/safetensors/dtypes.safetensors", {});
