@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 
+from ab import drop, warm  # the page cache made warm or cold as bench/ab.py makes it
+
 STAGING = 256 << 20  # LoaderOptions::staging_bytes' default
 
 
@@ -84,23 +86,6 @@ def tensor_bytes(model, weights):
         total += sum(t["data_offsets"][1] - t["data_offsets"][0]
                      for k, t in header.items() if k != "__metadata__")
     return total
-
-
-def warm(files):
-    for f in files:
-        with open(f, "rb") as fh:
-            while fh.read(16 << 20):
-                pass
-
-
-def drop(files):
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 # Run:ai's streamer over s3:// (argv: the shard names); prints {"seconds", "bytes"}, timed after

@@ -10,22 +10,9 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 venv=${LOADSTONE_PYVENV:-$root/build/pyvenv}
-pins=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]; then
-  rm -rf "$venv"
-  if ! python3 -m venv "$venv"; then
-    echo "SKIPPED: cannot make a venv (python3 -m venv failed; install python3-venv)"
-    exit 77
-  fi
-  echo "python tests: installing the pinned libraries into $venv"
-  if ! "$venv/bin/pip" install -q --timeout 60 --retries 3 -r "$here/requirements.txt"; then
-    rm -rf "$venv"
-    echo "SKIPPED: cannot install tests/python/requirements.txt from PyPI (offline?); nothing was tested"
-    exit 77
-  fi
-  echo "$pins" > "$venv/.pins"
-fi
+# shellcheck source=../testing/pinned_venv.sh
+. "$root/tests/testing/pinned_venv.sh"
+pinned_venv "$venv" "$here/requirements.txt" "python tests"
 echo "python tests: pip install $root"
 "$venv/bin/pip" install -q --timeout 60 --retries 3 "$root" || exit 1
 cd "$(mktemp -d)" || exit 1

@@ -23,14 +23,18 @@ using testing::RunCli;
 
 const std::string kFixtures = std::string(LOADSTONE_SOURCE_DIR) + "/tests/fixtures";
 
-TEST_CASE("cli: inspect and load take an http address and print what the local file gives",
-          "[tools][cli][http]") {
+// nginx serving the fixtures, or nullptr after saying why the test is skipped.
+std::unique_ptr<testing::NginxServer> Serve() {
   std::string why;
   auto server = testing::NginxServer::Start(kFixtures, &why);
-  if (!server) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (!server) WARN("skipped: " << why);
+  return server;
+}
+
+TEST_CASE("cli: inspect and load take an http address and print what the local file gives",
+          "[tools][cli][http]") {
+  auto server = Serve();
+  if (!server) return;
   for (const std::string file : {"safetensors/dtypes.safetensors", "gguf/quantized.gguf",
                                  "torch/parameters.bin"}) {
     INFO(file);
@@ -62,12 +66,8 @@ TEST_CASE("cli: inspect and load take an http address and print what the local f
 
 TEST_CASE("cli: a folder behind an http address loads as the local folder, in network bytes",
           "[tools][cli][http]") {
-  std::string why;
-  auto server = testing::NginxServer::Start(kFixtures, &why);
-  if (!server) {
-    WARN("skipped: " << why);
-    return;
-  }
+  auto server = Serve();
+  if (!server) return;
   const std::string folder = "safetensors/diffusers", flags = " --subfolder text_encoder";
   const auto want =
       nlohmann::json::parse(RunCli("load " + kFixtures + "/" + folder + flags + " --json").out);
@@ -98,12 +98,8 @@ std::string Slurp(const std::string& path) {
 }
 
 TEST_CASE("cli: convert and bench take an http folder", "[tools][cli][http]") {
-  std::string why;
-  auto server = testing::NginxServer::Start(kFixtures, &why);
-  if (!server) {
-    WARN("skipped: " << why);
-    return;
-  }
+  auto server = Serve();
+  if (!server) return;
   testing::TempDir out;
   const auto local = RunCli("convert " + kFixtures + "/torch/sharded " + out.Path("local"));
   REQUIRE(local.code == 0);

@@ -10,22 +10,9 @@ root=$(cd "$here/../../.." && pwd)
 cli=${1:?usage: run.sh LOADSTONE_CLI [pytest args...]}
 shift
 venv=${LOADSTONE_S3VENV:-$root/build/s3venv}
-pins=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]; then
-  rm -rf "$venv"
-  if ! python3 -m venv "$venv"; then
-    echo "SKIPPED: cannot make a venv (python3 -m venv failed; install python3-venv)"
-    exit 77
-  fi
-  echo "s3 test: installing the pinned libraries into $venv"
-  if ! "$venv/bin/pip" install -q --timeout 60 --retries 3 -r "$here/requirements.txt"; then
-    rm -rf "$venv"
-    echo "SKIPPED: cannot install tests/tools/s3/requirements.txt from PyPI (offline?); nothing was tested"
-    exit 77
-  fi
-  echo "$pins" > "$venv/.pins"
-fi
+# shellcheck source=../../testing/pinned_venv.sh
+. "$root/tests/testing/pinned_venv.sh"
+pinned_venv "$venv" "$here/requirements.txt" "s3 test"
 cd "$(mktemp -d)" || exit 1
 trap 'rm -rf "$PWD"' EXIT
 LOADSTONE_CLI="$cli" LOADSTONE_FIXTURES="$root/tests/fixtures" MOTO_SERVER="$venv/bin/moto_server" \
