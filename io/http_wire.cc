@@ -4,7 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
+#include <atomic>
 
 #include <fmt/format.h>
 
@@ -113,8 +113,16 @@ std::chrono::milliseconds RetryDelay(int attempt, int64_t retry_after_ms,
   // Full jitter (a uniform wait up to the doubled bound), so that ranges cut off together do not
   // come back together.
   const int64_t bound = std::min(int64_t{100} << std::min(attempt, 10), options.max_backoff_ms);
-  thread_local std::mt19937_64 rng(std::random_device{}());
-  return std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(bound / 2, bound)(rng));
+  if (bound <= 1) return std::chrono::milliseconds(bound);
+  // splitmix64 over one shared counter: no thread_local state (a dlopen'ed libloadstone, as
+  // Python loads it, has little static TLS to spare: a thread_local mt19937_64 failed its import).
+  static std::atomic<uint64_t> counter{static_cast<uint64_t>(Clock::now().time_since_epoch().count())};
+  uint64_t z = counter.fetch_add(0x9E3779B97F4A7C15ULL, std::memory_order_relaxed);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  const int64_t half = bound / 2;
+  return std::chrono::milliseconds(half + static_cast<int64_t>(z % static_cast<uint64_t>(bound - half + 1)));
 }
 
 Status Exhausted(std::string_view what, const std::string& url, int attempts, const Status& last) {
