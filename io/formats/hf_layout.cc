@@ -269,10 +269,12 @@ Result<ResolvedCheckpoint> ResolveRemoteFolder(const std::string& address,
   }
   const std::vector<Result<HttpObject>> probed = ProbeHttp(urls, HttpReaderOptions());
   std::set<std::string> present;
-  Status refused;  // an s3:// 403: absent, unless nothing is there (then it is the answer)
+  std::string commit;  // the Hub's X-Repo-Commit of the first answer that names one
+  Status refused;      // an s3:// 403: absent, unless nothing is there (then it is the answer)
   for (size_t i = 0; i < probed.size(); ++i) {
     if (probed[i].ok()) {
       present.insert(names[i]);
+      if (commit.empty()) commit = probed[i]->repo_commit;
     } else if (!AbsentObject(urls[i], probed[i].status())) {
       return probed[i].status();
     } else if (refused.ok() && probed[i].status().code() != StatusCode::kNotFound) {
@@ -280,10 +282,6 @@ Result<ResolvedCheckpoint> ResolveRemoteFolder(const std::string& address,
     }
   }
   if (present.empty() && !refused.ok()) return refused;
-  std::string commit;
-  for (const auto& p : probed) {
-    if (p.ok() && commit.empty()) commit = p->repo_commit;
-  }
   LOADSTONE_ASSIGN_OR_RETURN(
       std::optional<ResolvedCheckpoint> chosen,
       Pick(PinnedToCommit(dir, commit), families,

@@ -7,46 +7,35 @@
 #include "io/location.h"
 
 #include <cstdlib>
-#include <array>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "io/http_reader.h"
 #include "io/http_wire.h"
+#include "testing/scoped_env.h"
 #include "testing/temp_dir.h"
 
 namespace loadstone::io {
 namespace {
 
-// HF_ENDPOINT, HF_TOKEN, HUGGING_FACE_HUB_TOKEN, HF_TOKEN_PATH, HF_HOME set for the scope as
-// given (null: unset), put back after.
+// Every variable the Hub's and S3's settings are read from, unset for the scope, put back after.
 class HubEnv {
  public:
   HubEnv() {
-    for (size_t i = 0; i < kNames.size(); ++i) {
-      if (const char* v = std::getenv(kNames[i])) saved_[i] = v, had_[i] = true;
-      ::unsetenv(kNames[i]);
+    for (const char* name : {"HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH",
+                             "HF_HOME", "HOME", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL",
+                             "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID",
+                             "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                             "AWS_SHARED_CREDENTIALS_FILE", "XDG_CACHE_HOME"}) {
+      unset_.push_back(std::make_unique<testing::ScopedEnv>(name, std::nullopt));
     }
   }
-  ~HubEnv() {
-    for (size_t i = 0; i < kNames.size(); ++i) {
-      if (had_[i]) {
-        ::setenv(kNames[i], saved_[i].c_str(), 1);
-      } else {
-        ::unsetenv(kNames[i]);
-      }
-    }
-  }
-  static constexpr std::array<const char*, 16> kNames = {
-      "HF_ENDPOINT", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "HOME",
-      "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION",
-      "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-      "AWS_SHARED_CREDENTIALS_FILE", "XDG_CACHE_HOME"};
 
  private:
-  std::array<std::string, kNames.size()> saved_;
-  std::array<bool, kNames.size()> had_{};
+  std::vector<std::unique_ptr<testing::ScopedEnv>> unset_;
 };
 
 TEST_CASE("location: hf:// addresses become the Hub's resolve/ addresses", "[io][location]") {

@@ -22,6 +22,7 @@
 #include "loadstone/plan.h"
 #include "testing/fault_proxy.h"
 #include "testing/nginx_server.h"
+#include "testing/scoped_env.h"
 #include "testing/temp_dir.h"
 
 namespace loadstone {
@@ -29,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::NginxServer;
+using testing::ScopedEnv;
 using testing::TempDir;
 const fs::path kFixtures = fs::path(LOADSTONE_SOURCE_DIR) / "tests/fixtures";
 
@@ -192,27 +194,6 @@ TEST_CASE("remote: through a fault proxy, a sharded load retries what is transie
   proxy->Schedule({});
   CHECK(LoadAll(loader, remote, {}) == want);  // the Loader goes on
 }
-
-// Sets an environment variable for the scope (unset: nullopt), then puts back what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* was = std::getenv(name)) was_ = was;
-    Set(value);
-  }
-  ~ScopedEnv() { Set(was_); }
-  void Set(const std::optional<std::string>& value) {
-    if (value) {
-      ::setenv(name_, value->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> was_;
-};
 
 TEST_CASE("remote: https with HTTP/2, the certificate's authority from CURL_CA_BUNDLE",
           "[pipeline][http]") {
