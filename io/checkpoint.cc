@@ -128,8 +128,10 @@ Status CatalogQuantized(Checkpoint::Impl* impl) {
 }
 
 // A resolved path's catalog: its files' headers, the names checked unique, config.json.
-Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved, bool as_stored) {
+Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved, bool as_stored,
+                                const std::string& source) {
   auto impl = std::make_shared<Checkpoint::Impl>();
+  impl->source = source;
   impl->format = resolved.format;
   LOADSTONE_RETURN_IF_ERROR(io::AddCheckpointFiles(resolved, impl.get()));
   LOADSTONE_RETURN_IF_ERROR(IndexByName(impl.get()));
@@ -200,11 +202,11 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& 
     found = OffloadFolderAt(path);
   }
   LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint resolved, std::move(found));
-  return OpenResolved(resolved, options.as_stored);
+  return OpenResolved(resolved, options.as_stored, path);
 }
 
 Result<Checkpoint> Checkpoint::OpenOffloadFolder(const std::string& folder) {
-  return OpenResolved(OffloadFolderAt(folder), /*as_stored=*/false);
+  return OpenResolved(OffloadFolderAt(folder), /*as_stored=*/false, folder);
 }
 
 Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) const {
@@ -213,6 +215,7 @@ Result<Checkpoint> Checkpoint::WithTensors(std::vector<TensorInfo> tensors) cons
   impl->files = impl_->files;
   impl->metadata = impl_->metadata;
   impl->index_path = impl_->index_path;
+  impl->source = impl_->source;
   impl->config = impl_->config;
   impl->resolution = fmt::format("{} tensors viewed in {}", tensors.size(), impl_->resolution);
   impl->tensors = std::move(tensors);
@@ -245,6 +248,7 @@ const std::vector<CheckpointFile>& Checkpoint::files() const { return impl_->fil
 const std::vector<TensorInfo>& Checkpoint::tensors() const { return impl_->tensors; }
 const std::map<std::string, std::string>& Checkpoint::metadata() const { return impl_->metadata; }
 const std::string& Checkpoint::index_path() const { return impl_->index_path; }
+const std::string& Checkpoint::source() const { return impl_->source; }
 const std::string& Checkpoint::resolution() const { return impl_->resolution; }
 const ModelConfig& Checkpoint::config() const { return impl_->config; }
 const std::vector<std::string>& Checkpoint::warnings() const { return impl_->warnings; }

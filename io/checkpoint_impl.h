@@ -44,6 +44,7 @@ struct Checkpoint::Impl {
   };
 
   std::map<std::string, std::string> metadata;
+  std::string source;  // the path or address Open was given
   std::string index_path;
   std::string resolution;
   ModelConfig config;

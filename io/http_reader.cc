@@ -17,6 +17,7 @@
 
 #include "io/completion_queue.h"
 #include "io/http_wire.h"
+#include "io/hub_cache.h"
 #include "io/location.h"
 #include "io/read_state.h"
 
@@ -33,6 +34,7 @@ struct HttpReader::Impl {
   std::vector<HttpObject> objects;
   std::vector<RequestAuth> auth;  // per object: how its ranges are asked
   std::unique_ptr<CompletionQueue> completions;
+  std::shared_ptr<HubCache> cache;  // null without options.hub_cache
   StatCounters stats;
   CURLM* multi = nullptr;
 
@@ -82,6 +84,9 @@ Result<std::unique_ptr<HttpReader>> HttpReader::Open(const std::vector<std::stri
     impl->objects.push_back(std::move(probed).value());
   }
   impl->options = options;
+  if (options.hub_cache) {
+    LOADSTONE_ASSIGN_OR_RETURN(impl->cache, HubCache::Create(*options.hub_cache, impl->objects));
+  }
   LOADSTONE_ASSIGN_OR_RETURN(impl->completions, CompletionQueue::Create());
   impl->multi = curl_multi_init();
   if (impl->multi == nullptr) return Status::OutOfMemory("libcurl could not make a multi handle");
@@ -151,6 +156,8 @@ void HttpReader::Cancel() {
   }
   curl_multi_wakeup(impl_->multi);
 }
+
+std::string HttpReader::Finish() { return impl_->cache ? impl_->cache->Finish() : std::string(); }
 
 Result<uint64_t> HttpReader::SizeNow(uint32_t file) const {
   if (file >= impl_->objects.size()) return Status::InvalidArgument("no such file in the reader");
@@ -301,6 +308,10 @@ void HttpReader::Impl::Retire(std::unique_ptr<HttpRange> range) {
   --read.in_flight;
   if (read.TakeCompletion()) {
     if (read.status.ok()) Add(stats.bytes, read.request.length);
+    if (read.status.ok() && cache) {  // before the completion hands `dst` back
+      const ReadRequest& r = read.request;
+      cache->Wrote(r.file, r.offset, std::span<const std::byte>(r.dst, r.length));
+    }
     done.push_back({read.request.tag, read.status});
   }
 }

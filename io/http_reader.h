@@ -17,6 +17,9 @@
 // request: 404/410 NotFound, 401/403 IOError naming the URL (check the token or credentials),
 // anything else IOError with libcurl's words.
 //
+// With HttpReaderOptions::hub_cache, each request's bytes are written into the Hugging Face
+// cache (io/hub_cache.h) on the reader's thread before its completion is posted.
+//
 // Semantics otherwise those of io/reader.h: requests are served in submission order, long
 // ones cut into options.range_bytes ranges; Cancel() ends the ranges in flight at once (their
 // connections closed) and fails the rest with Cancelled. Thread safety: as Reader.
@@ -27,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,6 +49,9 @@ struct HttpReaderOptions {
   // 5 s, so a stall after bytes came is seen up to 5 s later than this.
   int64_t stall_timeout_ms = 30000;
   int64_t max_backoff_ms = 5000;        // the longest wait before a retry, Retry-After included
+  // Set: every range read is also written, once verified, into this Hugging Face cache, which
+  // Finish() completes (io/hub_cache.h). Open() refuses a URL that is not a Hub file then.
+  std::optional<HubCacheTarget> hub_cache;
 };
 
 // What Open() learned of one URL.
@@ -95,6 +102,9 @@ class HttpReader final : public Reader {
   // The size the probe saw: a change since is caught by each range's Content-Range and
   // validator (the request fails), not here.
   Result<uint64_t> SizeNow(uint32_t file) const override;
+  // With a cache (HttpReaderOptions::hub_cache): completes it (HubCache::Finish). REQUIRES:
+  // nothing pending.
+  std::string Finish() override;
 
  private:
   struct Impl;

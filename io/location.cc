@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -86,6 +87,30 @@ std::map<std::string, std::string> IniSection(const std::string& path, const std
     if (inside && eq != std::string_view::npos) {
       out[std::string(Trimmed(l.substr(0, eq)))] = std::string(Trimmed(l.substr(eq + 1)));
     }
+  }
+  return out;
+}
+
+int Hex(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::optional<std::string> Unquoted(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '%') {
+      out += s[i];
+      continue;
+    }
+    if (i + 2 >= s.size()) return std::nullopt;
+    const int hi = Hex(s[i + 1]);
+    const int lo = Hex(s[i + 2]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += static_cast<char>(hi * 16 + lo);
+    i += 2;
   }
   return out;
 }
@@ -206,6 +231,34 @@ Result<HubAddress> ParseHubAddress(std::string_view hf) {
   out.address = fmt::format("{}/{}/resolve/{}", HubEndpoint(), out.repo, Quote(out.revision, false));
   if (!out.path.empty()) out.address = JoinLocation(out.address, out.path);
   return out;
+}
+
+std::string HubCacheRoot() {
+  for (const char* name : {"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"}) {
+    if (std::string v = Env(name); !v.empty()) return v;
+  }
+  if (std::string home = Env("HF_HOME"); !home.empty()) return home + "/hub";
+  std::string xdg = Env("XDG_CACHE_HOME");
+  if (xdg.empty()) xdg = Env("HOME") + "/.cache";
+  return xdg + "/huggingface/hub";
+}
+
+std::optional<HubFile> HubFileOf(std::string_view url) {
+  const std::string endpoint = HubEndpoint() + "/";
+  if (!url.starts_with(endpoint)) return std::nullopt;
+  url.remove_prefix(endpoint.size());
+  const size_t resolve = url.find("/resolve/");
+  if (resolve == std::string_view::npos) return std::nullopt;
+  const std::string_view rest = url.substr(resolve + 9);
+  const size_t slash = rest.find('/');
+  if (slash == std::string_view::npos) return std::nullopt;
+  auto repo = Unquoted(url.substr(0, resolve));
+  auto revision = Unquoted(rest.substr(0, slash));
+  auto path = Unquoted(rest.substr(slash + 1));
+  if (!repo || !revision || !path || std::count(repo->begin(), repo->end(), '/') != 1) {
+    return std::nullopt;
+  }
+  return HubFile{std::move(*repo), std::move(*revision), std::move(*path)};
 }
 
 std::string HubEndpoint() {

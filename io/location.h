@@ -6,6 +6,7 @@
 #ifndef LOADSTONE_IO_LOCATION_H_
 #define LOADSTONE_IO_LOCATION_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,19 @@ struct HubAddress {
 // Errors: InvalidArgument for an address without ORG/REPO, with an empty revision, or with
 // characters a repository name cannot hold, saying what the form is.
 Result<HubAddress> ParseHubAddress(std::string_view hf);
+
+// The cache huggingface_hub uses: HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub,
+// else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub.
+std::string HubCacheRoot();
+
+// A file of a Hub repository, read off its resolve/ address
+// ({HF_ENDPOINT}/ORG/REPO/resolve/REVISION/PATH, io/location.h), percent-decoded.
+struct HubFile {
+  std::string repo;      // ORG/REPO
+  std::string revision;  // as in the address: a commit once a folder was pinned to it
+  std::string path;      // within the repository
+};
+std::optional<HubFile> HubFileOf(std::string_view url);
 
 // The Hub's address: HF_ENDPOINT without a trailing '/', else https://huggingface.co.
 std::string HubEndpoint();

@@ -48,8 +48,9 @@ Result<std::unique_ptr<Reader>> OpenPread(std::vector<File> files, const ReaderO
 // The objects behind http(s) addresses, each the version the catalog read (size, validator).
 Result<std::unique_ptr<Reader>> OpenRemote(const std::vector<std::string>& paths,
                                            const ReaderOptions& options, std::string* log) {
-  LOADSTONE_ASSIGN_OR_RETURN(std::unique_ptr<HttpReader> reader,
-                             HttpReader::Open(paths, HttpReaderOptions()));
+  HttpReaderOptions http;
+  http.hub_cache = options.hub_cache;
+  LOADSTONE_ASSIGN_OR_RETURN(std::unique_ptr<HttpReader> reader, HttpReader::Open(paths, http));
   for (size_t i = 0; i < options.catalogued.size(); ++i) {
     const HttpObject& now = reader->objects()[i];
     const CheckpointFile& then = options.catalogued[i];
@@ -63,7 +64,12 @@ Result<std::unique_ptr<Reader>> OpenRemote(const std::vector<std::string>& paths
           paths[i], then.bytes, then.stamp.validator, now.size, version));
     }
   }
-  if (log != nullptr) *log = fmt::format("reader: {}; the files are remote", reader->Describe());
+  if (log != nullptr) {
+    *log = fmt::format("reader: {}; the files are remote{}", reader->Describe(),
+                       options.hub_cache
+                           ? fmt::format(", written to the cache '{}' as they stream", options.hub_cache->root)
+                           : std::string());
+  }
   return std::unique_ptr<Reader>(std::move(reader));
 }
 
@@ -85,6 +91,12 @@ Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths
         remote, paths.size()));
   }
   if (remote != 0) return OpenRemote(paths, options, log);
+  if (options.hub_cache && !paths.empty()) {
+    return Status::InvalidArgument(fmt::format(
+        "the Hugging Face cache is written for the Hub's files (hf:// addresses); '{}' is a "
+        "local file, read where it is: leave the cache out",
+        paths[0]));
+  }
   LOADSTONE_ASSIGN_OR_RETURN(std::vector<File> files, OpenAll(paths, options.catalogued));
   if (options.backend == ReaderBackend::kPread) {
     return OpenPread(std::move(files), options, "asked for (--backend pread)", log);

@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -125,6 +126,11 @@ class Reader {
   // The size now of `file` as this reader opened it (its descriptor, not its path: a file
   // renamed over the path since is not the one read). Thread-safe. Errors: IOError (fstat).
   virtual Result<uint64_t> SizeNow(uint32_t file) const = 0;
+
+  // Called once after a load whose every read succeeded, before the Reader goes: a backend that
+  // keeps what it read (HttpReader's Hugging Face cache) completes it, and says what it did for
+  // the user; nothing it meets fails the load. Default: nothing to do, "".
+  virtual std::string Finish() { return std::string(); }
 };
 
 // Drops the pages of [view, view + length) of a CachedView from this process's page tables
@@ -132,6 +138,16 @@ class Reader {
 // not also hold all of it mapped: its peak RSS then stays near the model's size, not twice it.
 // Pages only partly inside the range stay mapped. Thread-safe.
 void ReleaseCachedView(const std::byte* view, uint64_t length);
+
+// The Hugging Face cache a load of Hub files writes as it streams (io/hub_cache.h): what it is
+// given besides the objects.
+struct HubCacheTarget {
+  std::string root;      // the cache folder (io/location.h HubCacheRoot() for the user's)
+  std::string revision;  // the revision the user asked for ("main", a tag); a ref is written
+                         // for it unless it is the commit itself; empty: none
+  std::vector<std::string> side_files;  // Hub addresses read whole into the cache too (the
+                                        // index, config.json)
+};
 
 enum class ReaderBackend { kAuto, kUring, kPread };
 
@@ -154,6 +170,9 @@ struct ReaderOptions {
   // The files as the catalog describes them (one per path), or empty: OpenReader then refuses
   // a file that changed since (io::CheckUnchanged), before any read.
   std::vector<CheckpointFile> catalogued;
+  // Set: the files are the Hub's (hf:// addresses) and what is read of them is also written to
+  // this cache (HttpReader); any other file is refused with InvalidArgument.
+  std::optional<HubCacheTarget> hub_cache;
   // Testing only: each read asks the OS for at most this many bytes (0 = no cap), so every
   // chunk is continued exactly as after a short read.
   uint64_t max_read_call = 0;

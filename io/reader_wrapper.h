@@ -30,6 +30,7 @@ class ReaderWrapper : public Reader {
   // Not forwarded: copies from the view would bypass whatever the wrapper does to reads.
   const std::byte* CachedView(uint32_t, uint64_t, uint64_t) const override { return nullptr; }
   Result<uint64_t> SizeNow(uint32_t file) const override { return inner_->SizeNow(file); }
+  std::string Finish() override { return inner_->Finish(); }
 
  private:
   std::unique_ptr<Reader> inner_;

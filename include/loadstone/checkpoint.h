@@ -324,6 +324,8 @@ class Checkpoint {
   const std::map<std::string, std::string>& metadata() const;
   // The index file used, or empty.
   const std::string& index_path() const;
+  // The path or address Open was given (an hf:// address as written, revision and all).
+  const std::string& source() const;
   // How the path was resolved, e.g. "folder: picked model.safetensors.index.json (3 shards)".
   const std::string& resolution() const;
   const ModelConfig& config() const;

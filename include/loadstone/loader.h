@@ -43,6 +43,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -135,6 +136,9 @@ struct ReadStats {
   // device lacks the kernels: the workers decoded them and the device copied the values (the
   // backend line names the device).
   uint64_t conversions_moved = 0;
+  // With LoadOptions::hub_cache, what was cached ("cached N file(s) of ORG/REPO at COMMIT in
+  // DIR ..."), and what was left out and why; else empty.
+  std::string cache;
 };
 
 enum class ReadBackend { kAuto, kUring, kPread };
@@ -183,6 +187,16 @@ struct LoadOptions {
   // span of another size: the load fails with InvalidArgument naming the tensor; a callback that
   // throws: CallbackFailed naming it.
   std::function<std::span<std::byte>(const TensorInfo& tensor, const TensorPlan& plan)> destination;
+  // Set: the checkpoint is the Hub's (an hf:// address) and what the load streams is also
+  // written to this Hugging Face cache folder, "" for huggingface_hub's own (HF_HUB_CACHE, else
+  // $HF_HOME/hub, else ~/.cache/huggingface/hub), in its layout (blobs/, snapshots/COMMIT/,
+  // refs/REVISION): the next start reads it locally and huggingface_hub finds it too. Once every
+  // tensor is in place the rest of each file (its header, tensors not loaded) is fetched, the
+  // blobs renamed into place and linked; the index and config.json are cached as well.
+  // ReadStats::cache says what was done; nothing of the cache fails the load. A failed or
+  // cancelled load leaves nothing in the cache but its folders. Any other checkpoint: the load
+  // fails with InvalidArgument.
+  std::optional<std::string> hub_cache;
 };
 
 class LoadHandle {

@@ -46,7 +46,7 @@ LoadHandle::State::State(asio::io_context& loop_in, asio::thread_pool& workers_i
                          : std::max(1u, std::thread::hardware_concurrency())),
       destinations_(checkpoint, plan, devices, options.host_memory_limit, loader_options.direct_io,
                     options.destination),
-      read_(Context(), loader_options, hooks_),
+      read_(Context(), loader_options, hooks_, options.hub_cache),
       placement_(Context(), read_, devices) {
   if (options.on_tensor) callbacks.Add(options.on_tensor);
   if (options.on_progress) {  // after each tensor, with the progress then (this State outlives it)
@@ -155,7 +155,9 @@ void LoadHandle::State::MaybeFinish() {
   if (!stopping_ && !tensors.all_done()) return;
   final_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   finished = true;
-  if (auto stats = read_.Close(placement_.conversions_moved())) {  // closes the ring and files
+  const bool succeeded = error_.ok() && tensors.all_done();
+  // closes the ring and files; completes the Hub cache first when every tensor is in place
+  if (auto stats = read_.Close(placement_.conversions_moved(), succeeded)) {
     std::lock_guard lock(callbacks_mu);
     read_stats = *stats;
   }

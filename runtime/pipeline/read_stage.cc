@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "io/http_reader.h"
+#include "io/location.h"
 #include "io/mapped_copy.h"
 #include "io/posix_error.h"
 #include "runtime/pipeline/destinations.h"
@@ -32,13 +33,28 @@ io::ReaderBackend ToIo(ReadBackend backend) {
   return io::ReaderBackend::kAuto;
 }
 
+// What the reader writes the Hub cache with: the folder ("" for huggingface_hub's), the revision
+// the user's hf:// address asked for, the index and config.json read at Open.
+io::HubCacheTarget CacheTarget(const Checkpoint& checkpoint, const std::string& root) {
+  io::HubCacheTarget target;
+  target.root = root.empty() ? io::HubCacheRoot() : root;
+  if (io::IsHubAddress(checkpoint.source())) {
+    if (auto hub = io::ParseHubAddress(checkpoint.source()); hub.ok()) target.revision = hub->revision;
+  }
+  for (const std::string& side : {checkpoint.index_path(), checkpoint.config().path}) {
+    if (io::IsRemoteAddress(side)) target.side_files.push_back(side);
+  }
+  return target;
+}
+
 }  // namespace
 
 ReadStage::ReadStage(const StageContext& context, const LoaderOptions& options,
-                     const LoadHooks& hooks)
+                     const LoadHooks& hooks, std::optional<std::string> hub_cache)
     : context_(context),
       options_(options),
       hooks_(hooks),
+      hub_cache_(std::move(hub_cache)),
       window_(context.plan.reads.size(), static_cast<size_t>(std::max(options.queue_depth, 1)) * 2),
       chunks_(context.checkpoint, context.plan) {}
 
@@ -59,6 +75,7 @@ Result<std::string> ReadStage::Open() {
   // reader keeps no pool (no bounced bytes, and its pinned memory saved); a read that is not in
   // phase after all goes through the page cache, and ReadStats says so (buffered_bytes).
   if (!context_.plan.routes.align_tensors) ro.bounce_bytes = 0;
+  if (hub_cache_) ro.hub_cache = CacheTarget(context_.checkpoint, *hub_cache_);
   LOADSTONE_RETURN_IF_ERROR(window_.Open(context_.loop, paths, ro, hooks_.open_reader));
   return window_.reader().Describe();
 }
@@ -335,9 +352,10 @@ bool ReadStage::idle() const {
   return window_.in_flight() == 0 && cached_copies_ == 0 && staging_.preparing() == 0;
 }
 
-std::optional<ReadStats> ReadStage::Close(uint64_t conversions_moved) {
+std::optional<ReadStats> ReadStage::Close(uint64_t conversions_moved, bool succeeded) {
   std::optional<ReadStats> out;
   if (window_.open()) {  // nothing in flight: closes the ring and the files now
+    std::string cache = succeeded ? window_.Finish() : std::string();
     const io::ReaderStats s = window_.Close();
     out = ReadStats{.direct_bytes = s.direct_bytes,
                     .buffered_bytes = s.buffered_bytes,
@@ -345,7 +363,8 @@ std::optional<ReadStats> ReadStage::Close(uint64_t conversions_moved) {
                     .resubmits = s.resubmits,
                     .network_bytes = s.network_bytes,
                     .routes = chunks_.counts(),
-                    .conversions_moved = conversions_moved};
+                    .conversions_moved = conversions_moved,
+                    .cache = std::move(cache)};
   }
   return out;
 }

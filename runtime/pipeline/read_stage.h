@@ -32,7 +32,9 @@ namespace loadstone::pipeline {
 class ReadStage {
  public:
   // `options` and `hooks` outlive the stage (the load's).
-  ReadStage(const StageContext& context, const LoaderOptions& options, const LoadHooks& hooks);
+  // `hub_cache`: LoadOptions::hub_cache, handed to the reader (io::ReaderOptions::hub_cache).
+  ReadStage(const StageContext& context, const LoaderOptions& options, const LoadHooks& hooks,
+            std::optional<std::string> hub_cache);
 
   // At the load's start, in this order: the reader (LoaderOptions' backend, queue depth, direct
   // I/O), whose description is returned for the backend line; each read's route for this load
@@ -76,7 +78,9 @@ class ReadStage {
   void Prioritize(const std::vector<uint64_t>& ids) { window_.Prioritize(ids); }
   // At the load's end (REQUIRES: idle()): the reader's figures and the routes taken, the ring
   // and the files closed now; nothing when the reader never opened. FreeStaging: every slot.
-  std::optional<ReadStats> Close(uint64_t conversions_moved);
+  // `succeeded`: every tensor is in place, so the reader may complete what it keeps of the reads
+  // (io::Reader::Finish: the Hub cache) before it closes.
+  std::optional<ReadStats> Close(uint64_t conversions_moved, bool succeeded);
   void FreeStaging() { staging_.Clear(); }
 
  private:
@@ -104,6 +108,7 @@ class ReadStage {
   const StageContext context_;
   const LoaderOptions& options_;
   const LoadHooks& hooks_;
+  const std::optional<std::string> hub_cache_;
   ReadWindow window_;
   StagingPool staging_;
   ChunkTable chunks_;  // one record per plan.reads entry, and the routes taken

@@ -59,6 +59,8 @@ class ReadWindow {
 
   void Cancel();             // outstanding reads end with Cancelled
   io::ReaderStats Close();   // REQUIRES: nothing in flight. Closes the ring and the files now.
+  // io::Reader::Finish, after a load that succeeded. REQUIRES: nothing in flight.
+  std::string Finish() { return reader_ ? reader_->Finish() : std::string(); }
 
  private:
   const size_t reads_;

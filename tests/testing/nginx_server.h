@@ -8,7 +8,7 @@
 //                  the Hub's resolve/ route of repository test/fixtures (the folder), for a
 //                  request with "Authorization: Bearer <kHubToken>" (else 401): weights
 //                  (.safetensors, .bin, .gguf) 302 to http://localhost:PORT/cdn/NAME (another
-//                  host name, as the Hub's CDN is) with X-Linked-Etag "linked-NAME" and
+//                  host name, as the Hub's CDN is) with X-Linked-Etag "linked-BASENAME" and
 //                  X-Repo-Commit kHubCommit; other files served in place with X-Repo-Commit.
 //                  Another revision: 404.
 //   /cdn/NAME      NAME, refused (400) to a request that carries an Authorization header: the
@@ -179,9 +179,9 @@ http {{
     root {2};
     location /moved/ {{ rewrite ^/moved/(.*)$ /$1 redirect; }}
     location /norange/ {{ max_ranges 0; alias {2}/; }}
-    location ~ ^/hub/test/fixtures/resolve/(?:main|{4})/(.+\.(safetensors|bin|gguf))$ {{
+    location ~ ^/hub/test/fixtures/resolve/(?:main|{4})/((?:.*/)?([^/]+\.(?:safetensors|bin|gguf)))$ {{
       if ($http_authorization != "Bearer {3}") {{ return 401; }}
-      add_header X-Linked-Etag "\"linked-$1\"" always;
+      add_header X-Linked-Etag "\"linked-$2\"" always;
       add_header X-Repo-Commit {4} always;
       return 302 http://localhost:{1}/cdn/$1;
     }}

@@ -37,6 +37,8 @@ struct LoadArgs {
   std::string trace;
   bool trace_given = false;  // --trace was given, perhaps as ''
   bool overwrite = false;
+  bool cache = false;     // --cache, or --cache-dir given
+  std::string cache_dir;  // empty: huggingface_hub's
 };
 
 // The trace file must be writable before the load starts, not found unwritable at its end; an
@@ -175,7 +177,9 @@ int PrintJson(const LoadHandle& load, const LoadPlan& plan, const Platform& plat
                  {"network_bytes", rs.network_bytes},
                  {"cache_copied_bytes", rs.taken(ReadRoute::kPageCacheCopy).bytes},
                  {"mapped_bytes", rs.taken(ReadRoute::kMapped).bytes},
-                 {"conversions_moved", rs.conversions_moved}};
+                 {"conversions_moved", rs.conversions_moved},
+                 {"cache", rs.cache.empty() ? nlohmann::ordered_json(nullptr)
+                                            : nlohmann::ordered_json(rs.cache)}};
   // The route each read took (the plan's, settled as each read's turn came: routes.h).
   doc["routes"] = RoutesJson(rs.routes);
   std::map<std::string, uint64_t> per_device;
@@ -268,6 +272,7 @@ void PrintHuman(const LoadHandle& load, const Progress& progress, const LoadPlan
       first_ms ? fmt::format("first tensor after {:.1f} ms", *first_ms)
                : std::string("no tensor goes to memory"),
       load.backend(), ReadSources(load.read_stats()));
+  if (!load.read_stats().cache.empty()) std::cout << "cache: " << load.read_stats().cache << "\n";
   if (!plan.offloaded.empty()) {
     const OffloadSummary& w = offloaded_now.summary;
     std::cout << fmt::format(
@@ -284,6 +289,21 @@ void PrintHuman(const LoadHandle& load, const Progress& progress, const LoadPlan
   }
 }
 
+// What a tensor- or pipeline-parallel load does not do yet, asked for.
+Status RankRefusal(const LoadArgs& args) {
+  if (args.cache) {
+    return Status::Unsupported(
+        "--cache with a tensor- or pipeline-parallel load: not yet; fill the cache with a load "
+        "of one rank first");
+  }
+  if (args.trace_given) {
+    return Status::Unsupported(
+        "--trace with a tensor-parallel load (--tp, --world-size, --rank): not yet; trace a "
+        "load of one rank without them");
+  }
+  return Status::OK();
+}
+
 int RunLoad(const LoadArgs& args) {
   if (args.rank.dist_only_given && !args.rank.asked()) {
     return ReportError(Status::InvalidArgument(
@@ -292,11 +312,7 @@ int RunLoad(const LoadArgs& args) {
         "run the ranks with loadstone launch -n N)"));
   }
   if (args.rank.asked()) {
-    if (args.trace_given) {
-      return ReportError(Status::Unsupported(
-          "--trace with a tensor-parallel load (--tp, --world-size, --rank): not yet; trace a "
-          "load of one rank without them"));
-    }
+    if (Status refused = RankRefusal(args); !refused.ok()) return ReportError(refused);
     return RunRankLoad(args.flags, args.read, args.rank, args.json);
   }
   LoadClock clock;  // from the Open call
@@ -310,6 +326,7 @@ int RunLoad(const LoadArgs& args) {
   LoadOptions options;
   options.trace = !args.trace.empty();
   options.on_tensor = clock.OnTensor();
+  if (args.cache) options.hub_cache = args.cache_dir;
   InterruptToCancel interrupt;
   LoadHandle load = loader.Load(checkpoint, plan, options);
   const WaitResult wait =
@@ -357,6 +374,11 @@ void AddLoadCommand(CLI::App& app, int* exit_code) {
                   "Write a Chrome trace-event JSON of the load (open it in Perfetto)")
       ->each([args](const std::string&) { args->trace_given = true; });
   cmd->add_flag("--overwrite", args->overwrite, "Replace an existing --trace file");
+  cmd->add_flag("--cache", args->cache,
+                "Write what streams from an hf:// address into the Hugging Face cache too "
+                "(HF_HUB_CACHE, else ~/.cache/huggingface/hub)");
+  cmd->add_option("--cache-dir", args->cache_dir, "The cache folder for --cache (implies it)")
+      ->each([args](const std::string&) { args->cache = true; });
   cmd->callback([args, exit_code] { *exit_code = RunLoad(*args); });
 }
 
