@@ -155,6 +155,7 @@ void HttpReader::Cancel() {
     impl_->cancelled = true;
   }
   curl_multi_wakeup(impl_->multi);
+  if (impl_->cache) impl_->cache->Cancel();  // Finish(), if it runs, stops too
 }
 
 std::string HttpReader::Finish() { return impl_->cache ? impl_->cache->Finish() : std::string(); }

@@ -58,12 +58,6 @@ struct HubCache::Entry {
 
 namespace {
 
-bool CommitHash(std::string_view s) {
-  return s.size() == 40 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 // A name that is one file in a folder: letters, digits, '.', '_', '-', and not "." or "..".
 bool PlainName(std::string_view s) {
   return !s.empty() && s.size() <= 255 && s != "." && s != ".." &&
@@ -116,13 +110,13 @@ Result<std::unique_ptr<HubCache::Entry>> EntryFor(const std::string& root, const
   e->file = file;
   e->repo_dir = fmt::format("{}/{}", root, RepoFolder(file.repo));
   e->blob = NormalizedEtag(!object.linked_etag.empty() ? object.linked_etag : object.etag);
-  e->commit = CommitHash(object.repo_commit) ? object.repo_commit : file.revision;
+  e->commit = IsCommitHash(object.repo_commit) ? object.repo_commit : file.revision;
   if (!PlainName(e->blob)) {
     return Status::Unsupported(fmt::format("'{}': its server named no version (ETag, X-Linked-Etag) "
                                            "fit for a blob's name",
                                            file.path));
   }
-  if (!CommitHash(e->commit)) {
+  if (!IsCommitHash(e->commit)) {
     return Status::Unsupported(
         fmt::format("'{}': its server named no commit (X-Repo-Commit)", file.path));
   }
@@ -236,7 +230,8 @@ Status WriteRef(const std::string& repo_dir, const std::string& revision,
 }
 
 // Reads what `e` lacks from its server (the same version, else nothing), into its part file.
-Status Complete(HubCache& cache, uint32_t file, HubCache::Entry& e, uint64_t* fetched) {
+Status Complete(HubCache& cache, uint32_t file, HubCache::Entry& e, const std::atomic<bool>& cancelled,
+                uint64_t* fetched) {
   const auto gaps = e.Gaps();
   if (gaps.empty()) return Status::OK();
   LOADSTONE_ASSIGN_OR_RETURN(std::shared_ptr<RemoteObject> remote, RemoteObject::Open(e.object.url));
@@ -247,6 +242,7 @@ Status Complete(HubCache& cache, uint32_t file, HubCache::Entry& e, uint64_t* fe
   std::vector<std::byte> buffer(std::min<uint64_t>(8ULL << 20, e.object.size));
   for (const auto& [start, end] : gaps) {
     for (uint64_t at = start; at < end;) {
+      if (cancelled) return Status::Cancelled("the load was cancelled while its cache was completed");
       const uint64_t n = std::min<uint64_t>(buffer.size(), end - at);
       LOADSTONE_RETURN_IF_ERROR(remote->Read(at, std::span(buffer.data(), n)));
       cache.Wrote(file, at, std::span<const std::byte>(buffer.data(), n));
@@ -259,6 +255,13 @@ Status Complete(HubCache& cache, uint32_t file, HubCache::Entry& e, uint64_t* fe
 
 }  // namespace
 
+Status NotAHubFile(const std::string& location, bool local) {
+  return Status::InvalidArgument(fmt::format(
+      "the Hugging Face cache is written for the Hub's files (hf:// addresses, HF_ENDPOINT {}); "
+      "'{}' is {}: leave the cache out",
+      HubEndpoint(), location, local ? "a local file, read where it is" : "not one"));
+}
+
 Result<std::shared_ptr<HubCache>> HubCache::Create(const HubCacheTarget& target,
                                                    const std::vector<HttpObject>& objects) {
   std::shared_ptr<HubCache> cache(new HubCache());
@@ -266,10 +269,7 @@ Result<std::shared_ptr<HubCache>> HubCache::Create(const HubCacheTarget& target,
   for (const HttpObject& object : objects) {
     const std::optional<HubFile> file = HubFileOf(object.url);
     if (!file) {
-      return Status::InvalidArgument(fmt::format(
-          "the Hugging Face cache is written for the Hub's files (hf:// addresses, HF_ENDPOINT "
-          "{}); '{}' is not one: leave the cache out",
-          HubEndpoint(), object.url));
+      return NotAHubFile(object.url, false);
     }
     Result<std::unique_ptr<Entry>> entry = EntryFor(target.root, object, *file);
     if (!entry.ok()) cache->left_out_.emplace_back(entry.status().message());
@@ -341,7 +341,8 @@ std::string HubCache::Finish() {
   for (size_t i = 0; i < objects; ++i) {
     if (!entries_[i]) continue;
     Entry& e = *entries_[i];
-    Status s = e.part.empty() ? Status::OK() : Complete(*this, static_cast<uint32_t>(i), e, &fetched);
+    Status s = e.part.empty() ? Status::OK()
+                              : Complete(*this, static_cast<uint32_t>(i), e, cancelled_, &fetched);
     if (s.ok() && !e.broken.empty()) s = Status::IOError(e.broken);
     if (s.ok()) s = Commit(target_.root, e);
     if (!s.ok()) {
@@ -356,7 +357,8 @@ std::string HubCache::Finish() {
     return fmt::format("nothing cached in '{}': {}", target_.root, fmt::join(problems, "; "));
   }
   for (const std::string& side : target_.side_files) {
-    Status s = AddSideFile(side);
+    Status s = cancelled_ ? Status::Cancelled("the load was cancelled while its cache was completed")
+                          : AddSideFile(side);
     if (s.ok()) {
       ++cached;
     } else {

@@ -19,10 +19,12 @@
 // made it). Nothing of the cache fails the load: what went wrong is in Finish()'s sentence.
 // A HubCache destroyed before Finish() — a load failed or cancelled — removes its part files.
 //
-// Thread safety: Wrote() from any thread; Finish() once, when no Wrote() runs.
+// Thread safety: Wrote() from any thread; Finish() once, when no Wrote() runs; Cancel() from any
+// thread.
 #ifndef LOADSTONE_IO_HUB_CACHE_H_
 #define LOADSTONE_IO_HUB_CACHE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +40,10 @@
 
 namespace loadstone::io {
 
+
+// InvalidArgument for a cache asked for `location` (an address, or `local`: a file), which is
+// not one of the Hub's files: what the cache takes, and to leave it out.
+Status NotAHubFile(const std::string& location, bool local);
 
 class HubCache {
  public:
@@ -58,6 +64,9 @@ class HubCache {
   // Completes the cache (see the top); returns what it did, for the user: "cached N files of
   // ORG/REPO at COMMIT in ROOT (B fetched to complete them)", with what it left out and why.
   std::string Finish();
+  // Thread-safe: Finish() stops at its next step (a chunk of a gap, an object) and commits
+  // nothing more; what it had put in place stays.
+  void Cancel() { cancelled_ = true; }
 
   struct Entry;  // one object's part file and what of it has been written
 
@@ -68,6 +77,7 @@ class HubCache {
   HubCacheTarget target_;
   std::vector<std::unique_ptr<Entry>> entries_;  // per file; null for one left out
   std::vector<std::string> left_out_;            // why, per object left out at Create
+  std::atomic<bool> cancelled_{false};
 };
 
 }  // namespace loadstone::io

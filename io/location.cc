@@ -243,22 +243,51 @@ std::string HubCacheRoot() {
   return xdg + "/huggingface/hub";
 }
 
-std::optional<HubFile> HubFileOf(std::string_view url) {
+namespace {
+
+// A resolve/ address on the Hub's endpoint ({HF_ENDPOINT}/ORG/REPO/resolve/REVISION[/PATH])
+// cut into its parts as written (percent-encoded): views into the address.
+struct ResolveParts {
+  std::string_view repo, revision, path;  // path: empty for the revision's root
+};
+std::optional<ResolveParts> SplitResolve(std::string_view url) {
   const std::string endpoint = HubEndpoint() + "/";
   if (!url.starts_with(endpoint)) return std::nullopt;
   url.remove_prefix(endpoint.size());
   const size_t resolve = url.find("/resolve/");
   if (resolve == std::string_view::npos) return std::nullopt;
   const std::string_view rest = url.substr(resolve + 9);
-  const size_t slash = rest.find('/');
-  if (slash == std::string_view::npos) return std::nullopt;
-  auto repo = Unquoted(url.substr(0, resolve));
-  auto revision = Unquoted(rest.substr(0, slash));
-  auto path = Unquoted(rest.substr(slash + 1));
+  const size_t slash = std::min(rest.find('/'), rest.size());
+  if (slash == 0) return std::nullopt;
+  return ResolveParts{url.substr(0, resolve), rest.substr(0, slash),
+                      rest.substr(std::min(slash + 1, rest.size()))};
+}
+
+}  // namespace
+
+bool IsCommitHash(std::string_view s) {
+  return s.size() == 40 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+std::optional<HubFile> HubFileOf(std::string_view url) {
+  const std::optional<ResolveParts> parts = SplitResolve(url);
+  if (!parts || parts->path.empty()) return std::nullopt;
+  auto repo = Unquoted(parts->repo);
+  auto revision = Unquoted(parts->revision);
+  auto path = Unquoted(parts->path);
   if (!repo || !revision || !path || std::count(repo->begin(), repo->end(), '/') != 1) {
     return std::nullopt;
   }
   return HubFile{std::move(*repo), std::move(*revision), std::move(*path)};
+}
+
+std::string WithHubRevision(const std::string& url, std::string_view revision) {
+  const std::optional<ResolveParts> parts = SplitResolve(url);
+  if (!parts) return url;
+  const size_t start = static_cast<size_t>(parts->revision.data() - url.data());
+  return url.substr(0, start) + std::string(revision) + url.substr(start + parts->revision.size());
 }
 
 std::string HubEndpoint() {

@@ -65,6 +65,11 @@ struct HubFile {
   std::string path;      // within the repository
 };
 std::optional<HubFile> HubFileOf(std::string_view url);
+// `url`, a resolve/ address, with its revision replaced by `revision` (written as it goes in
+// the address); any other address unchanged.
+std::string WithHubRevision(const std::string& url, std::string_view revision);
+// A full commit id as the Hub writes it: 40 lowercase hex digits.
+bool IsCommitHash(std::string_view s);
 
 // The Hub's address: HF_ENDPOINT without a trailing '/', else https://huggingface.co.
 std::string HubEndpoint();

@@ -9,6 +9,7 @@
 
 #include "io/file.h"
 #include "io/http_reader.h"
+#include "io/hub_cache.h"
 #include "io/pread_reader.h"
 #include "io/read_state.h"
 #include "io/uring_reader.h"
@@ -92,10 +93,7 @@ Result<std::unique_ptr<Reader>> OpenReader(const std::vector<std::string>& paths
   }
   if (remote != 0) return OpenRemote(paths, options, log);
   if (options.hub_cache && !paths.empty()) {
-    return Status::InvalidArgument(fmt::format(
-        "the Hugging Face cache is written for the Hub's files (hf:// addresses); '{}' is a "
-        "local file, read where it is: leave the cache out",
-        paths[0]));
+    return NotAHubFile(paths[0], true);
   }
   LOADSTONE_ASSIGN_OR_RETURN(std::vector<File> files, OpenAll(paths, options.catalogued));
   if (options.backend == ReaderBackend::kPread) {

@@ -129,7 +129,9 @@ class Reader {
 
   // Called once after a load whose every read succeeded, before the Reader goes: a backend that
   // keeps what it read (HttpReader's Hugging Face cache) completes it, and says what it did for
-  // the user; nothing it meets fails the load. Default: nothing to do, "".
+  // the user; nothing it meets fails the load. It may block on the storage and the network
+  // (run it off any event loop); Cancel() from another thread stops it at its next step.
+  // Default: nothing to do, "".
   virtual std::string Finish() { return std::string(); }
 };
 

@@ -241,16 +241,7 @@ Result<std::optional<ResolvedCheckpoint>> Pick(
 // commit the first answer named (X-Repo-Commit), as huggingface_hub's snapshot_download pins a
 // revision; `dir` itself when it is not such an address or `commit` is not a commit hash.
 std::string PinnedToCommit(const std::string& dir, const std::string& commit) {
-  const bool hash = commit.size() == 40 && std::all_of(commit.begin(), commit.end(), [](char c) {
-                      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-                    });
-  const std::string endpoint = HubEndpoint() + "/";
-  if (!hash || !dir.starts_with(endpoint)) return dir;
-  const size_t resolve = dir.find("/resolve/", endpoint.size());
-  if (resolve == std::string::npos) return dir;
-  const size_t start = resolve + 9;
-  const size_t end = std::min(dir.find('/', start), dir.size());
-  return dir.substr(0, start) + commit + dir.substr(end);
+  return IsCommitHash(commit) ? WithHubRevision(dir, commit) : dir;
 }
 
 // A folder behind an http(s) address, found as transformers finds files on the Hub: by asking

@@ -20,8 +20,8 @@ using ReaderFactory = std::function<Result<std::unique_ptr<io::Reader>>(
 
 // Points in a load where a test cancels it on purpose (LoadHooks::cancel_at): as the first
 // reads are about to be issued, once the first read is back, as a worker starts a conversion,
-// as a device job is submitted.
-enum class LoadStage { kBeforeFirstRead, kMidStream, kConverting, kDeviceCopy };
+// as a device job is submitted, as a worker starts completing the Hub cache after the reads.
+enum class LoadStage { kBeforeFirstRead, kMidStream, kConverting, kDeviceCopy, kCompletingCache };
 
 struct LoadHooks {
   ReaderFactory open_reader;  // unset: io::OpenReader

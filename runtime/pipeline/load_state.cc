@@ -130,7 +130,11 @@ void LoadHandle::State::Fail(Status status) {
 
 void LoadHandle::State::RequestCancel() {
   OnLoop([this] {
-    if (!finished) Fail(Status::Cancelled("the load was cancelled"));
+    if (!finished) {
+      Fail(Status::Cancelled("the load was cancelled"));
+    } else {
+      read_.Cancel();  // the Hub cache being completed on a worker stops (nothing, once closed)
+    }
   });
 }
 
@@ -153,11 +157,27 @@ void LoadHandle::State::CancelIfAskedAt(LoadStage stage) {
 void LoadHandle::State::MaybeFinish() {
   if (finished || !read_.idle() || !placement_.idle()) return;
   if (!stopping_ && !tensors.all_done()) return;
+  finished = true;  // no event acts from here on: Schedule and cancels return at once
+  if (error_.ok() && tensors.all_done() && read_.caching()) {
+    // Completing the Hub cache fetches and syncs: on a worker, so that the loop goes on serving
+    // the Loader's other loads; the load ends back on the loop.
+    trace.Instant("completing the cache", "load");
+    asio::post(workers, [self = shared_from_this()] {
+      const LoadHooks& hooks = self->hooks_;
+      // As LoadHandle::Cancel from another thread now would: the reader stops what follows.
+      if (hooks.cancel_at && hooks.cancel_at(LoadStage::kCompletingCache)) self->read_.Cancel();
+      asio::post(self->loop, [self, cache = self->read_.FinishCache()]() mutable {
+        self->Conclude(std::move(cache));
+      });
+    });
+    return;
+  }
+  Conclude({});
+}
+
+void LoadHandle::State::Conclude(std::string cache) {
   final_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  finished = true;
-  const bool succeeded = error_.ok() && tensors.all_done();
-  // closes the ring and files; completes the Hub cache first when every tensor is in place
-  if (auto stats = read_.Close(placement_.conversions_moved(), succeeded)) {
+  if (auto stats = read_.Close(placement_.conversions_moved(), std::move(cache))) {  // ring, files
     std::lock_guard lock(callbacks_mu);
     read_stats = *stats;
   }

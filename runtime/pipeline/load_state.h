@@ -70,6 +70,9 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State>,
   void Begin();  // Start() but for the `started` signal
   // Thread-safe: posts a cancel to the loop.
   void RequestCancel();
+  // Thread-safe: Done() has resolved (until then a cancel may still stop something: the reads,
+  // or the Hub cache being completed after them).
+  bool ended() const { return done.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
   // Thread-safe: posts to the loop that reads `ids` (ascending) go next (ReadWindow::Prioritize).
   void RequestPriority(std::vector<uint64_t> ids);
   // Thread-safe: RequestCancel when the platform's test hook asks for it at `stage`.
@@ -139,8 +142,11 @@ struct LoadHandle::State : std::enable_shared_from_this<LoadHandle::State>,
   // notes for the backend line.
   Status OpenDestinations();
   // The one finish rule: nothing of either stage in flight, and every tensor in place or the
-  // load stopping.
+  // load stopping. Then Conclude, at once or after the Hub cache is completed on a worker.
   void MaybeFinish();
+  // The load's end, on the loop: the reader closed (its figures, with what the cache said), the
+  // destinations closed, the tensors not in place failed, Done resolved after the callbacks.
+  void Conclude(std::string cache);
 
   const LoadHooks hooks_;     // LoaderOptions::hooks (testing)
   const size_t workers_count_;  // threads in `workers`

@@ -123,7 +123,7 @@ LoadHandle Loader::Load(const Checkpoint& checkpoint, const LoadPlan& plan,
 
 void Loader::CancelAll() {
   for (const auto& state : impl_->Running()) {
-    if (!state->finished) state->RequestCancel();
+    if (!state->ended()) state->RequestCancel();
   }
 }
 
@@ -148,7 +148,7 @@ using pipeline::NoLoad;
 
 LoadHandle::~LoadHandle() {
   if (!state_) return;
-  if (!state_->finished) state_->RequestCancel();
+  if (!state_->ended()) state_->RequestCancel();
   if (state_->callbacks.OnItsThread()) {
     // From one of its own callbacks, which the load's end waits for: waiting here would wait for
     // itself. The load ends (cancelled, if it had not finished) and is freed by that thread.
@@ -240,7 +240,7 @@ Status LoadHandle::late_callback_error() const {
 }
 
 void LoadHandle::Cancel() {
-  if (state_ && !state_->finished) state_->RequestCancel();
+  if (state_ && !state_->ended()) state_->RequestCancel();
 }
 
 Status LoadHandle::WriteTrace(const std::string& path) const {

@@ -352,10 +352,9 @@ bool ReadStage::idle() const {
   return window_.in_flight() == 0 && cached_copies_ == 0 && staging_.preparing() == 0;
 }
 
-std::optional<ReadStats> ReadStage::Close(uint64_t conversions_moved, bool succeeded) {
+std::optional<ReadStats> ReadStage::Close(uint64_t conversions_moved, std::string cache) {
   std::optional<ReadStats> out;
   if (window_.open()) {  // nothing in flight: closes the ring and the files now
-    std::string cache = succeeded ? window_.Finish() : std::string();
     const io::ReaderStats s = window_.Close();
     out = ReadStats{.direct_bytes = s.direct_bytes,
                     .buffered_bytes = s.buffered_bytes,

@@ -76,11 +76,17 @@ class ReadStage {
   void Cancel() { window_.Cancel(); }  // reads in flight end with Cancelled
   // Reads `ids` (ascending) go next, ahead of the plan's order (LoadHandle::Prioritize).
   void Prioritize(const std::vector<uint64_t>& ids) { window_.Prioritize(ids); }
-  // At the load's end (REQUIRES: idle()): the reader's figures and the routes taken, the ring
-  // and the files closed now; nothing when the reader never opened. FreeStaging: every slot.
-  // `succeeded`: every tensor is in place, so the reader may complete what it keeps of the reads
-  // (io::Reader::Finish: the Hub cache) before it closes.
-  std::optional<ReadStats> Close(uint64_t conversions_moved, bool succeeded);
+  // The reader writes the Hub cache (LoadOptions::hub_cache) and is open.
+  bool caching() const { return hub_cache_.has_value() && window_.open(); }
+  // After a load whose every tensor is in place (REQUIRES: idle(); nothing else touches this
+  // stage until it returns): the reader completes what it keeps of the reads (io::Reader::Finish:
+  // the Hub cache, fetching its gaps and syncing it), and says so. It blocks on the network and
+  // the disk, so it runs on a worker, never on the loop.
+  std::string FinishCache() { return window_.Finish(); }
+  // At the load's end (REQUIRES: idle()): the reader's figures and the routes taken, with what
+  // FinishCache said (`cache`), the ring and the files closed now; nothing when the reader never
+  // opened. FreeStaging: every slot.
+  std::optional<ReadStats> Close(uint64_t conversions_moved, std::string cache);
   void FreeStaging() { staging_.Clear(); }
 
  private:

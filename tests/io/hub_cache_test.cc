@@ -65,6 +65,19 @@ TEST_CASE("hub cache: the Hub's files are told from their resolve/ addresses", "
   CHECK_FALSE(HubFileOf("http://127.0.0.1:10/org/repo/resolve/main/a.bin"));
   CHECK_FALSE(HubFileOf("http://127.0.0.1:9/org/repo/blob/main/a.bin"));
   CHECK_FALSE(HubFileOf("http://127.0.0.1:9/org/repo/resolve/main/bad%zz"));
+  CHECK_FALSE(HubFileOf("http://127.0.0.1:9/org/repo/resolve/main"));  // a folder, not a file
+
+  // A folder's address pinned to a commit: the revision alone is replaced, wherever the path.
+  const std::string commit(40, 'a');
+  CHECK(IsCommitHash(commit));
+  CHECK_FALSE(IsCommitHash(std::string(40, 'A')));
+  CHECK_FALSE(IsCommitHash("main"));
+  CHECK(WithHubRevision("http://127.0.0.1:9/org/repo/resolve/refs%2Fpr%2F1/unet", commit) ==
+        "http://127.0.0.1:9/org/repo/resolve/" + commit + "/unet");
+  CHECK(WithHubRevision("http://127.0.0.1:9/org/repo/resolve/main", commit) ==
+        "http://127.0.0.1:9/org/repo/resolve/" + commit);
+  CHECK(WithHubRevision("http://127.0.0.1:10/org/repo/resolve/main", commit) ==
+        "http://127.0.0.1:10/org/repo/resolve/main");
 }
 
 TEST_CASE("hub cache: a cache not finished leaves no file, and what it cannot take is said",

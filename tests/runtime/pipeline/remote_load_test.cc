@@ -9,7 +9,11 @@
 // load is byte-equal, a 403 fails the load naming the tensor and the URL; an object replaced
 // between Open and Load fails the load naming it, and the Loader goes on; --mmap is refused
 // with what to do.
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <future>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -21,6 +25,7 @@
 #include "loadstone/checkpoint.h"
 #include "loadstone/loader.h"
 #include "loadstone/plan.h"
+#include "runtime/pipeline/load_hooks.h"
 #include "testing/fault_proxy.h"
 #include "testing/nginx_server.h"
 #include "testing/scoped_env.h"
@@ -404,6 +409,82 @@ TEST_CASE("remote: --cache writes the Hub's files into the Hugging Face cache as
   const Status refused = loader.Load(local, *local_plan, options).Done().get();
   CHECK(refused.code() == StatusCode::kInvalidArgument);
   CHECK(refused.message().find("hf://") != std::string::npos);
+}
+
+// How many files (blobs and part files) `repo`'s blobs/ holds; 0 without the folder.
+size_t BlobsUnder(const fs::path& repo) {
+  if (!fs::exists(repo / "blobs")) return 0;
+  return static_cast<size_t>(std::distance(fs::directory_iterator(repo / "blobs"), {}));
+}
+
+TEST_CASE("remote: the cache is completed off the Loader's loop, and a cancel stops it",
+          "[pipeline][http]") {
+  auto server = Serve(kFixtures.string());
+  if (!server) return;
+  TempDir home, cache;
+  ScopedEnv endpoint("HF_ENDPOINT", server->Url("hub"));
+  ScopedEnv hf_home("HF_HOME", home.path());
+  ScopedEnv token("HF_TOKEN", testing::kHubToken);
+  const Checkpoint hub = OpenCase("hf://test/fixtures/safetensors/sharded", {});
+  const Checkpoint local = OpenCase((kFixtures / "safetensors/variant").string(), {});
+  auto plan = Plan(hub, {});
+  auto local_plan = Plan(local, {});
+  REQUIRE(plan.ok());
+  REQUIRE(local_plan.ok());
+  LoadOptions options;
+  options.hub_cache = cache.path();
+  const fs::path repo = fs::path(cache.path()) / "models--test--fixtures";
+
+  SECTION("another load on the same Loader runs to its end while the cache is completed") {
+    // The hook holds the cache's worker until the other load is done (20 s at most): were the
+    // cache completed on the loop, the other load could not end before it.
+    std::promise<Status> other_done;
+    std::shared_future<Status> other = other_done.get_future().share();
+    std::atomic<bool> other_ended_first{false};
+    LoadHooks hooks;
+    hooks.cancel_at = [&](LoadStage stage) {
+      if (stage != LoadStage::kCompletingCache) return false;
+      other_ended_first = other.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+      return false;
+    };
+    LoaderOptions loader_options;
+    loader_options.worker_threads = 2;
+    loader_options.hooks = std::make_shared<const LoadHooks>(std::move(hooks));
+    Loader loader(loader_options);
+    LoadHandle cached = loader.Load(hub, *plan, options);
+    // Started once the cached load's reads are done: it needs the loop from its first step.
+    while (cached.progress().tensors_done < hub.tensors().size()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    LoadHandle second = loader.Load(local, *local_plan);
+    other_done.set_value(second.Done().get());
+    CHECK(other.get().ok());
+    REQUIRE(cached.Done().get().ok());
+    CHECK(other_ended_first);
+    CHECK(cached.read_stats().cache.starts_with("cached 4 file(s)"));
+  }
+
+  SECTION("a cancel while the cache is completed: the load is whole, nothing half-cached") {
+    LoadHooks hooks;
+    hooks.cancel_at = [](LoadStage stage) { return stage == LoadStage::kCompletingCache; };
+    LoaderOptions loader_options;
+    loader_options.hooks = std::make_shared<const LoadHooks>(std::move(hooks));
+    Loader loader(loader_options);
+    LoadHandle load = loader.Load(hub, *plan, options);
+    // Every tensor was in place: the load succeeded; only its cache was stopped.
+    REQUIRE(load.Done().get().ok());
+    const std::string said = load.read_stats().cache;
+    INFO(said);
+    CHECK(said.starts_with("nothing cached"));
+    CHECK(said.find("cancelled while its cache was completed") != std::string::npos);
+    CHECK(BlobsUnder(repo) == 0);
+    CHECK_FALSE(fs::exists(repo / "snapshots"));
+    // The Loader goes on: the same load again caches it all.
+    Loader again;
+    LoadHandle second = again.Load(hub, *plan, options);
+    REQUIRE(second.Done().get().ok());
+    CHECK(second.read_stats().cache.starts_with("cached 4 file(s)"));
+  }
 }
 
 }  // namespace
