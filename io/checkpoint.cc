@@ -128,8 +128,10 @@ Status CatalogQuantized(Checkpoint::Impl* impl) {
 }
 
 // A resolved path's catalog: its files' headers, the names checked unique, config.json.
+// `before` and `after`: said in the resolution around what the resolution says.
 Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved, bool as_stored,
-                                const std::string& source) {
+                                const std::string& source, std::string_view before = {},
+                                std::string_view after = {}) {
   auto impl = std::make_shared<Checkpoint::Impl>();
   impl->source = source;
   impl->format = resolved.format;
@@ -147,6 +149,7 @@ Result<Checkpoint> OpenResolved(const ResolvedCheckpoint& resolved, bool as_stor
     impl->resolution += fmt::format("; config.json: float8 weight_block_size {}x{}", (*block)[0],
                                     (*block)[1]);
   }
+  impl->resolution = fmt::format("{}{}{}", before, impl->resolution, after);
   return Checkpoint(std::move(impl));
 }
 
@@ -194,7 +197,67 @@ const std::vector<std::string>& PackedLayout::companions() const {
 
 Checkpoint::Checkpoint(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
+// hf:// `path` with HF_HUB_OFFLINE: from the Hugging Face cache at `root` only.
+Result<Checkpoint> OpenHubOffline(const std::string& path, const io::HubAddress& hub,
+                                  const std::string& root, const OpenOptions& options) {
+  const std::optional<std::string> commit =
+      options.read_hub_cache ? io::CachedCommit(root, hub.repo, hub.revision) : std::nullopt;
+  Result<Checkpoint> opened = Status::NotFound(
+      options.read_hub_cache ? fmt::format("revision '{}' of {} is not in it", hub.revision, hub.repo)
+                             : std::string("this open is not to read it (read_hub_cache)"));
+  if (commit) {
+    const std::string snapshot = io::HubRepoFolder(root, hub.repo) + "/snapshots/" + *commit;
+    Result<ResolvedCheckpoint> cached =
+        io::ResolveCheckpointPath(io::JoinLocation(snapshot, hub.path), options);
+    opened = cached.ok() ? OpenResolved(*cached, options.as_stored, path,
+                                        fmt::format("from the Hugging Face cache '{}' at {} "
+                                                    "(HF_HUB_OFFLINE): ",
+                                                    root, commit->substr(0, 12)))
+                         : Result<Checkpoint>(cached.status());
+  }
+  if (opened.ok()) return opened;
+  return Status::NotFound(fmt::format(
+      "HF_HUB_OFFLINE is set, so '{}' is read from the Hugging Face cache '{}' only: {}; unset "
+      "HF_HUB_OFFLINE to fetch it, or point HF_HUB_CACHE at the cache that holds it",
+      path, root, opened.status().message()));
+}
+
+// hf:// `path`: from the Hugging Face cache when it holds every file at the commit the Hub names
+// (OpenOptions::hub_cache), else from the Hub.
+Result<Checkpoint> OpenHub(const std::string& path, const OpenOptions& options) {
+  LOADSTONE_ASSIGN_OR_RETURN(const io::HubAddress hub, io::ParseHubAddress(path));
+  const std::string root = options.hub_cache.empty() ? io::HubCacheRoot() : options.hub_cache;
+  if (io::HubOffline()) return OpenHubOffline(path, hub, root, options);
+  LOADSTONE_ASSIGN_OR_RETURN(ResolvedCheckpoint remote, io::ResolveCheckpointPath(path, options));
+  const std::optional<io::HubFile> file = io::HubFileOf(remote.path);
+  std::error_code ec;
+  const std::string local =
+      file ? fmt::format("{}/snapshots/{}/{}", io::HubRepoFolder(root, file->repo), file->revision,
+                         file->path)
+           : std::string();
+  // Only once the Hub has named the commit: the same files at it in the cache are its bytes.
+  if (!options.read_hub_cache || !file || !io::IsCommitHash(file->revision) ||
+      !std::filesystem::is_regular_file(local, ec)) {
+    return OpenResolved(remote, options.as_stored, path);
+  }
+  Result<ResolvedCheckpoint> cached = io::ResolveCheckpointPath(local, OpenOptions());
+  if (cached.ok() && !remote.config_dir.empty()) {  // the config.json beside it, as the Hub's
+    cached->config_dir = std::filesystem::path(local).parent_path().string();
+  }
+  Result<Checkpoint> opened =
+      cached.ok() ? OpenResolved(*cached, options.as_stored, path,
+                                 fmt::format("from the Hugging Face cache '{}' at {}: ", root,
+                                             file->revision.substr(0, 12)))
+                  : Result<Checkpoint>(cached.status());
+  if (opened.ok()) return opened;
+  // A shard not cached, say: the Hub has them all.
+  return OpenResolved(remote, options.as_stored, path, {},
+                      fmt::format("; the Hugging Face cache's copy was not used: {}",
+                                  opened.status().message()));
+}
+
 Result<Checkpoint> Checkpoint::Open(const std::string& path, const OpenOptions& options) {
+  if (io::IsHubAddress(path)) return OpenHub(path, options);
   Result<ResolvedCheckpoint> found = io::ResolveCheckpointPath(path, options);
   std::error_code probe;
   if (!found.ok() && found.status().code() == StatusCode::kNotFound && options.subfolder.empty() &&

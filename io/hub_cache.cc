@@ -87,14 +87,6 @@ std::string NormalizedEtag(std::string_view etag) {
   return std::string(etag);
 }
 
-std::string RepoFolder(const std::string& repo) {
-  std::string out = "models--" + repo;
-  for (size_t at = out.find('/'); at != std::string::npos; at = out.find('/', at)) {
-    out.replace(at, 1, "--");
-  }
-  return out;
-}
-
 Status MakeFolders(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -108,7 +100,7 @@ Result<std::unique_ptr<HubCache::Entry>> EntryFor(const std::string& root, const
   auto e = std::make_unique<HubCache::Entry>();
   e->object = object;
   e->file = file;
-  e->repo_dir = fmt::format("{}/{}", root, RepoFolder(file.repo));
+  e->repo_dir = HubRepoFolder(root, file.repo);
   e->blob = NormalizedEtag(!object.linked_etag.empty() ? object.linked_etag : object.etag);
   e->commit = IsCommitHash(object.repo_commit) ? object.repo_commit : file.revision;
   if (!PlainName(e->blob)) {
@@ -147,7 +139,7 @@ Result<std::unique_ptr<HubCache::Entry>> EntryFor(const std::string& root, const
 // Takes huggingface_hub's lock of `blob` (.locks/REPO/BLOB.lock) for a few seconds at most:
 // the descriptor holding it, or -1 (the error in *why).
 int LockBlob(const std::string& root, const HubCache::Entry& e, std::string* why) {
-  const std::string dir = fmt::format("{}/.locks/{}", root, RepoFolder(e.file.repo));
+  const std::string dir = HubRepoFolder(root + "/.locks", e.file.repo);
   if (Status made = MakeFolders(dir); !made.ok()) {
     *why = made.message();
     return -1;

@@ -1,6 +1,7 @@
 #include "io/location.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -241,6 +242,31 @@ std::string HubCacheRoot() {
   std::string xdg = Env("XDG_CACHE_HOME");
   if (xdg.empty()) xdg = Env("HOME") + "/.cache";
   return xdg + "/huggingface/hub";
+}
+
+bool HubOffline() {
+  std::string v = Env("HF_HUB_OFFLINE");
+  if (v.empty()) v = Env("TRANSFORMERS_OFFLINE");
+  for (char& c : v) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return v == "1" || v == "ON" || v == "YES" || v == "TRUE";
+}
+
+std::string HubRepoFolder(const std::string& root, const std::string& repo) {
+  std::string out = root + "/models--" + repo;
+  for (size_t at = out.find('/', root.size() + 1); at != std::string::npos; at = out.find('/', at)) {
+    out.replace(at, 1, "--");
+  }
+  return out;
+}
+
+std::optional<std::string> CachedCommit(const std::string& root, const std::string& repo,
+                                        const std::string& revision) {
+  if (IsCommitHash(revision)) return revision;
+  // A revision is a ref's name (refs/pr/1 too), never a way out of refs/.
+  if (revision.empty() || revision.find("..") != std::string::npos) return std::nullopt;
+  std::string commit(Trimmed(FirstLine(HubRepoFolder(root, repo) + "/refs/" + revision)));
+  if (!IsCommitHash(commit)) return std::nullopt;
+  return commit;
 }
 
 namespace {

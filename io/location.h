@@ -56,6 +56,15 @@ Result<HubAddress> ParseHubAddress(std::string_view hf);
 // The cache huggingface_hub uses: HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub,
 // else $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub.
 std::string HubCacheRoot();
+// HF_HUB_OFFLINE (else TRANSFORMERS_OFFLINE) is 1, ON, YES or TRUE, any case, as huggingface_hub
+// reads it: the Hub is not asked; files come from the cache only.
+bool HubOffline();
+// ROOT/models--ORG--REPO: a repository's folder in the cache at `root`.
+std::string HubRepoFolder(const std::string& root, const std::string& repo);
+// The commit `revision` of `repo` is in the cache at `root`: the revision itself when it is a
+// commit id, else what its refs/REVISION file names; nullopt when there is none.
+std::optional<std::string> CachedCommit(const std::string& root, const std::string& repo,
+                                        const std::string& revision);
 
 // A file of a Hub repository, read off its resolve/ address
 // ({HF_ENDPOINT}/ORG/REPO/resolve/REVISION/PATH, io/location.h), percent-decoded.

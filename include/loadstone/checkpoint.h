@@ -267,6 +267,15 @@ struct OpenOptions {
   // the others), as safetensors.safe_open sees a file. GGUF block tensors stay packed: that is
   // their format's own layout.
   bool as_stored = false;
+  // hf:// addresses read the Hugging Face cache as huggingface_hub does. Once the Hub has named
+  // the commit it serves, a checkpoint whose files (the index and every shard) are all at
+  // snapshots/COMMIT/ in the cache is read there, not over the network; resolution() says so.
+  // With HF_HUB_OFFLINE=1 the Hub is not asked: the revision is found through refs/, and a
+  // checkpoint not in the cache is NotFound. The folder: `hub_cache`, else huggingface_hub's
+  // (HF_HUB_CACHE, HUGGINGFACE_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub).
+  std::string hub_cache;
+  // false: the cache is not read (every byte from the Hub; HF_HUB_OFFLINE is then an error).
+  bool read_hub_cache = true;
 };
 
 class Checkpoint {

@@ -75,7 +75,15 @@ Result<std::string> ReadStage::Open() {
   // reader keeps no pool (no bounced bytes, and its pinned memory saved); a read that is not in
   // phase after all goes through the page cache, and ReadStats says so (buffered_bytes).
   if (!context_.plan.routes.align_tensors) ro.bounce_bytes = 0;
-  if (hub_cache_) ro.hub_cache = CacheTarget(context_.checkpoint, *hub_cache_);
+  const auto& files = context_.checkpoint.files();
+  if (hub_cache_ && io::IsHubAddress(context_.checkpoint.source()) && !files.empty() &&
+      !io::IsRemoteAddress(files[0].path)) {
+    // Opened from the Hugging Face cache (OpenOptions::read_hub_cache): it is there already.
+    cache_note_ = "nothing to write: read from the Hugging Face cache";
+  } else if (hub_cache_) {
+    ro.hub_cache = CacheTarget(context_.checkpoint, *hub_cache_);
+  }
+  caching_ = ro.hub_cache.has_value();
   LOADSTONE_RETURN_IF_ERROR(window_.Open(context_.loop, paths, ro, hooks_.open_reader));
   return window_.reader().Describe();
 }
@@ -363,7 +371,7 @@ std::optional<ReadStats> ReadStage::Close(uint64_t conversions_moved, std::strin
                     .network_bytes = s.network_bytes,
                     .routes = chunks_.counts(),
                     .conversions_moved = conversions_moved,
-                    .cache = std::move(cache)};
+                    .cache = cache.empty() ? cache_note_ : std::move(cache)};
   }
   return out;
 }

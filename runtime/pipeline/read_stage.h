@@ -77,7 +77,7 @@ class ReadStage {
   // Reads `ids` (ascending) go next, ahead of the plan's order (LoadHandle::Prioritize).
   void Prioritize(const std::vector<uint64_t>& ids) { window_.Prioritize(ids); }
   // The reader writes the Hub cache (LoadOptions::hub_cache) and is open.
-  bool caching() const { return hub_cache_.has_value() && window_.open(); }
+  bool caching() const { return caching_ && window_.open(); }
   // After a load whose every tensor is in place (REQUIRES: idle(); nothing else touches this
   // stage until it returns): the reader completes what it keeps of the reads (io::Reader::Finish:
   // the Hub cache, fetching its gaps and syncing it), and says so. It blocks on the network and
@@ -115,6 +115,8 @@ class ReadStage {
   const LoaderOptions& options_;
   const LoadHooks& hooks_;
   const std::optional<std::string> hub_cache_;
+  bool caching_ = false;    // the reader was given hub_cache_ (Open)
+  std::string cache_note_;  // ReadStats::cache when the reader was not: why
   ReadWindow window_;
   StagingPool staging_;
   ChunkTable chunks_;  // one record per plan.reads entry, and the routes taken

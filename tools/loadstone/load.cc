@@ -377,8 +377,12 @@ void AddLoadCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--cache", args->cache,
                 "Write what streams from an hf:// address into the Hugging Face cache too "
                 "(HF_HUB_CACHE, else ~/.cache/huggingface/hub)");
-  cmd->add_option("--cache-dir", args->cache_dir, "The cache folder for --cache (implies it)")
-      ->each([args](const std::string&) { args->cache = true; });
+  cmd->add_option("--cache-dir", args->cache_dir,
+                  "The cache folder for --cache (implies it), read first as the default one is")
+      ->each([args](const std::string& dir) {
+        args->cache = true;
+        args->flags.open.hub_cache = dir;  // the cache written is the one read
+      });
   cmd->callback([args, exit_code] { *exit_code = RunLoad(*args); });
 }
 

@@ -487,5 +487,84 @@ TEST_CASE("remote: the cache is completed off the Loader's loop, and a cancel st
   }
 }
 
+TEST_CASE("remote: the next start reads the Hugging Face cache, offline too",
+          "[pipeline][http]") {
+  auto server = Serve(kFixtures.string());
+  if (!server) return;
+  TempDir home, cache;
+  ScopedEnv endpoint("HF_ENDPOINT", server->Url("hub"));
+  ScopedEnv hf_home("HF_HOME", home.path());
+  ScopedEnv hub_cache("HF_HUB_CACHE", cache.path());
+  ScopedEnv token("HF_TOKEN", testing::kHubToken);
+  ScopedEnv online("HF_HUB_OFFLINE", std::nullopt);
+  ScopedEnv online_too("TRANSFORMERS_OFFLINE", std::nullopt);
+  const std::string address = "hf://test/fixtures/safetensors/sharded";
+  const Checkpoint local = OpenCase((kFixtures / "safetensors/sharded").string(), {});
+  Loader loader;
+  {  // Nothing cached yet: from the Hub, and cached as it streams.
+    const Checkpoint hub = OpenCase(address, {});
+    CHECK(hub.files()[0].path.starts_with("http://"));
+    auto plan = Plan(hub, {});
+    REQUIRE(plan.ok());
+    LoadOptions options;
+    options.hub_cache = "";  // HF_HUB_CACHE
+    REQUIRE(loader.Load(hub, *plan, options).Done().get().ok());
+  }
+  const fs::path snapshot = fs::path(cache.path()) / "models--test--fixtures/snapshots" /
+                            testing::kHubCommit / "safetensors/sharded";
+
+  SECTION("online: the Hub names the commit, the bytes come from the cache") {
+    const Checkpoint again = OpenCase(address, {});
+    INFO(again.resolution());
+    CHECK(again.resolution().starts_with("from the Hugging Face cache '" + cache.path() + "' at " +
+                                         std::string(testing::kHubCommit).substr(0, 12)));
+    for (const CheckpointFile& f : again.files()) CHECK(f.path.starts_with(snapshot.string()));
+    CHECK(again.source() == address);
+    CheckSame(loader, local, again);
+    // Caching it again writes nothing, and says so.
+    auto plan = Plan(again, {});
+    REQUIRE(plan.ok());
+    LoadOptions options;
+    options.hub_cache = "";
+    LoadHandle load = loader.Load(again, *plan, options);
+    REQUIRE(load.Done().get().ok());
+    CHECK(load.read_stats().cache == "nothing to write: read from the Hugging Face cache");
+    // Not to be read: from the Hub.
+    OpenOptions no_cache;
+    no_cache.read_hub_cache = false;
+    auto hub = Checkpoint::Open(address, no_cache);
+    REQUIRE(hub.ok());
+    CHECK(hub->files()[0].path.starts_with("http://"));
+  }
+  SECTION("a shard missing from the snapshot: the Hub serves them all, and that is said") {
+    fs::remove(snapshot / "model-00002-of-00003.safetensors");
+    const Checkpoint again = OpenCase(address, {});
+    INFO(again.resolution());
+    for (const CheckpointFile& f : again.files()) CHECK(f.path.starts_with("http://"));
+    CHECK(again.resolution().find("the Hugging Face cache's copy was not used") !=
+          std::string::npos);
+    CheckSame(loader, local, again);
+  }
+  SECTION("HF_HUB_OFFLINE: the Hub is not asked, the revision is found through refs/") {
+    ScopedEnv offline("HF_HUB_OFFLINE", "yes");
+    ScopedEnv nowhere("HF_ENDPOINT", "http://127.0.0.1:9");  // nothing listens: never asked
+    const Checkpoint again = OpenCase(address, {});
+    INFO(again.resolution());
+    CHECK(again.resolution().find("(HF_HUB_OFFLINE)") != std::string::npos);
+    CheckSame(loader, local, again);
+    // A revision the cache has no ref for, or a repository it does not hold: NotFound, saying
+    // what to do.
+    for (const char* absent : {"hf://test/fixtures@v2/safetensors/sharded", "hf://test/other"}) {
+      auto missing = Checkpoint::Open(absent);
+      INFO(absent << ": " << missing.status().ToString());
+      CHECK(missing.status().code() == StatusCode::kNotFound);
+      CHECK(missing.status().message().find("unset HF_HUB_OFFLINE") != std::string::npos);
+    }
+    OpenOptions no_cache;
+    no_cache.read_hub_cache = false;
+    CHECK(Checkpoint::Open(address, no_cache).status().code() == StatusCode::kNotFound);
+  }
+}
+
 }  // namespace
 }  // namespace loadstone
