@@ -357,14 +357,25 @@ TEST_CASE("remote: an object replaced between Open and Load fails the load, and 
   }
 }
 
+// The test Hub on `server` for a cache test: HF_ENDPOINT, its token, a fresh HF_HOME and
+// HF_HUB_CACHE (`cache`), online.
+struct CachingHub {
+  explicit CachingHub(const NginxServer& server)
+      : endpoint("HF_ENDPOINT", server.Url("hub")),
+        hf_home("HF_HOME", home.path()),
+        hub_cache("HF_HUB_CACHE", cache.path()),
+        token("HF_TOKEN", testing::kHubToken) {}
+  TempDir home, cache;
+  ScopedEnv endpoint, hf_home, hub_cache, token;
+  ScopedEnv online{"HF_HUB_OFFLINE", std::nullopt}, online_too{"TRANSFORMERS_OFFLINE", std::nullopt};
+};
+
 TEST_CASE("remote: --cache writes the Hub's files into the Hugging Face cache as they stream",
           "[pipeline][http]") {
   auto server = Serve(kFixtures.string());
   if (!server) return;
-  TempDir home, cache;
-  ScopedEnv endpoint("HF_ENDPOINT", server->Url("hub"));
-  ScopedEnv hf_home("HF_HOME", home.path());
-  ScopedEnv token("HF_TOKEN", testing::kHubToken);
+  const CachingHub hub_env(*server);
+  const TempDir& cache = hub_env.cache;
   const Checkpoint hub = OpenCase("hf://test/fixtures/safetensors/sharded", {});
   auto plan = Plan(hub, {});
   REQUIRE(plan.ok());
@@ -421,10 +432,8 @@ TEST_CASE("remote: the cache is completed off the Loader's loop, and a cancel st
           "[pipeline][http]") {
   auto server = Serve(kFixtures.string());
   if (!server) return;
-  TempDir home, cache;
-  ScopedEnv endpoint("HF_ENDPOINT", server->Url("hub"));
-  ScopedEnv hf_home("HF_HOME", home.path());
-  ScopedEnv token("HF_TOKEN", testing::kHubToken);
+  const CachingHub hub_env(*server);
+  const TempDir& cache = hub_env.cache;
   const Checkpoint hub = OpenCase("hf://test/fixtures/safetensors/sharded", {});
   const Checkpoint local = OpenCase((kFixtures / "safetensors/variant").string(), {});
   auto plan = Plan(hub, {});
@@ -491,13 +500,8 @@ TEST_CASE("remote: the next start reads the Hugging Face cache, offline too",
           "[pipeline][http]") {
   auto server = Serve(kFixtures.string());
   if (!server) return;
-  TempDir home, cache;
-  ScopedEnv endpoint("HF_ENDPOINT", server->Url("hub"));
-  ScopedEnv hf_home("HF_HOME", home.path());
-  ScopedEnv hub_cache("HF_HUB_CACHE", cache.path());
-  ScopedEnv token("HF_TOKEN", testing::kHubToken);
-  ScopedEnv online("HF_HUB_OFFLINE", std::nullopt);
-  ScopedEnv online_too("TRANSFORMERS_OFFLINE", std::nullopt);
+  const CachingHub hub_env(*server);
+  const TempDir& cache = hub_env.cache;
   const std::string address = "hf://test/fixtures/safetensors/sharded";
   const Checkpoint local = OpenCase((kFixtures / "safetensors/sharded").string(), {});
   Loader loader;
