@@ -206,9 +206,8 @@ Result<Checkpoint> OpenHubOffline(const std::string& path, const io::HubAddress&
       options.read_hub_cache ? fmt::format("revision '{}' of {} is not in it", hub.revision, hub.repo)
                              : std::string("this open is not to read it (read_hub_cache)"));
   if (commit) {
-    const std::string snapshot = io::HubRepoFolder(root, hub.repo) + "/snapshots/" + *commit;
-    Result<ResolvedCheckpoint> cached =
-        io::ResolveCheckpointPath(io::JoinLocation(snapshot, hub.path), options);
+    Result<ResolvedCheckpoint> cached = io::ResolveCheckpointPath(
+        io::JoinLocation(io::HubSnapshotFolder(root, hub.repo, *commit), hub.path), options);
     opened = cached.ok() ? OpenResolved(*cached, options.as_stored, path,
                                         fmt::format("from the Hugging Face cache '{}' at {} "
                                                     "(HF_HUB_OFFLINE): ",
@@ -232,9 +231,7 @@ Result<Checkpoint> OpenHub(const std::string& path, const OpenOptions& options) 
   const std::optional<io::HubFile> file = io::HubFileOf(remote.path);
   std::error_code ec;
   const std::string local =
-      file ? fmt::format("{}/snapshots/{}/{}", io::HubRepoFolder(root, file->repo), file->revision,
-                         file->path)
-           : std::string();
+      file ? io::HubSnapshotFolder(root, file->repo, file->revision) + "/" + file->path : std::string();
   // Only once the Hub has named the commit: the same files at it in the cache are its bytes.
   if (!options.read_hub_cache || !file || !io::IsCommitHash(file->revision) ||
       !std::filesystem::is_regular_file(local, ec)) {

@@ -67,18 +67,6 @@ bool PlainName(std::string_view s) {
          });
 }
 
-// A path inside a repository: components neither empty nor "." nor "..".
-bool InsideRepository(std::string_view path) {
-  if (path.empty() || path.front() == '/') return false;
-  for (size_t start = 0; start <= path.size();) {
-    const size_t slash = std::min(path.find('/', start), path.size());
-    const std::string_view part = path.substr(start, slash - start);
-    if (part.empty() || part == "." || part == "..") return false;
-    start = slash + 1;
-  }
-  return true;
-}
-
 // huggingface_hub's _normalize_etag: no weak marker, no quotes.
 std::string NormalizedEtag(std::string_view etag) {
   if (etag.starts_with("W/")) etag.remove_prefix(2);
@@ -112,7 +100,7 @@ Result<std::unique_ptr<HubCache::Entry>> EntryFor(const std::string& root, const
     return Status::Unsupported(
         fmt::format("'{}': its server named no commit (X-Repo-Commit)", file.path));
   }
-  if (!InsideRepository(file.path)) {
+  if (!IsRepositoryPath(file.path)) {
     return Status::Unsupported(fmt::format("'{}' is no path inside a repository", file.path));
   }
   const std::string blobs = e->repo_dir + "/blobs";
@@ -204,7 +192,7 @@ Status Commit(const std::string& root, HubCache::Entry& e) {
 // refs/REVISION := commit, unless it says so already.
 Status WriteRef(const std::string& repo_dir, const std::string& revision,
                 const std::string& commit) {
-  if (revision.empty() || revision == commit || !InsideRepository(revision)) return Status::OK();
+  if (revision.empty() || revision == commit || !IsRepositoryPath(revision)) return Status::OK();
   const std::string path = fmt::format("{}/refs/{}", repo_dir, revision);
   std::error_code ec;
   if (fs::exists(path, ec)) {
@@ -221,6 +209,11 @@ Status WriteRef(const std::string& repo_dir, const std::string& revision,
   return out.Commit();
 }
 
+// What Finish() says of each object left when Cancel() stopped it.
+Status CompletionCancelled() {
+  return Status::Cancelled("the load was cancelled while its cache was completed");
+}
+
 // Reads what `e` lacks from its server (the same version, else nothing), into its part file.
 Status Complete(HubCache& cache, uint32_t file, HubCache::Entry& e, const std::atomic<bool>& cancelled,
                 uint64_t* fetched) {
@@ -234,7 +227,7 @@ Status Complete(HubCache& cache, uint32_t file, HubCache::Entry& e, const std::a
   std::vector<std::byte> buffer(std::min<uint64_t>(8ULL << 20, e.object.size));
   for (const auto& [start, end] : gaps) {
     for (uint64_t at = start; at < end;) {
-      if (cancelled) return Status::Cancelled("the load was cancelled while its cache was completed");
+      if (cancelled) return CompletionCancelled();
       const uint64_t n = std::min<uint64_t>(buffer.size(), end - at);
       LOADSTONE_RETURN_IF_ERROR(remote->Read(at, std::span(buffer.data(), n)));
       cache.Wrote(file, at, std::span<const std::byte>(buffer.data(), n));
@@ -349,8 +342,7 @@ std::string HubCache::Finish() {
     return fmt::format("nothing cached in '{}': {}", target_.root, fmt::join(problems, "; "));
   }
   for (const std::string& side : target_.side_files) {
-    Status s = cancelled_ ? Status::Cancelled("the load was cancelled while its cache was completed")
-                          : AddSideFile(side);
+    Status s = cancelled_ ? CompletionCancelled() : AddSideFile(side);
     if (s.ok()) {
       ++cached;
     } else {

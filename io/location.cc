@@ -259,11 +259,16 @@ std::string HubRepoFolder(const std::string& root, const std::string& repo) {
   return out;
 }
 
+std::string HubSnapshotFolder(const std::string& root, const std::string& repo,
+                              const std::string& commit) {
+  return HubRepoFolder(root, repo) + "/snapshots/" + commit;
+}
+
 std::optional<std::string> CachedCommit(const std::string& root, const std::string& repo,
                                         const std::string& revision) {
   if (IsCommitHash(revision)) return revision;
   // A revision is a ref's name (refs/pr/1 too), never a way out of refs/.
-  if (revision.empty() || revision.find("..") != std::string::npos) return std::nullopt;
+  if (!IsRepositoryPath(revision)) return std::nullopt;
   std::string commit(Trimmed(FirstLine(HubRepoFolder(root, repo) + "/refs/" + revision)));
   if (!IsCommitHash(commit)) return std::nullopt;
   return commit;
@@ -290,6 +295,17 @@ std::optional<ResolveParts> SplitResolve(std::string_view url) {
 }
 
 }  // namespace
+
+bool IsRepositoryPath(std::string_view path) {
+  if (path.empty() || path.front() == '/') return false;
+  for (size_t start = 0; start <= path.size();) {
+    const size_t slash = std::min(path.find('/', start), path.size());
+    const std::string_view part = path.substr(start, slash - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = slash + 1;
+  }
+  return true;
+}
 
 bool IsCommitHash(std::string_view s) {
   return s.size() == 40 && std::all_of(s.begin(), s.end(), [](char c) {

@@ -61,6 +61,9 @@ std::string HubCacheRoot();
 bool HubOffline();
 // ROOT/models--ORG--REPO: a repository's folder in the cache at `root`.
 std::string HubRepoFolder(const std::string& root, const std::string& repo);
+// ROOT/models--ORG--REPO/snapshots/COMMIT: where a commit's files are linked in the cache.
+std::string HubSnapshotFolder(const std::string& root, const std::string& repo,
+                              const std::string& commit);
 // The commit `revision` of `repo` is in the cache at `root`: the revision itself when it is a
 // commit id, else what its refs/REVISION file names; nullopt when there is none.
 std::optional<std::string> CachedCommit(const std::string& root, const std::string& repo,
@@ -77,6 +80,9 @@ std::optional<HubFile> HubFileOf(std::string_view url);
 // `url`, a resolve/ address, with its revision replaced by `revision` (written as it goes in
 // the address); any other address unchanged.
 std::string WithHubRevision(const std::string& url, std::string_view revision);
+// A path inside a repository (a file's, or a ref's name such as refs/pr/1): relative, its
+// components neither empty nor "." nor "..".
+bool IsRepositoryPath(std::string_view path);
 // A full commit id as the Hub writes it: 40 lowercase hex digits.
 bool IsCommitHash(std::string_view s);
 
